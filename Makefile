@@ -1,0 +1,29 @@
+# celery-delayq: `make test` and `make demo` set up everything they need in .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-dev
+
+.PHONY: venv test lint demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: lint
+	$(VENV)/bin/pytest
+
+demo: $(STAMP)
+	$(PY) -m demo_project.run
+
+bench: $(STAMP)
+	$(PY) bench/lateness.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache bench/results/*.json

@@ -1,0 +1,29 @@
+"""celery-delayq: a durable, inspectable, cancellable delay store for Celery on Redis."""
+
+from .errors import (
+    ConfigurationError,
+    DelayQError,
+    InvalidDelay,
+    InvalidJobId,
+    InvalidOption,
+    JobExists,
+    PayloadError,
+    StoreUnavailable,
+)
+from .extension import DelayedResult, DelayQ
+from .task import DelayedTask
+
+__all__ = [
+    "ConfigurationError",
+    "DelayQ",
+    "DelayQError",
+    "DelayedResult",
+    "DelayedTask",
+    "InvalidDelay",
+    "InvalidJobId",
+    "InvalidOption",
+    "JobExists",
+    "PayloadError",
+    "StoreUnavailable",
+]
+__version__ = "0.1.0"

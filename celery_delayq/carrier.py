@@ -1,0 +1,232 @@
+"""The carrier: promotes due jobs from the store into ordinary Celery queues.
+
+``run()`` loops ``run_once()`` = recover expired leases -> claim due jobs -> publish them
+through one pooled kombu producer -> ack, then sleeps until the earliest due time it
+knows or until a wake message says a new job became a shard's head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from kombu.exceptions import OperationalError
+
+from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, decode, to_message
+from .errors import PayloadError, StoreUnavailable
+from .extension import DelayQ
+from .keys import ShardKeys, bykey_member
+from .store import ShardClaim
+
+logger = logging.getLogger("celery_delayq.carrier")
+
+_RECOVER_EVERY = 1.0  # seconds between lease-recovery sweeps
+_WAIT_SLICE = 0.25  # longest uninterrupted wait, so a stop request is seen promptly
+_BACKOFF_MAX = 5.0
+_PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
+                  "interval_max": 2}
+
+
+@dataclass
+class CarrierStats:
+    """Totals since the carrier started."""
+
+    promoted: int = 0
+    dead: int = 0
+    recovered: int = 0
+    batches: int = 0
+    lateness_ms: list[float] = field(default_factory=list)  # of the last batch
+
+
+class Carrier:
+    """Promotes due jobs of one app's store; any number may run side by side."""
+
+    def __init__(self, app, *, batch: int | None = None, lease: float | None = None,
+                 idle_timeout: float | None = None) -> None:
+        self.app = app
+        self.delayq = DelayQ.of(app)
+        config = self.delayq.config
+        self.store = self.delayq.store
+        self.batch = batch or config.claim_batch
+        self.lease_ms = int((lease or config.lease_seconds) * 1000)
+        self.idle_timeout = idle_timeout or config.idle_timeout
+        self.stats = CarrierStats()
+        self._stopping = threading.Event()
+        self._queues: dict[str, Any] = {}
+        self._declared: set[str] = set()  # queues declared on the current connection
+        self._producer = None
+        self._pubsub = None
+        self._last_recover = 0.0
+
+    # -- one iteration -----------------------------------------------------------------
+
+    def run_once(self) -> float:
+        """Recover, claim, publish, ack once; returns seconds until work is expected."""
+        recovered = 0
+        if time.monotonic() - self._last_recover >= _RECOVER_EVERY:
+            with self.store.unavailable():
+                recovered = self.store.recover(self.batch)
+            self._last_recover = time.monotonic()
+            if recovered:
+                self.stats.recovered += recovered
+                logger.warning("recovered %d jobs whose carrier lease expired", recovered)
+        with self.store.unavailable():
+            claims = self.store.claim(self.batch, self.lease_ms)
+        claimed_at = time.monotonic()
+        self._promote(claims, claimed_at)
+        if recovered or any(len(c.jobs) >= self.batch for c in claims):
+            return 0.0
+        waits = [c.next_due_ms - c.now_ms for c in claims if c.next_due_ms is not None]
+        sleep = min(waits, default=self.idle_timeout * 1000) / 1000
+        return max(0.0, min(sleep - (time.monotonic() - claimed_at), self.idle_timeout))
+
+    def _promote(self, claims: list[ShardClaim], claimed_at: float) -> None:
+        acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]] = defaultdict(list)
+        lateness = []
+        try:
+            for claim in claims:
+                for job in claim.jobs:
+                    sent = self._publish(claim.shard, job.job_id, job.envelope, job.due_ms)
+                    if sent is None:
+                        continue
+                    task, key = sent
+                    acks[claim.shard].append(
+                        (job.job_id, bykey_member(key, job.job_id), task, key or "", job.due_ms))
+                    redis_now = claim.now_ms + (time.monotonic() - claimed_at) * 1000
+                    lateness.append(redis_now - job.due_ms)
+        finally:  # ack what was published even when the broker fails mid-batch
+            if acks:
+                with self.store.unavailable():
+                    self.store.ack(acks)
+        if lateness:
+            self._log_batch(lateness)
+
+    def _publish(self, shard: ShardKeys, job_id: str, raw: str | None,
+                 due_ms: int) -> tuple[str, str | None] | None:
+        """Publish one claimed job; dead-letter it when it cannot be published."""
+        try:
+            if raw is not None and len(raw) > self.delayq.config.max_payload_bytes:
+                raise PayloadError("envelope over delayq_max_payload_bytes")
+            env = decode(raw)
+            queue = self._queue(env["q"])
+            headers = {HEADER_JOB: job_id, HEADER_SHARD: shard.shard, HEADER_DUE: due_ms}
+            if env.get("y"):
+                headers[HEADER_KEY] = env["y"]
+            message = to_message(self.app, job_id, env, headers)
+        except (PayloadError, KeyError, TypeError, ValueError) as exc:
+            self._dead_letter(shard, job_id, raw, exc)
+            return None
+        declare = [] if queue.name in self._declared else [queue]
+        self.producer.publish(
+            message.body, exchange=message.exchange, routing_key=message.routing_key,
+            serializer="json", headers=message.headers, declare=declare,
+            delivery_mode=queue.exchange.delivery_mode
+            or self.app.conf.task_default_delivery_mode,
+            retry=True, retry_policy=_PUBLISH_RETRY, **message.properties,
+        )
+        self._declared.add(queue.name)
+        return env["t"], env.get("y")
+
+    def _queue(self, name: str):
+        queue = self._queues.get(name)
+        if queue is None:
+            try:
+                queue = self._queues[name] = self.app.amqp.queues[name]
+            except KeyError:
+                raise KeyError(f"unknown queue {name!r} (task_create_missing_queues is off)"
+                               ) from None
+        return queue
+
+    def _dead_letter(self, shard: ShardKeys, job_id: str, raw: str | None,
+                     exc: Exception) -> None:
+        reason = str(exc.args[0]) if exc.args else type(exc).__name__
+        member = ""
+        with contextlib.suppress(PayloadError):
+            member = bykey_member(decode(raw).get("y"), job_id)
+        with self.store.unavailable():
+            self.store.dead_letter(shard, job_id, reason, member)
+        self.stats.dead += 1
+        logger.error("dead-lettered job %s: %s (replay with `celery delayq replay %s`)",
+                     job_id, reason, job_id)
+
+    def _log_batch(self, lateness: list[float]) -> None:
+        lateness.sort()
+        self.stats.promoted += len(lateness)
+        self.stats.batches += 1
+        self.stats.lateness_ms = lateness
+        logger.info("promoted %d jobs; lateness p50 %.1f ms, max %.1f ms", len(lateness),
+                    lateness[len(lateness) // 2], lateness[-1])
+
+    @property
+    def producer(self):
+        if self._producer is None:
+            self._producer = self.app.producer_pool.acquire(block=True)
+            self._declared.clear()
+        return self._producer
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until :meth:`stop` (or SIGTERM/SIGINT), finishing the batch in hand."""
+        self._install_signal_handlers()
+        logger.info("carrier started: %d shards, batch %d, lease %.0fs",
+                    self.store.keys.shards, self.batch, self.lease_ms / 1000)
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                sleep = self.run_once()
+                if failures:
+                    logger.info("carrier recovered after %d failed attempts", failures)
+                failures = 0
+                self._wait(sleep)
+            except (StoreUnavailable, redis.RedisError, OperationalError, OSError) as exc:
+                if failures == 0:
+                    logger.error("carrier paused: %s; retrying with backoff", exc)
+                failures += 1
+                self._reset_connections()
+                self._stopping.wait(min(_BACKOFF_MAX, 0.1 * 2 ** failures))
+        self.close()
+        logger.info("carrier stopped: %d promoted, %d dead-lettered, %d recovered",
+                    self.stats.promoted, self.stats.dead, self.stats.recovered)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: self.stop())
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, returning early on a wake message or a stop."""
+        if self._pubsub is None:
+            self._pubsub = self.store.pubsub()
+            self._pubsub.subscribe(self.store.keys.wake_channel)
+        deadline = time.monotonic() + seconds
+        while not self._stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._pubsub.get_message(timeout=min(left, _WAIT_SLICE)) is not None:
+                while self._pubsub.get_message(timeout=0) is not None:
+                    pass  # several wakes mean one more look
+                return
+
+    def _reset_connections(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(redis.RedisError):
+                self._pubsub.close()
+            self._pubsub = None
+        if self._producer is not None:
+            self._producer.release()
+            self._producer = None
+
+    def close(self) -> None:
+        self._reset_connections()

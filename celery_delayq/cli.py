@@ -1,0 +1,147 @@
+"""``celery -A proj delayq ...``: the carrier and commands to inspect the store.
+
+Registered through the ``celery.commands`` entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+
+import click
+
+from .carrier import Carrier
+from .errors import DelayQError
+from .extension import DelayQ
+
+
+def _delayq(ctx: click.Context) -> DelayQ:
+    return DelayQ.of(ctx.obj.app)
+
+
+def _fail(exc: DelayQError) -> None:
+    click.secho(f"error: {exc}", fg="red", err=True)
+    sys.exit(1)
+
+
+@click.group(name="delayq")
+def delayq() -> None:
+    """celery-delayq: the carrier and the delay store's contents."""
+
+
+@delayq.command()
+@click.option("--batch", type=int, default=None, help="Jobs claimed per shard per round trip.")
+@click.option("--lease", type=float, default=None, help="Seconds a claimed job stays leased.")
+@click.option("--idle-timeout", type=float, default=None,
+              help="Longest sleep without looking at Redis, seconds.")
+@click.option("-l", "--loglevel", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.pass_context
+def carrier(ctx: click.Context, batch: int | None, lease: float | None,
+            idle_timeout: float | None, loglevel: str) -> None:
+    """Promote due jobs into their Celery queues (run one or more beside beat)."""
+    logging.basicConfig(level=loglevel.upper(),
+                        format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
+    try:
+        Carrier(ctx.obj.app, batch=batch, lease=lease, idle_timeout=idle_timeout).run()
+    except DelayQError as exc:
+        _fail(exc)
+
+
+@delayq.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Pending, overdue, in-flight and dead jobs per shard."""
+    try:
+        rows = _delayq(ctx).store.stats()
+    except DelayQError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8} {'dead':>6} "
+               f"{'journal':>8}  next due")
+    for row in rows:
+        click.echo(f"{row['shard']:>5} {row['pending']:>9} {row['overdue']:>8} "
+                   f"{row['inflight']:>8} {row['dead']:>6} {row['journal']:>8}  "
+                   f"{_ms(row['next_due_ms'])}")
+    total = sum(row["pending"] for row in rows)
+    click.echo(f"total pending: {total}")
+
+
+@delayq.command(name="ls")
+@click.option("--task", default=None, help="Only this task name.")
+@click.option("--key", default=None, help="Only this business key.")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--dead", is_flag=True, help="List dead-lettered jobs instead.")
+@click.pass_context
+def ls(ctx: click.Context, task: str | None, key: str | None, limit: int, dead: bool) -> None:
+    """List pending jobs in due order (or dead letters with --dead)."""
+    try:
+        if dead:
+            for entry in _delayq(ctx).store.dead(limit):
+                click.echo(f"{entry['job_id']}  {_ms(entry['at'])}  {entry['reason']}")
+            return
+        for job in _delayq(ctx).pending(task=task, key=key, limit=limit):
+            click.echo(f"{job.due.isoformat(timespec='milliseconds')}  {job.job_id}  "
+                       f"{job.task}  key={job.key or '-'}  queue={job.queue}")
+    except DelayQError as exc:
+        _fail(exc)
+
+
+@delayq.command()
+@click.argument("job_id")
+@click.option("--key", default=None, help="The job's business key (finds it faster).")
+@click.pass_context
+def show(ctx: click.Context, job_id: str, key: str | None) -> None:
+    """Show one job as JSON."""
+    try:
+        job = _delayq(ctx).get(job_id, key=key)
+    except DelayQError as exc:
+        _fail(exc)
+    if job is None:
+        click.echo(f"no job {job_id!r} in the store (promoted, cancelled or never scheduled)")
+        sys.exit(1)
+    data = dict(vars(job), due=job.due.isoformat() if job.due else None)
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@delayq.command()
+@click.argument("job_id", required=False)
+@click.option("--key", default=None, help="Cancel every pending job with this business key.")
+@click.pass_context
+def cancel(ctx: click.Context, job_id: str | None, key: str | None) -> None:
+    """Cancel JOB_ID, or every job of --key KEY."""
+    try:
+        if job_id:
+            outcome = _delayq(ctx).cancel_outcome(job_id, key=key, by="cli")
+            click.echo(f"{job_id}: {outcome.value}")
+            sys.exit(0 if outcome.name == "CANCELLED" else 1)
+        if key:
+            click.echo(f"cancelled {_delayq(ctx).cancel_key(key, by='cli')} jobs of key {key!r}")
+            return
+    except DelayQError as exc:
+        _fail(exc)
+    raise click.UsageError("give a JOB_ID or --key KEY")
+
+
+@delayq.command()
+@click.argument("job_id")
+@click.pass_context
+def replay(ctx: click.Context, job_id: str) -> None:
+    """Put a dead-lettered job back, due now."""
+    try:
+        replayed = _delayq(ctx).store.replay(job_id)
+    except DelayQError as exc:
+        _fail(exc)
+    click.echo(f"{job_id}: {'replayed' if replayed else 'no such dead job'}")
+    sys.exit(0 if replayed else 1)
+
+
+def _ms(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")

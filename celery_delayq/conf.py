@@ -1,0 +1,136 @@
+"""The ``delayq_*`` settings: declared once here, read from ``app.conf`` once per app.
+
+This is the only module that reads ``app.conf``. Django projects using Celery's
+``namespace="CELERY"`` write them as ``CELERY_DELAYQ_*``. The configuration reference in
+the docs is generated from :data:`SETTINGS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    type: type
+    doc: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("redis_url", None, str,
+            "Redis URL of the delay store. Default: the broker URL when the broker is Redis."),
+    Setting("prefix", "delayq", str, "Prefix of every Redis key the store uses."),
+    Setting("shards", 8, int,
+            "Number of shards (each a set of keys in one cluster slot). Fixed once data exists."),
+    Setting("max_payload_bytes", 256 * 1024, int,
+            "Largest stored envelope (task name, arguments, options) in bytes."),
+    Setting("max_delay", 366 * 24 * 3600.0, float, "Longest accepted delay, in seconds."),
+    Setting("max_id_length", 200, int, "Longest accepted job id or business key, in characters."),
+    Setting("countdown_threshold", 0.0, float,
+            "DelayedTask.apply_async sends countdown/eta longer than this many seconds through "
+            "the store; shorter ones go to the broker as native Celery ETA."),
+    Setting("claim_batch", 500, int, "Most jobs a carrier claims from one shard per round trip."),
+    Setting("lease_seconds", 30.0, float,
+            "How long a claimed job may stay unacknowledged before another carrier recovers it."),
+    Setting("idle_timeout", 5.0, float,
+            "Longest a carrier sleeps without checking Redis, even with nothing due."),
+    Setting("journal_maxlen", 100_000, int,
+            "Approximate cap on each shard's journal stream; 0 turns the journal off."),
+    Setting("worker_events", True, bool,
+            "Workers append started/succeeded/failed journal events for delayed tasks."),
+    Setting("redis_socket_timeout", 5.0, float, "Socket timeout of store connections, seconds."),
+    Setting("redis_retries", 3, int,
+            "Retries with exponential backoff before a store call raises StoreUnavailable."),
+)
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True)
+class DelayQConfig:
+    """Every ``delayq_*`` setting of one app, resolved and validated."""
+
+    redis_url: str
+    prefix: str
+    shards: int
+    max_payload_bytes: int
+    max_delay: float
+    max_id_length: int
+    countdown_threshold: float
+    claim_batch: int
+    lease_seconds: float
+    idle_timeout: float
+    journal_maxlen: int
+    worker_events: bool
+    redis_socket_timeout: float
+    redis_retries: int
+
+    @classmethod
+    def from_app(cls, app) -> DelayQConfig:
+        conf = app.conf
+        values: dict[str, Any] = {}
+        for setting in SETTINGS:
+            raw = conf.get(f"delayq_{setting.name}", setting.default)
+            values[setting.name] = _coerce(setting, raw)
+        if not values["redis_url"]:
+            values["redis_url"] = _broker_redis_url(app)
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if urlsplit(self.redis_url).scheme not in _REDIS_SCHEMES:
+            raise ConfigurationError(
+                f"delayq_redis_url must be a redis://, rediss:// or unix:// URL, "
+                f"got {redact(self.redis_url)!r}"
+            )
+        for name in ("shards", "max_payload_bytes", "max_id_length", "claim_batch"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"delayq_{name} must be at least 1")
+        for name in ("max_delay", "lease_seconds", "idle_timeout", "redis_socket_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"delayq_{name} must be greater than 0")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _coerce(setting: Setting, raw: Any) -> Any:
+    if raw is None:
+        return None
+    if setting.type is bool and isinstance(raw, str):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return setting.type(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"delayq_{setting.name} must be {setting.type.__name__}, got {raw!r}"
+        ) from exc
+
+
+def _broker_redis_url(app) -> str:
+    broker = app.conf.broker_url or ""
+    if isinstance(broker, (list, tuple)):
+        broker = broker[0] if broker else ""
+    if urlsplit(broker).scheme in _REDIS_SCHEMES:
+        return broker
+    raise ConfigurationError(
+        "celery-delayq needs a Redis URL: set app.conf.delayq_redis_url "
+        "(or CELERY_DELAYQ_REDIS_URL in Django settings) to e.g. redis://localhost:6379/0"
+    )
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***``, for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))

@@ -1,0 +1,265 @@
+"""The stored form of a delayed task call, and the Celery message rebuilt from it.
+
+``build`` resolves what ``apply_async`` would resolve at call time (task id, routing
+through ``task_routes``, parent and root ids, absolute ``expires``) and keeps only what
+cannot be re-derived, as compact JSON. At promotion ``to_message`` asks Celery's own
+``create_task_message`` for the protocol-2 message, so an unmodified worker runs it.
+
+Envelope fields (absent when empty)::
+
+    t task name        a args          k kwargs        i task id (when not the job id)
+    y business key     q queue name    x exchange      r routing key (when not q)
+    o message options (expires, link callbacks, retries, time limits, parent ids, ...)
+    h custom headers   p publish properties (priority, delivery_mode, ...)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, NamedTuple
+
+from celery.utils import uuid
+from celery.utils.functional import maybe_list
+from kombu.utils.json import dumps as json_dumps
+from kombu.utils.json import loads as json_loads
+
+from .errors import PayloadError
+
+#: Headers the carrier adds to every promoted message; a retry carries them back.
+HEADER_JOB = "delayq_job"
+HEADER_KEY = "delayq_key"
+HEADER_SHARD = "delayq_shard"
+HEADER_DUE = "delayq_due"
+DELAYQ_HEADERS = (HEADER_JOB, HEADER_KEY, HEADER_SHARD, HEADER_DUE)
+
+# apply_async options that only make sense for an immediate publish.
+_IGNORED = frozenset({
+    "producer", "connection", "publisher", "router", "retry", "retry_policy",
+    "add_to_parent", "result_cls", "declare", "countdown", "eta", "route_name",
+})
+# Options create_task_message takes by name (stored under "o").
+_MESSAGE = (
+    "expires", "group_id", "group_index", "retries", "chord", "callbacks", "errbacks",
+    "time_limit", "soft_time_limit", "root_id", "parent_id", "shadow", "chain",
+    "ignore_result", "replaced_task_nesting", "reply_to", "origin", "stamped_headers",
+)
+# Values create_task_message uses when an option is absent.
+_MESSAGE_DEFAULTS = {"retries": 0, "replaced_task_nesting": 0, "ignore_result": False}
+# Routing options consumed by build (never stored as properties).
+_ROUTING = frozenset({"queue", "exchange", "routing_key", "exchange_type"})
+# Properties a caller may not set: the payload is always JSON.
+_RESERVED = frozenset({"content_type", "content_encoding", "serializer"})
+_JSON = "json"
+_COMPACT = {"separators": (",", ":")}
+
+
+@dataclass(frozen=True)
+class Call:
+    """A task call resolved and encoded, ready for the store."""
+
+    job_id: str
+    task_id: str
+    task: str
+    key: str | None
+    envelope: str
+
+
+def build(app, name: str, args, kwargs, options: dict[str, Any], *,
+          job_id: str | None, key: str | None, max_payload_bytes: int,
+          task_type=None) -> Call:
+    """Resolve an ``apply_async``-style call into a :class:`Call`; raise on bad input."""
+    args = _check_args(args, kwargs)
+    kwargs = dict(kwargs or {})
+    options = {k: v for k, v in options.items() if k not in _IGNORED}
+    serializer = options.pop("serializer", None) or (
+        getattr(task_type, "serializer", None) or app.conf.task_serializer)
+    if serializer != _JSON:
+        raise PayloadError(
+            f"celery-delayq stores task calls as JSON only; {name} uses serializer "
+            f"{serializer!r}. Set serializer='json' on the task or task_serializer='json'."
+        )
+    reserved = _RESERVED & options.keys()
+    if reserved:
+        raise PayloadError(f"options {sorted(reserved)} cannot be set: payloads are JSON only")
+
+    headers = dict(options.pop("headers", None) or {})
+    job_id = job_id or headers.get(HEADER_JOB)
+    key = key or headers.get(HEADER_KEY)
+    for name_ in DELAYQ_HEADERS:
+        headers.pop(name_, None)
+    task_id = options.pop("task_id", None) or uuid()
+    if "link" in options:
+        options["callbacks"] = maybe_list(options.pop("link"))
+    if "link_error" in options:
+        options["errbacks"] = maybe_list(options.pop("link_error"))
+
+    routed = app.amqp.router.route(options, name, args, kwargs, task_type)
+    queue, exchange, routing_key = _resolve_route(app, routed)
+    message = {k: routed.pop(k) for k in _MESSAGE if k in routed}
+    message = {k: v for k, v in message.items()
+               if v is not None and v != _MESSAGE_DEFAULTS.get(k)}
+    _inherit_parent(app, message)
+    if "expires" in message:
+        message["expires"] = _absolute(message["expires"])
+    for stamp in message.get("stamped_headers") or ():
+        message[stamp] = routed.pop(stamp, None)
+    properties = {k: v for k, v in routed.items() if k not in _ROUTING and v is not None}
+
+    env: dict[str, Any] = {"t": name}
+    if args:
+        env["a"] = args
+    if kwargs:
+        env["k"] = kwargs
+    if job_id and task_id != job_id:
+        env["i"] = task_id
+    if key:
+        env["y"] = key
+    env["q"] = queue
+    if exchange or routing_key != queue:
+        env["x"], env["r"] = exchange, routing_key
+    for short, value in (("o", message), ("h", headers), ("p", properties)):
+        if value:
+            env[short] = value
+    encoded = _encode(name, env)
+    size = len(encoded.encode())
+    if size > max_payload_bytes:
+        raise PayloadError(
+            f"{name} call is {size} bytes encoded, over delayq_max_payload_bytes="
+            f"{max_payload_bytes}; store large data elsewhere and pass a reference"
+        )
+    return Call(job_id=job_id or task_id, task_id=task_id, task=name, key=key, envelope=encoded)
+
+
+def _check_args(args, kwargs) -> list:
+    if args is None:
+        args = []
+    if not isinstance(args, (list, tuple)):
+        raise PayloadError(f"task args must be a list or tuple, got {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise PayloadError(f"task kwargs must be a mapping, got {type(kwargs).__name__}")
+    return list(args)
+
+
+def _encode(name: str, env: dict[str, Any]) -> str:
+    try:
+        return json_dumps(env, **_COMPACT)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(
+            f"arguments or options of {name} are not JSON-serialisable ({exc}); pass plain "
+            "data (str, int, float, bool, None, list, dict, datetime, UUID, Decimal)"
+        ) from exc
+
+
+def _resolve_route(app, routed: dict[str, Any]) -> tuple[str, str, str]:
+    """(queue name, exchange name, routing key) exactly as Celery's publisher picks them."""
+    queue = routed.get("queue")
+    exchange = routed.get("exchange")
+    routing_key = routed.get("routing_key")
+    if queue is None and exchange is None:
+        queue = app.amqp.default_queue
+    if isinstance(queue, str):
+        queue = app.amqp.queues[queue]
+    exchange_type = routed.get("exchange_type") or (
+        queue.exchange.type if queue is not None else "direct")
+    exchange = getattr(exchange, "name", exchange)
+    qname = queue.name if queue is not None else ""
+    if (not exchange or not routing_key) and exchange_type == "direct":
+        return qname, "", qname
+    if exchange is None:
+        exchange = queue.exchange.name or app.conf.task_default_exchange
+        routing_key = routing_key or queue.routing_key or app.conf.task_default_routing_key
+    return qname, exchange, routing_key
+
+
+def _inherit_parent(app, message: dict[str, Any]) -> None:
+    """Called from inside a task: the delayed task is its child, as with apply_async."""
+    parent = app.current_worker_task
+    if parent and parent.request.id:
+        message.setdefault("root_id", parent.request.root_id or parent.request.id)
+        message.setdefault("parent_id", parent.request.id)
+
+
+def _absolute(expires) -> str:
+    if isinstance(expires, (int, float)):
+        expires = datetime.now(timezone.utc) + timedelta(seconds=expires)
+    if isinstance(expires, datetime):
+        if expires.tzinfo is None:
+            raise PayloadError("expires must be a timezone-aware datetime or seconds")
+        return expires.isoformat()
+    return str(expires)
+
+
+class Message(NamedTuple):
+    """A Celery protocol-2 message ready for ``kombu.Producer.publish``."""
+
+    body: Any
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    queue: str
+    exchange: str
+    routing_key: str
+
+
+def decode(raw: str | bytes | None) -> dict[str, Any]:
+    """Parse a stored envelope; :class:`PayloadError` says why it is unusable."""
+    if raw is None:
+        raise PayloadError("envelope missing")
+    try:
+        env = json_loads(raw)
+    except ValueError as exc:
+        raise PayloadError(f"envelope is not valid JSON: {exc}") from exc
+    if not isinstance(env, dict) or not isinstance(env.get("t"), str) or not env["t"]:
+        raise PayloadError("envelope has no task name")
+    if not isinstance(env.get("a", []), list) or not isinstance(env.get("k", {}), dict):
+        raise PayloadError("envelope args/kwargs have the wrong type")
+    if _RESERVED & set(env.get("p", {})):
+        raise PayloadError("envelope sets a content type; only JSON payloads are published")
+    return env
+
+
+def to_message(app, job_id: str, env: dict[str, Any], headers: dict[str, Any]) -> Message:
+    """Rebuild the message ``apply_async`` would have sent, with ``eta`` cleared."""
+    options = dict(env.get("o", {}))
+    task_id = env.get("i", job_id)
+    msg_headers, properties, body, _ = app.amqp.create_task_message(
+        task_id, env["t"], env.get("a", ()), env.get("k", {}), **options)
+    msg_headers.update(env.get("h", {}))
+    msg_headers.update(headers)
+    properties.update(env.get("p", {}))
+    if options.get("expires"):
+        left = datetime.fromisoformat(options["expires"]).timestamp() - time.time()
+        properties["expiration"] = max(left, 0)
+    queue = env["q"]
+    return Message(body, msg_headers, properties, queue, env.get("x", ""), env.get("r", queue))
+
+
+@dataclass(frozen=True)
+class Job:
+    """A stored job as listed by ``DelayQ.get`` / ``DelayQ.pending``."""
+
+    job_id: str
+    task_id: str
+    task: str
+    args: list
+    kwargs: dict
+    key: str | None
+    queue: str
+    due: datetime | None
+    state: str
+    shard: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_envelope(cls, job_id: str, raw, due_ms: float | None, state: str,
+                      shard: int) -> Job:
+        env = decode(raw)
+        return cls(
+            job_id=job_id, task_id=env.get("i", job_id), task=env["t"],
+            args=env.get("a", []), kwargs=env.get("k", {}), key=env.get("y"),
+            queue=env.get("q", ""), state=state, shard=shard,
+            due=None if due_ms is None else datetime.fromtimestamp(due_ms / 1000, timezone.utc),
+            options={k: env[k] for k in ("o", "h", "p") if k in env},
+        )

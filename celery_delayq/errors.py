@@ -1,0 +1,46 @@
+"""Every error celery-delayq raises, rooted at :class:`DelayQError`.
+
+Messages say what was wrong and how to fix it; nothing is written to Redis when one
+of the input errors is raised.
+"""
+
+from __future__ import annotations
+
+
+class DelayQError(Exception):
+    """Base class of every celery-delayq error."""
+
+
+class ConfigurationError(DelayQError):
+    """A ``delayq_*`` setting is missing or invalid."""
+
+
+class InvalidDelay(DelayQError, ValueError):
+    """The delay or eta given to ``apply_delayed`` cannot be used."""
+
+
+class InvalidJobId(DelayQError, ValueError):
+    """A job id or business key is empty, too long or contains forbidden characters."""
+
+
+class PayloadError(DelayQError, ValueError):
+    """The task call cannot be stored: not JSON-serialisable, too large, or not JSON."""
+
+
+class InvalidOption(DelayQError, ValueError):
+    """An option of ``apply_delayed`` has a value it does not accept."""
+
+
+class JobExists(DelayQError):
+    """``if_exists="error"`` and a job with this id is already stored."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"a delayed job with id {job_id!r} already exists; pass if_exists='keep' to "
+            "return it or if_exists='replace' to overwrite it"
+        )
+        self.job_id = job_id
+
+
+class StoreUnavailable(DelayQError):
+    """Redis could not be reached after the configured retries."""

@@ -1,0 +1,163 @@
+"""``DelayQ``: the celery-delayq extension of one Celery app and its public API."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from celery.result import AsyncResult
+
+from . import journal, validation
+from .conf import DelayQConfig
+from .envelope import Call, Job, build
+from .store import CancelOutcome, Store
+from .validation import Due
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+_ATTR = "_delayq"
+_create_lock = threading.Lock()
+
+
+Interceptor = Callable[["DelayQ", Call, Due, str], "DelayedResult | None"]
+
+
+class DelayedResult(AsyncResult):
+    """The ``AsyncResult`` of a delayed task, plus its job id, due time and ``cancel()``."""
+
+    def __init__(self, id: str, job_id: str, eta: datetime | None, delayq: DelayQ,
+                 **kwargs: Any) -> None:
+        super().__init__(id, app=delayq.app, **kwargs)
+        self.job_id = job_id
+        self.eta = eta
+        self._delayq = delayq
+
+    def cancel(self) -> bool:
+        """True if the job was still pending and is now cancelled; False if too late."""
+        return self._delayq.cancel(self.job_id)
+
+
+class DelayQ:
+    """The delay store of a Celery app: schedule, inspect, cancel and re-time jobs.
+
+    Create one per app (``DelayQ(app)``); later code reaches it as ``DelayQ.of(app)``.
+    """
+
+    def __new__(cls, app: Celery) -> DelayQ:
+        with _create_lock:
+            existing = getattr(app, _ATTR, None)
+            if existing is None:
+                existing = super().__new__(cls)
+                existing.app = app
+                existing._interceptors = []
+                setattr(app, _ATTR, existing)
+                journal.connect()
+            return existing
+
+    def __init__(self, app: Celery) -> None:
+        """One DelayQ per app: calling ``DelayQ(app)`` again returns the same object."""
+
+    @classmethod
+    def of(cls, app: Celery) -> DelayQ:
+        """The app's DelayQ, created on first use."""
+        return cls(app)
+
+    @classmethod
+    def lookup(cls, app: Celery) -> DelayQ | None:
+        """The app's DelayQ if one was created, without creating it."""
+        return getattr(app, _ATTR, None)
+
+    @cached_property
+    def config(self) -> DelayQConfig:
+        """Settings, read from ``app.conf`` on first use (after the app is configured)."""
+        return DelayQConfig.from_app(self.app)
+
+    @cached_property
+    def store(self) -> Store:
+        return Store(self.config)
+
+    # -- scheduling --------------------------------------------------------------------
+
+    def schedule(self, name: str, args=None, kwargs=None, *,
+                 delay: float | timedelta | None = None, eta: datetime | None = None,
+                 key: str | None = None, job_id: str | None = None, if_exists: str = "keep",
+                 task_type=None, **options: Any) -> DelayedResult:
+        """Park a call of task ``name`` until it is due; see ``DelayedTask.apply_delayed``."""
+        config = self.config
+        due = validation.due(delay, eta, config.max_delay)
+        validation.if_exists(if_exists)
+        if job_id is not None:
+            validation.identifier(job_id, "job_id", config.max_id_length)
+        if key is not None:
+            validation.identifier(key, "key", config.max_id_length)
+        if options.get("task_id") is not None:
+            validation.identifier(options["task_id"], "task_id", config.max_id_length)
+        call = build(self.app, name, args, kwargs, options, job_id=job_id, key=key,
+                     max_payload_bytes=config.max_payload_bytes, task_type=task_type)
+        if call.key is not None and call.key != key:  # carried over from a retried task
+            validation.identifier(call.key, "key", config.max_id_length)
+        for interceptor in self._interceptors:
+            deferred = interceptor(self, call, due, if_exists)
+            if deferred is not None:
+                return deferred
+        return self.submit(call, due, if_exists)
+
+    def add_interceptor(self, interceptor: Interceptor) -> None:
+        """Let ``interceptor(delayq, call, due, if_exists)`` take over validated calls.
+
+        It returns a :class:`DelayedResult` when it took the call (and will ``submit``
+        it later, e.g. on transaction commit), or None to let the store write it now.
+        The Django app uses this for transactional scheduling.
+        """
+        self._interceptors.append(interceptor)
+
+    def submit(self, call: Call, due: Due, if_exists: str) -> DelayedResult:
+        """Write a validated call to the store now."""
+        scheduled = self.store.schedule(call, due, if_exists)
+        task_id = call.task_id
+        if not scheduled.created:
+            task_id = Job.from_envelope(call.job_id, scheduled.existing, None, "", 0).task_id
+        due_at = None if scheduled.due_ms < 0 else _from_ms(scheduled.due_ms)
+        return DelayedResult(task_id, call.job_id, due_at, self)
+
+    # -- managing ----------------------------------------------------------------------
+
+    def cancel(self, job_id: str, key: str | None = None) -> bool:
+        """True if the job was pending and is now cancelled; False if promoted or unknown."""
+        return self.cancel_outcome(job_id, key) is CancelOutcome.CANCELLED
+
+    def cancel_outcome(self, job_id: str, key: str | None = None,
+                       by: str = "") -> CancelOutcome:
+        """Like :meth:`cancel`, telling "too late" apart from "unknown"; ``by`` is journaled."""
+        return self.store.cancel(job_id, key, by)
+
+    def cancel_key(self, key: str, by: str = "") -> int:
+        """Cancel every pending job with this business key; returns how many."""
+        validation.identifier(key, "key", self.config.max_id_length)
+        return self.store.cancel_key(key, by)
+
+    def get(self, job_id: str, key: str | None = None) -> Job | None:
+        return self.store.get(job_id, key)
+
+    def pending(self, task: str | None = None, key: str | None = None,
+                limit: int = 100) -> list[Job]:
+        return self.store.pending(task=task, key=key, limit=limit)
+
+    def reschedule(self, job_id: str, *, delay: float | timedelta | None = None,
+                   eta: datetime | None = None, key: str | None = None) -> datetime | None:
+        """Give a pending job a new due time; None if it is no longer pending."""
+        due = validation.due(delay, eta, self.config.max_delay)
+        due_ms = self.store.reschedule(job_id, due, key)
+        return None if due_ms is None else _from_ms(due_ms)
+
+    def run_now(self, job_id: str, key: str | None = None) -> bool:
+        """Make a pending job due now; False if it is no longer pending."""
+        return self.reschedule(job_id, delay=0, key=key) is not None
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc)

@@ -1,0 +1,73 @@
+"""Every Redis key and channel name celery-delayq uses, and nothing else.
+
+All keys of one shard share the hash tag ``{N}`` so each Lua script touches a single
+Redis Cluster slot::
+
+    <prefix>:{N}:due       ZSET  job id -> due time (ms, Redis clock)
+    <prefix>:{N}:inflight  ZSET  job id -> lease deadline (ms) while a carrier publishes it
+    <prefix>:{N}:jobs      HASH  job id -> envelope (compact JSON)
+    <prefix>:{N}:bykey     ZSET  "<business key>\\0<job id>" (score 0), a lexicographic index
+    <prefix>:{N}:dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
+    <prefix>:{N}:journal   STREAM lifecycle events, capped
+    <prefix>:meta          HASH  store-wide facts (the shard count it was created with)
+    <prefix>:wake          pub/sub channel: a shard number, when a new job became its head
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from zlib import crc32
+
+#: Separator between business key and job id in the ``bykey`` index members.
+KEY_SEP = "\x00"
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The names of one shard's keys."""
+
+    shard: int
+    due: str
+    inflight: str
+    jobs: str
+    bykey: str
+    dead: str
+    journal: str
+
+
+class Keyspace:
+    """Names under one prefix; the only place key names are built."""
+
+    def __init__(self, prefix: str, shards: int) -> None:
+        self.prefix = prefix
+        self.shards = shards
+        self.meta = f"{prefix}:meta"
+        self.wake_channel = f"{prefix}:wake"
+        self._shards = tuple(self._build(n) for n in range(shards))
+
+    def _build(self, n: int) -> ShardKeys:
+        tag = f"{self.prefix}:{{{n}}}"
+        return ShardKeys(
+            shard=n,
+            due=f"{tag}:due",
+            inflight=f"{tag}:inflight",
+            jobs=f"{tag}:jobs",
+            bykey=f"{tag}:bykey",
+            dead=f"{tag}:dead",
+            journal=f"{tag}:journal",
+        )
+
+    def shard(self, n: int) -> ShardKeys:
+        return self._shards[n]
+
+    def __iter__(self):
+        return iter(self._shards)
+
+    def shard_for(self, job_id: str, key: str | None = None) -> ShardKeys:
+        """A job lives on the shard of its business key, or of its id when it has none."""
+        return self._shards[crc32((key or job_id).encode()) % self.shards]
+
+
+def bykey_member(key: str | None, job_id: str) -> str:
+    """The ``bykey`` index member of a job, or ``""`` when it has no business key."""
+    return f"{key}{KEY_SEP}{job_id}" if key else ""

@@ -1,0 +1,88 @@
+"""The Lua scripts of the store, loaded once from the ``.lua`` files beside this module.
+
+A file ``name-N.lua`` is the script ``name`` taking exactly ``N`` keys; its header
+documents each ``KEYS[i]`` and ``ARGV[i]``. Scripts are called by SHA and loaded into
+Redis on the first ``NOSCRIPT`` (a restarted Redis forgets them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+_FILE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)\.lua$")
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    numkeys: int
+    source: str
+    sha: str
+
+    def call(self, client, keys: list[str], args: list[Any]) -> Any:
+        """Run the script on ``client`` (loading it first if Redis does not know it)."""
+        self.check(keys)
+        try:
+            return client.evalsha(self.sha, self.numkeys, *keys, *args)
+        except NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, self.numkeys, *keys, *args)
+
+    def queue(self, pipe, keys: list[str], args: list[Any]) -> None:
+        """Add a call to a pipeline; :func:`execute` loads missing scripts."""
+        self.check(keys)
+        pipe.evalsha(self.sha, self.numkeys, *keys, *args)
+
+    def check(self, keys: list[str]) -> None:
+        if len(keys) != self.numkeys:
+            raise TypeError(f"script {self.name} takes {self.numkeys} keys, got {len(keys)}")
+
+
+def _load() -> dict[str, Script]:
+    scripts = {}
+    for entry in resources.files(__package__).iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            source = entry.read_text()
+            scripts[match["name"]] = Script(
+                name=match["name"],
+                numkeys=int(match["keys"]),
+                source=source,
+                sha=hashlib.sha1(source.encode()).hexdigest(),
+            )
+    return scripts
+
+
+SCRIPTS: dict[str, Script] = _load()
+
+
+def execute(client, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+    """Run script calls in one pipeline round trip; results in call order.
+
+    Calls that failed with ``NOSCRIPT`` did not run: their scripts are loaded and those
+    calls alone are sent again. Any other error is raised.
+    """
+    results = _send(client, calls)
+    missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+    if missing:
+        for script in {calls[i][0] for i in missing}:
+            client.script_load(script.source)
+        for i, result in zip(missing, _send(client, [calls[i] for i in missing]), strict=True):
+            results[i] = result
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return results
+
+
+def _send(client, calls) -> list[Any]:
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in calls:
+        script.queue(pipe, keys, args)
+    return pipe.execute(raise_on_error=False)

@@ -1,0 +1,31 @@
+--[[ ack: a carrier published these claimed jobs; forget them and journal "promoted".
+
+KEYS[1] inflight  ZSET  job id -> lease deadline ms
+KEYS[2] jobs      HASH  job id -> envelope
+KEYS[3] due       ZSET  job id -> due ms
+KEYS[4] bykey     ZSET  business-key index
+KEYS[5] journal   STREAM
+
+ARGV[1] journal maxlen (0: no journal)
+ARGV[2..] five values per job: job id, bykey member or "", task name, business key or "",
+          due ms
+
+A job that was scheduled again (same id) while it was in flight keeps its new envelope.
+Returns the number of jobs acknowledged.
+]]
+local maxlen = tonumber(ARGV[1])
+local n = 0
+for i = 2, #ARGV, 5 do
+  local job_id = ARGV[i]
+  redis.call('ZREM', KEYS[1], job_id)
+  if not redis.call('ZSCORE', KEYS[3], job_id) then
+    redis.call('HDEL', KEYS[2], job_id)
+    if ARGV[i + 1] ~= '' then redis.call('ZREM', KEYS[4], ARGV[i + 1]) end
+  end
+  if maxlen > 0 then
+    redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', 'event', 'promoted',
+               'job', job_id, 'task', ARGV[i + 2], 'key', ARGV[i + 3], 'due', ARGV[i + 4])
+  end
+  n = n + 1
+end
+return n

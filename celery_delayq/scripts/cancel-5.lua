@@ -1,0 +1,50 @@
+--[[ cancel: remove pending jobs, by job id or by business key, atomically against claim_due.
+
+KEYS[1] due       ZSET  job id -> due ms
+KEYS[2] jobs      HASH  job id -> envelope
+KEYS[3] inflight  ZSET  job id -> lease deadline ms
+KEYS[4] bykey     ZSET  business-key index
+KEYS[5] journal   STREAM
+
+ARGV[1] "id" or "key"
+ARGV[2] the job id, or the business key
+ARGV[3] journal maxlen (0: no journal)
+ARGV[4] who cancelled / why (journal), may be ""
+
+Returns {code, number cancelled}. For "id", code is 1 cancelled, 0 too late (a carrier
+holds it: it will be delivered), -1 unknown. For "key", code is 1.
+]]
+local ids
+if ARGV[1] == 'key' then
+  local members = redis.call('ZRANGEBYLEX', KEYS[4], '[' .. ARGV[2] .. '\0', '(' .. ARGV[2] .. '\1')
+  ids = {}
+  for i, member in ipairs(members) do ids[i] = string.sub(member, #ARGV[2] + 2) end
+else
+  ids = {ARGV[2]}
+end
+local maxlen = tonumber(ARGV[3])
+local cancelled = 0
+for _, job_id in ipairs(ids) do
+  if redis.call('ZREM', KEYS[1], job_id) == 1 then
+    local env = redis.call('HGET', KEYS[2], job_id)
+    local task, key = '', ''
+    local ok, decoded = pcall(cjson.decode, env or '')
+    if ok and type(decoded) == 'table' then
+      task = decoded['t'] or ''
+      key = decoded['y'] or ''
+    end
+    if not redis.call('ZSCORE', KEYS[3], job_id) then
+      redis.call('HDEL', KEYS[2], job_id)
+    end
+    if key ~= '' then redis.call('ZREM', KEYS[4], key .. '\0' .. job_id) end
+    if maxlen > 0 then
+      redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', 'event', 'cancelled',
+                 'job', job_id, 'task', task, 'key', key, 'by', ARGV[4])
+    end
+    cancelled = cancelled + 1
+  end
+end
+if ARGV[1] == 'key' then return {1, cancelled} end
+if cancelled == 1 then return {1, 1} end
+if redis.call('ZSCORE', KEYS[3], ARGV[2]) then return {0, 0} end
+return {-1, 0}

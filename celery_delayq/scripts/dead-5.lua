@@ -1,0 +1,28 @@
+--[[ dead: a carrier cannot publish a claimed job; keep it in the dead-letter hash.
+
+KEYS[1] inflight  ZSET  job id -> lease deadline ms
+KEYS[2] jobs      HASH  job id -> envelope
+KEYS[3] dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
+KEYS[4] bykey     ZSET  business-key index
+KEYS[5] journal   STREAM
+
+ARGV[1] job id
+ARGV[2] reason
+ARGV[3] bykey member or ""
+ARGV[4] journal maxlen (0: no journal)
+
+Returns 1 when the job was dead-lettered, 0 when this carrier no longer held it.
+]]
+local job_id = ARGV[1]
+if redis.call('ZREM', KEYS[1], job_id) == 0 then return 0 end
+local t = redis.call('TIME')
+local env = redis.call('HGET', KEYS[2], job_id)
+redis.call('HSET', KEYS[3], job_id, cjson.encode({
+  reason = ARGV[2], envelope = env or '', at = tonumber(t[1]) * 1000 + math.floor(t[2] / 1000)}))
+redis.call('HDEL', KEYS[2], job_id)
+if ARGV[3] ~= '' then redis.call('ZREM', KEYS[4], ARGV[3]) end
+if tonumber(ARGV[4]) > 0 then
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'event', 'dead',
+             'job', job_id, 'reason', ARGV[2])
+end
+return 1

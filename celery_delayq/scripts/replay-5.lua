@@ -1,0 +1,37 @@
+--[[ replay: put a dead-lettered job back on the due set, due now.
+
+KEYS[1] dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
+KEYS[2] jobs      HASH  job id -> envelope
+KEYS[3] due       ZSET  job id -> due ms
+KEYS[4] bykey     ZSET  business-key index
+KEYS[5] journal   STREAM
+
+ARGV[1] job id
+ARGV[2] envelope to store instead of the dead one, or "" to keep it
+ARGV[3] journal maxlen (0: no journal)
+ARGV[4] wake channel
+ARGV[5] shard number
+
+Returns 1 when replayed, 0 when no dead job has this id, -1 when a live job has it.
+]]
+local job_id = ARGV[1]
+local dead = redis.call('HGET', KEYS[1], job_id)
+if not dead then return 0 end
+if redis.call('HEXISTS', KEYS[2], job_id) == 1 then return -1 end
+local env = ARGV[2]
+if env == '' then env = cjson.decode(dead)['envelope'] end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[2], job_id, env)
+redis.call('ZADD', KEYS[3], now, job_id)
+redis.call('HDEL', KEYS[1], job_id)
+local ok, decoded = pcall(cjson.decode, env)
+if ok and type(decoded) == 'table' and type(decoded['y']) == 'string' then
+  redis.call('ZADD', KEYS[4], 0, decoded['y'] .. '\0' .. job_id)
+end
+if tonumber(ARGV[3]) > 0 then
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*', 'event', 'replayed',
+             'job', job_id, 'due', now)
+end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1

@@ -1,0 +1,346 @@
+"""The Redis delay store: every read and write of the keys named in :mod:`keys`.
+
+Writes go through the Lua scripts in ``scripts/``, one atomic call per shard; reads are
+plain commands, pipelined across shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from functools import cached_property
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from .conf import DelayQConfig, redact
+from .envelope import Call, Job
+from .errors import ConfigurationError, JobExists, PayloadError, StoreUnavailable
+from .keys import Keyspace, ShardKeys, bykey_member
+from .scripts import SCRIPTS, execute
+from .validation import Due
+
+_NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+_SCAN_CHUNK = 500
+
+
+class CancelOutcome(str, Enum):
+    """What a cancel by job id found."""
+
+    CANCELLED = "cancelled"
+    TOO_LATE = "too late: already promoted"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """The store's answer to a schedule call."""
+
+    created: bool  # False when an existing job was kept
+    replaced: bool
+    due_ms: int
+    existing: str | None  # the kept job's envelope
+
+
+@dataclass(frozen=True)
+class Claimed:
+    job_id: str
+    due_ms: int
+    envelope: str | None
+
+
+@dataclass(frozen=True)
+class ShardClaim:
+    shard: ShardKeys
+    now_ms: int
+    next_due_ms: int | None
+    jobs: list[Claimed]
+
+
+class Store:
+    """The delay store of one app (see :mod:`keys` for the data layout)."""
+
+    def __init__(self, config: DelayQConfig) -> None:
+        self.config = config
+        self.keys = Keyspace(config.prefix, config.shards)
+        self._maxlen = config.journal_maxlen
+
+    # -- connection --------------------------------------------------------------------
+
+    @cached_property
+    def client(self) -> redis.Redis:
+        client = redis.Redis.from_url(
+            self.config.redis_url,
+            decode_responses=True,
+            socket_timeout=self.config.redis_socket_timeout,
+            socket_connect_timeout=self.config.redis_socket_timeout,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), self.config.redis_retries),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+            health_check_interval=30,
+        )
+        with self.unavailable():
+            self._check_shard_count(client)
+        return client
+
+    def _check_shard_count(self, client: redis.Redis) -> None:
+        client.hsetnx(self.keys.meta, "shards", self.keys.shards)
+        stored = int(client.hget(self.keys.meta, "shards"))
+        if stored != self.keys.shards:
+            raise ConfigurationError(
+                f"the store under prefix {self.keys.prefix!r} was created with "
+                f"delayq_shards={stored}, this app says {self.keys.shards}; use the same value "
+                "(or a new delayq_prefix) so every job can be found"
+            )
+
+    @contextlib.contextmanager
+    def unavailable(self) -> Iterator[None]:
+        """Turn Redis network errors into :class:`StoreUnavailable` with a safe URL."""
+        try:
+            yield
+        except _NETWORK_ERRORS as exc:
+            raise StoreUnavailable(
+                f"Redis at {redact(self.config.redis_url)} is unavailable after "
+                f"{self.config.redis_retries} retries ({exc}); check that it runs and that "
+                "delayq_redis_url points at it"
+            ) from exc
+
+    def pubsub(self):
+        return self.client.pubsub(ignore_subscribe_messages=True)
+
+    def close(self) -> None:
+        if "client" in self.__dict__:
+            self.client.close()
+            del self.__dict__["client"]
+
+    # -- producer side -----------------------------------------------------------------
+
+    def schedule(self, call: Call, due: Due, if_exists: str) -> Scheduled:
+        shard = self.keys.shard_for(call.job_id, call.key)
+        args = [
+            call.job_id, call.envelope, *due.script_args(), if_exists,
+            bykey_member(call.key, call.job_id), self.keys.wake_channel, shard.shard,
+            self._maxlen, call.task, call.key or "",
+        ]
+        with self.unavailable():
+            code, due_ms, existing = SCRIPTS["schedule"].call(
+                self.client, [shard.due, shard.jobs, shard.bykey, shard.journal], args)
+        if code == -1:
+            raise JobExists(call.job_id)
+        return Scheduled(created=code > 0, replaced=code == 2, due_ms=due_ms, existing=existing)
+
+    def cancel(self, job_id: str, key: str | None = None, by: str = "") -> CancelOutcome:
+        """Cancel one pending job; the outcome says whether it will still run."""
+        shards = [self.keys.shard_for(job_id, key)]
+        code = self._cancel(shards[0], "id", job_id, by)[0]
+        if code == -1 and key is None:
+            found = self._shards_holding(job_id)
+            if found and found[0] is not shards[0]:
+                code = self._cancel(found[0], "id", job_id, by)[0]
+        return {1: CancelOutcome.CANCELLED, 0: CancelOutcome.TOO_LATE}.get(
+            code, CancelOutcome.UNKNOWN)
+
+    def cancel_key(self, key: str, by: str = "") -> int:
+        """Cancel every pending job with this business key; returns how many."""
+        return self._cancel(self.keys.shard_for("", key), "key", key, by)[1]
+
+    def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str) -> list[int]:
+        with self.unavailable():
+            return SCRIPTS["cancel"].call(
+                self.client,
+                [shard.due, shard.jobs, shard.inflight, shard.bykey, shard.journal],
+                [kind, value, self._maxlen, by])
+
+    def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
+        """Move a pending job to a new due time; returns it (ms) or None if not pending."""
+        for shard in self._candidates(job_id, key):
+            with self.unavailable():
+                ok, due_ms = SCRIPTS["reschedule"].call(
+                    self.client, [shard.due, shard.jobs, shard.journal],
+                    [job_id, *due.script_args(), self.keys.wake_channel, shard.shard,
+                     self._maxlen])
+            if ok:
+                return due_ms
+        return None
+
+    # -- reads -------------------------------------------------------------------------
+
+    def _candidates(self, job_id: str, key: str | None) -> list[ShardKeys]:
+        if key is not None:
+            return [self.keys.shard_for(job_id, key)]
+        return self._shards_holding(job_id)
+
+    def _shards_holding(self, job_id: str) -> list[ShardKeys]:
+        """Shards whose job hash holds ``job_id``, the id's own shard first."""
+        own = self.keys.shard_for(job_id)
+        order = [own, *(s for s in self.keys if s is not own)]
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in order:
+                pipe.hexists(shard.jobs, job_id)
+            found = pipe.execute()
+        return [shard for shard, hit in zip(order, found, strict=True) if hit]
+
+    def get(self, job_id: str, key: str | None = None) -> Job | None:
+        """The stored job, pending (``scheduled``), being promoted (``claimed``) or ``dead``."""
+        shards = [self.keys.shard_for(job_id, key)] if key else list(self.keys)
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in shards:
+                pipe.hget(shard.jobs, job_id)
+                pipe.zscore(shard.due, job_id)
+                pipe.hget(shard.dead, job_id)
+            replies = pipe.execute()
+        for i, shard in enumerate(shards):
+            raw, due_ms, dead = replies[3 * i:3 * i + 3]
+            if raw is not None:
+                state = "scheduled" if due_ms is not None else "claimed"
+                return Job.from_envelope(job_id, raw, due_ms, state, shard.shard)
+            if dead is not None:
+                return Job.from_envelope(
+                    job_id, json.loads(dead)["envelope"] or None, None, "dead", shard.shard)
+        return None
+
+    def pending(self, task: str | None = None, key: str | None = None,
+                limit: int = 100) -> list[Job]:
+        """Pending jobs in due order, optionally of one task and/or one business key."""
+        shards = [self.keys.shard_for("", key)] if key else list(self.keys)
+        jobs: list[Job] = []
+        with self.unavailable():
+            for shard in shards:
+                jobs.extend(self._pending_in(shard, task, key, limit))
+        jobs.sort(key=lambda job: job.due)
+        return jobs[:limit]
+
+    def _pending_in(self, shard: ShardKeys, task: str | None, key: str | None,
+                    limit: int) -> list[Job]:
+        if key:
+            members = self.client.zrangebylex(shard.bykey, f"[{key}\x00", f"({key}\x01")
+            ids = [m.split("\x00", 1)[1] for m in members]
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.zscore(shard.due, job_id)
+            scored = [(i, s) for i, s in zip(ids, pipe.execute(), strict=True) if s is not None]
+            return self._jobs_of(shard, scored, task)[:limit]
+        found: list[Job] = []
+        start = 0
+        while len(found) < limit:
+            chunk = self.client.zrange(shard.due, start, start + _SCAN_CHUNK - 1, withscores=True)
+            if not chunk:
+                break
+            found.extend(self._jobs_of(shard, chunk, task))
+            start += _SCAN_CHUNK
+        return found[:limit]
+
+    def _jobs_of(self, shard: ShardKeys, scored: list[tuple[str, float]],
+                 task: str | None) -> list[Job]:
+        if not scored:
+            return []
+        raws = self.client.hmget(shard.jobs, [job_id for job_id, _ in scored])
+        jobs = []
+        for (job_id, due_ms), raw in zip(scored, raws, strict=True):
+            try:
+                job = Job.from_envelope(job_id, raw, due_ms, "scheduled", shard.shard)
+            except PayloadError:
+                continue  # unreadable: the carrier dead-letters it when due
+            if task is None or job.task == task:
+                jobs.append(job)
+        return jobs
+
+    def dead(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Dead-lettered jobs with their reason, newest first."""
+        entries = []
+        with self.unavailable():
+            for shard in self.keys:
+                for job_id, raw in self.client.hscan_iter(shard.dead, count=_SCAN_CHUNK):
+                    entries.append({"job_id": job_id, "shard": shard.shard, **json.loads(raw)})
+        entries.sort(key=lambda e: e["at"], reverse=True)
+        return entries[:limit]
+
+    def replay(self, job_id: str, envelope: str = "") -> bool:
+        """Put a dead-lettered job back, due now (optionally with a fixed envelope)."""
+        for shard in self.keys:
+            with self.unavailable():
+                code = SCRIPTS["replay"].call(
+                    self.client, [shard.dead, shard.jobs, shard.due, shard.bykey, shard.journal],
+                    [job_id, envelope, self._maxlen, self.keys.wake_channel, shard.shard])
+            if code == -1:
+                raise JobExists(job_id)
+            if code == 1:
+                return True
+        return False
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per-shard counts: pending, overdue, in flight, dead, journal length, next due."""
+        now_ms = int(time.time() * 1000)
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.zcard(shard.due)
+                pipe.zcount(shard.due, "-inf", now_ms)
+                pipe.zcard(shard.inflight)
+                pipe.hlen(shard.dead)
+                pipe.xlen(shard.journal)
+                pipe.zrange(shard.due, 0, 0, withscores=True)
+            replies = pipe.execute()
+        rows = []
+        for shard in self.keys:
+            pending, overdue, inflight, dead, journal, head = replies[:6]
+            replies = replies[6:]
+            rows.append({
+                "shard": shard.shard, "pending": pending, "overdue": overdue,
+                "inflight": inflight, "dead": dead, "journal": journal,
+                "next_due_ms": int(head[0][1]) if head else None,
+            })
+        return rows
+
+    # -- carrier side ------------------------------------------------------------------
+
+    def claim(self, batch: int, lease_ms: int) -> list[ShardClaim]:
+        """Claim up to ``batch`` due jobs on every shard, in one round trip."""
+        calls = [(SCRIPTS["claim_due"], [s.due, s.inflight, s.jobs], [batch, lease_ms])
+                 for s in self.keys]
+        claims = []
+        for shard, reply in zip(self.keys, execute(self.client, calls), strict=True):
+            now_ms, next_due, rest = reply[0], reply[1], reply[2:]
+            jobs = [Claimed(rest[i], int(float(rest[i + 1])), rest[i + 2])
+                    for i in range(0, len(rest), 3)]
+            claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs))
+        return claims
+
+    def ack(self, acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]]) -> None:
+        """Forget published jobs: per shard (job id, bykey member, task, key, due ms)."""
+        calls = []
+        for shard, jobs in acks.items():
+            args: list[Any] = [self._maxlen]
+            for job in jobs:
+                args.extend(job)
+            calls.append((SCRIPTS["ack"],
+                          [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal],
+                          args))
+        if calls:
+            execute(self.client, calls)
+
+    def recover(self, batch: int) -> int:
+        """Return expired leases to the due set on every shard; how many were recovered."""
+        calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal], [batch, self._maxlen])
+                 for s in self.keys]
+        return sum(execute(self.client, calls))
+
+    def dead_letter(self, shard: ShardKeys, job_id: str, reason: str, member: str) -> bool:
+        return bool(SCRIPTS["dead"].call(
+            self.client, [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal],
+            [job_id, reason, member, self._maxlen]))
+
+    def journal(self, shard: int, event: str, fields: dict[str, Any]) -> None:
+        """Append one event to a shard's journal (worker-side events)."""
+        if self._maxlen <= 0:
+            return
+        with self.unavailable():
+            self.client.xadd(self.keys.shard(shard).journal, {"event": event, **fields},
+                             maxlen=self._maxlen, approximate=True)

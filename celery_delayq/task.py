@@ -1,0 +1,70 @@
+"""``DelayedTask``: a Celery task base class whose delayed calls go through the store."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery import Task
+from celery.utils.time import maybe_make_aware
+
+from .extension import DelayedResult, DelayQ
+
+
+class DelayedTask(Task):
+    """Use as ``@app.task(base=DelayedTask)`` or app-wide with ``task_cls``.
+
+    ``apply_delayed`` parks a call in the store. ``apply_async`` with ``countdown`` or
+    ``eta`` beyond ``delayq_countdown_threshold`` seconds (and so ``self.retry``) goes
+    there too; everything else is Celery's own ``apply_async``.
+    """
+
+    abstract = True
+
+    @classmethod
+    def on_bound(cls, app) -> None:
+        super().on_bound(app)
+        DelayQ.of(app)  # connects the worker-side journal hooks of this app
+
+    def apply_delayed(self, args=None, kwargs=None, *,
+                      delay: float | timedelta | None = None, eta: datetime | None = None,
+                      key: str | None = None, job_id: str | None = None,
+                      if_exists: str = "keep", **options: Any) -> DelayedResult:
+        """Run this task after ``delay`` (seconds or timedelta) or at ``eta`` (aware datetime).
+
+        ``key`` is a business key (``"order:42"``) for ``DelayQ.cancel_key``; ``job_id``
+        makes the call idempotent, with ``if_exists`` = keep | replace | error. Any other
+        ``apply_async`` option (queue, priority, headers, expires, link, ...) is kept.
+        """
+        options = {**self._get_exec_options(), **options}
+        return DelayQ.of(self.app).schedule(
+            self.name, args, kwargs, delay=delay, eta=eta, key=key, job_id=job_id,
+            if_exists=if_exists, task_type=self, **options)
+
+    def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None,
+                    link_error=None, shadow=None, **options):
+        delay = self._store_delay(options.get("countdown"), options.get("eta"))
+        if delay is None:
+            return super().apply_async(args, kwargs, task_id=task_id, producer=producer,
+                                       link=link, link_error=link_error, shadow=shadow,
+                                       **options)
+        options = {k: v for k, v in options.items() if k not in ("countdown", "eta")}
+        for name, value in (("task_id", task_id), ("link", link), ("link_error", link_error),
+                            ("shadow", shadow)):
+            if value is not None:
+                options[name] = value
+        # A retry (or a second apply_async with the same task id) replaces the stored call.
+        return self.apply_delayed(args, kwargs, if_exists="replace", **delay, **options)
+
+    def _store_delay(self, countdown, eta) -> dict[str, Any] | None:
+        """``{"delay": ...}`` or ``{"eta": ...}`` when the store should take the call."""
+        if self.app.conf.task_always_eager or (countdown is None and eta is None):
+            return None
+        threshold = DelayQ.of(self.app).config.countdown_threshold
+        if eta is not None:
+            if isinstance(eta, str):
+                eta = datetime.fromisoformat(eta)
+            eta = maybe_make_aware(eta, self.app.timezone)
+            seconds = (eta - self.app.now()).total_seconds()
+            return {"eta": eta} if seconds > threshold else None
+        return {"delay": countdown} if countdown > threshold else None

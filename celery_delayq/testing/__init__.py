@@ -1,0 +1,1 @@
+"""Helpers for testing with celery-delayq against real servers."""

@@ -1,0 +1,78 @@
+"""Checks of caller input, run before anything is written to Redis."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+from .errors import InvalidDelay, InvalidJobId, InvalidOption
+
+IF_EXISTS = ("keep", "replace", "error")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class Due(NamedTuple):
+    """When a job is due: an absolute time, or a delay counted on Redis's clock."""
+
+    at_ms: int | None
+    delay_ms: int | None
+
+    def script_args(self) -> list[str | int]:
+        """The (absolute, relative) pair the Lua scripts take."""
+        return ["" if self.at_ms is None else self.at_ms, self.delay_ms or 0]
+
+
+def due(delay: float | timedelta | None, eta: datetime | None, max_delay: float) -> Due:
+    """Validate ``delay``/``eta``; exactly one must be given."""
+    if (delay is None) == (eta is None):
+        raise InvalidDelay("pass exactly one of delay= (seconds or timedelta) or eta= (datetime)")
+    if eta is not None:
+        if not isinstance(eta, datetime):
+            raise InvalidDelay(f"eta must be a datetime, got {type(eta).__name__}")
+        if eta.tzinfo is None or eta.utcoffset() is None:
+            raise InvalidDelay(
+                f"eta {eta.isoformat()} has no timezone; pass an aware datetime such as "
+                "datetime.now(timezone.utc) + timedelta(minutes=30)"
+            )
+        at = eta.timestamp()
+        if at - time.time() > max_delay:
+            raise InvalidDelay(
+                f"eta {eta.isoformat()} is more than delayq_max_delay={max_delay:g}s away"
+            )
+        return Due(at_ms=round(at * 1000), delay_ms=None)
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise InvalidDelay(f"delay must be seconds (int or float) or a timedelta, got {delay!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidDelay(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+    if seconds > max_delay:
+        raise InvalidDelay(
+            f"delay {seconds:g}s is longer than delayq_max_delay={max_delay:g}s; "
+            "raise the setting if you mean it"
+        )
+    return Due(at_ms=None, delay_ms=round(seconds * 1000))
+
+
+def identifier(value: object, what: str, max_length: int) -> str:
+    """A job id or business key: a non-empty string without control characters."""
+    if not isinstance(value, str):
+        raise InvalidJobId(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidJobId(f"{what} must not be empty")
+    if len(value) > max_length:
+        raise InvalidJobId(
+            f"{what} is {len(value)} characters long; the limit is delayq_max_id_length="
+            f"{max_length}"
+        )
+    if _CONTROL.search(value):
+        raise InvalidJobId(f"{what} {value!r} contains control characters")
+    return value
+
+
+def if_exists(value: str) -> str:
+    if value not in IF_EXISTS:
+        raise InvalidOption(f"if_exists must be one of {', '.join(IF_EXISTS)}; got {value!r}")
+    return value

@@ -1,0 +1,95 @@
+"""Real servers for the tests: one redis-server per session, a real Celery worker on demand.
+
+Unit tests of pure code need neither; they never touch these fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from celery_delayq.testing.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        os.environ["DELAYQ_TEST_REDIS_URL"] = server.url
+        yield server
+
+
+@pytest.fixture(scope="session")
+def proj(redis_server):
+    """The test Celery project (``tests/proj.py``) bound to the session's Redis."""
+    from tests import proj
+
+    assert proj.REDIS_URL == redis_server.url, "tests.proj was imported before the server"
+    return proj
+
+
+@pytest.fixture
+def app(proj, redis_client):
+    return proj.app
+
+
+@pytest.fixture
+def delayq(proj, redis_client):
+    return proj.delayq
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    """A client of the session's Redis, emptied before each test.
+
+    kombu's own bookkeeping (queue bindings, unacked messages) is kept so a session
+    worker keeps consuming.
+    """
+    import redis
+
+    client = redis.Redis.from_url(f"{redis_server.url}/0", decode_responses=True)
+    stale = [k for k in client.scan_iter(count=1000)
+             if not k.startswith(("_kombu", "unacked"))]
+    if stale:
+        client.delete(*stale)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def carrier(app):
+    """A carrier serving in a background thread for the test's duration."""
+    from celery_delayq.carrier import Carrier
+
+    carrier = Carrier(app)
+    thread = threading.Thread(target=carrier.run, name="carrier", daemon=True)
+    thread.start()
+    yield carrier
+    carrier.stop()
+    thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def worker(proj, redis_server):
+    """A real Celery worker (threads pool) consuming the default queue for the session."""
+    from celery.contrib.testing.worker import start_worker
+
+    with start_worker(proj.app, pool="threads", concurrency=4, perform_ping_check=False,
+                      shutdown_timeout=30) as worker:
+        yield worker
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 15.0,
+             interval: float = 0.02, what: str = "condition") -> object:
+    """Poll ``predicate`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,61 @@
+"""The Celery project the tests run: in-process, and as ``celery -A tests.proj`` subprocesses.
+
+Its Redis comes from ``DELAYQ_TEST_REDIS_URL`` (set by ``tests/conftest.py``). Tasks
+record each run in the Redis list ``test:runs`` so tests can count executions made by
+any process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import redis
+from celery import Celery
+
+from celery_delayq import DelayedTask, DelayQ
+
+REDIS_URL = os.environ.get("DELAYQ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+RUNS = "test:runs"
+
+app = Celery("proj", broker=f"{REDIS_URL}/0", backend=f"{REDIS_URL}/0")
+app.conf.update(
+    delayq_shards=4,
+    delayq_idle_timeout=1.0,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    task_default_queue="celery",
+)
+delayq = DelayQ(app)
+_runs = redis.Redis.from_url(f"{REDIS_URL}/0")
+
+
+def _record(task, label) -> None:
+    request = task.request
+    _runs.rpush(RUNS, json.dumps({
+        "label": label, "task_id": request.id, "retries": request.retries,
+        "job": request.get("delayq_job"), "due_ms": request.get("delayq_due"),
+        "started_ms": time.time() * 1000,
+    }))
+
+
+@app.task(base=DelayedTask, bind=True)
+def record(self, label):
+    """Record this run and return the label."""
+    _record(self, label)
+    return label
+
+
+@app.task(base=DelayedTask, bind=True, max_retries=3)
+def flaky(self, label, failures=1, countdown=0.5):
+    """Fail ``failures`` times, retrying through the store, then succeed."""
+    _record(self, label)
+    if self.request.retries < failures:
+        raise self.retry(countdown=countdown)
+    return label
+
+
+def runs() -> list[dict]:
+    """Every recorded run, in order."""
+    return [json.loads(raw) for raw in _runs.lrange(RUNS, 0, -1)]
