@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -13,7 +13,8 @@ from celery.result import AsyncResult
 from . import journal, validation
 from .conf import DelayQConfig
 from .envelope import Call, Job, build
-from .store import CancelOutcome, Store
+from .errors import InvalidOption, JobExists
+from .store import CancelOutcome, ScheduleCode, Store
 from .validation import Due
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ _ATTR = "_delayq"
 _create_lock = threading.Lock()
 
 
+_ITEM_FIELDS = frozenset({"args", "kwargs", "delay", "eta", "key", "job_id"})
 Interceptor = Callable[["DelayQ", Call, Due, str], "DelayedResult | None"]
 
 
@@ -87,9 +89,54 @@ class DelayQ:
                  key: str | None = None, job_id: str | None = None, if_exists: str = "keep",
                  task_type=None, **options: Any) -> DelayedResult:
         """Park a call of task ``name`` until it is due; see ``DelayedTask.apply_delayed``."""
+        validation.if_exists(if_exists)
+        call, due = self._prepare(name, args, kwargs, delay, eta, key, job_id, task_type,
+                                  options)
+        for interceptor in self._interceptors:
+            deferred = interceptor(self, call, due, if_exists)
+            if deferred is not None:
+                return deferred
+        return self.submit([(call, due)], if_exists)[0]
+
+    def schedule_many(self, name: str, items: Iterable[Mapping[str, Any]], *,
+                      if_exists: str = "keep", task_type=None,
+                      **options: Any) -> list[DelayedResult]:
+        """Park many calls of task ``name`` in one round trip per shard batch.
+
+        Each item is a mapping with ``args``, ``kwargs``, ``delay`` or ``eta``, ``key`` and
+        ``job_id`` (all optional but the due time); ``options`` apply to every call. Every
+        item is validated before anything is written.
+        """
+        validation.if_exists(if_exists)
+        if if_exists == "error":
+            raise InvalidOption("schedule_many takes if_exists='keep' or 'replace', not 'error'")
+        prepared = []
+        for n, item in enumerate(items):
+            unknown = set(item) - _ITEM_FIELDS
+            if unknown:
+                raise InvalidOption(f"item {n} has unknown fields {sorted(unknown)}; allowed: "
+                                    f"{', '.join(sorted(_ITEM_FIELDS))}")
+            prepared.append(self._prepare(
+                name, item.get("args"), item.get("kwargs"), item.get("delay"), item.get("eta"),
+                item.get("key"), item.get("job_id"), task_type, options))
+        results: list[DelayedResult | None] = [None] * len(prepared)
+        direct = []
+        for n, (call, due) in enumerate(prepared):
+            for interceptor in self._interceptors:
+                results[n] = interceptor(self, call, due, if_exists)
+                if results[n] is not None:
+                    break
+            else:
+                direct.append(n)
+        submitted = self.submit([prepared[n] for n in direct], if_exists)
+        for n, result in zip(direct, submitted, strict=True):
+            results[n] = result
+        return results  # type: ignore[return-value]
+
+    def _prepare(self, name, args, kwargs, delay, eta, key, job_id, task_type,
+                 options) -> tuple[Call, Due]:
         config = self.config
         due = validation.due(delay, eta, config.max_delay)
-        validation.if_exists(if_exists)
         if job_id is not None:
             validation.identifier(job_id, "job_id", config.max_id_length)
         if key is not None:
@@ -100,11 +147,7 @@ class DelayQ:
                      max_payload_bytes=config.max_payload_bytes, task_type=task_type)
         if call.key is not None and call.key != key:  # carried over from a retried task
             validation.identifier(call.key, "key", config.max_id_length)
-        for interceptor in self._interceptors:
-            deferred = interceptor(self, call, due, if_exists)
-            if deferred is not None:
-                return deferred
-        return self.submit(call, due, if_exists)
+        return call, due
 
     def add_interceptor(self, interceptor: Interceptor) -> None:
         """Let ``interceptor(delayq, call, due, if_exists)`` take over validated calls.
@@ -115,14 +158,19 @@ class DelayQ:
         """
         self._interceptors.append(interceptor)
 
-    def submit(self, call: Call, due: Due, if_exists: str) -> DelayedResult:
-        """Write a validated call to the store now."""
-        scheduled = self.store.schedule(call, due, if_exists)
-        task_id = call.task_id
-        if not scheduled.created:
-            task_id = Job.from_envelope(call.job_id, scheduled.existing, None, "", 0).task_id
-        due_at = None if scheduled.due_ms < 0 else _from_ms(scheduled.due_ms)
-        return DelayedResult(task_id, call.job_id, due_at, self)
+    def submit(self, items: list[tuple[Call, Due]], if_exists: str) -> list[DelayedResult]:
+        """Write validated calls to the store now; raises JobExists on a conflict."""
+        results = []
+        for (call, _), scheduled in zip(items, self.store.schedule(items, if_exists),
+                                        strict=True):
+            if scheduled.code is ScheduleCode.CONFLICT:
+                raise JobExists(call.job_id)
+            task_id = call.task_id
+            if scheduled.code is ScheduleCode.KEPT:
+                task_id = Job.from_envelope(call.job_id, scheduled.existing, None, "", 0).task_id
+            due_at = None if scheduled.due_ms < 0 else _from_ms(scheduled.due_ms)
+            results.append(DelayedResult(task_id, call.job_id, due_at, self))
+        return results
 
     # -- managing ----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -28,6 +29,7 @@ from .validation import Due
 
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 _SCAN_CHUNK = 500
+_SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 
 
 class CancelOutcome(str, Enum):
@@ -38,14 +40,22 @@ class CancelOutcome(str, Enum):
     UNKNOWN = "unknown"
 
 
+class ScheduleCode(int, Enum):
+    """What the schedule script did with one job."""
+
+    CREATED = 1
+    REPLACED = 2
+    KEPT = 0  # if_exists="keep": the stored job is left as it was
+    CONFLICT = -1  # if_exists="error": nothing written
+
+
 @dataclass(frozen=True)
 class Scheduled:
-    """The store's answer to a schedule call."""
+    """The store's answer for one scheduled call."""
 
-    created: bool  # False when an existing job was kept
-    replaced: bool
-    due_ms: int
-    existing: str | None  # the kept job's envelope
+    code: ScheduleCode
+    due_ms: int  # -1 when a kept job is not pending (being promoted)
+    existing: str | None  # the stored envelope when the job was kept
 
 
 @dataclass(frozen=True)
@@ -120,19 +130,31 @@ class Store:
 
     # -- producer side -----------------------------------------------------------------
 
-    def schedule(self, call: Call, due: Due, if_exists: str) -> Scheduled:
-        shard = self.keys.shard_for(call.job_id, call.key)
-        args = [
-            call.job_id, call.envelope, *due.script_args(), if_exists,
-            bykey_member(call.key, call.job_id), self.keys.wake_channel, shard.shard,
-            self._maxlen, call.task, call.key or "",
-        ]
+    def schedule(self, items: list[tuple[Call, Due]], if_exists: str) -> list[Scheduled]:
+        """Store calls in one round trip: one script call per shard and batch."""
+        by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
+        for index, (call, _) in enumerate(items):
+            by_shard[self.keys.shard_for(call.job_id, call.key)].append(index)
+        calls, owners = [], []
+        for shard, indexes in by_shard.items():
+            for start in range(0, len(indexes), _SCHEDULE_CHUNK):
+                chunk = indexes[start:start + _SCHEDULE_CHUNK]
+                args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen]
+                for index in chunk:
+                    call, due = items[index]
+                    args += [call.job_id, call.envelope, *due.script_args(),
+                             bykey_member(call.key, call.job_id), call.task, call.key or ""]
+                calls.append((SCRIPTS["schedule"],
+                              [shard.due, shard.jobs, shard.bykey, shard.journal], args))
+                owners.append(chunk)
         with self.unavailable():
-            code, due_ms, existing = SCRIPTS["schedule"].call(
-                self.client, [shard.due, shard.jobs, shard.bykey, shard.journal], args)
-        if code == -1:
-            raise JobExists(call.job_id)
-        return Scheduled(created=code > 0, replaced=code == 2, due_ms=due_ms, existing=existing)
+            replies = execute(self.client, calls)
+        results: list[Scheduled] = [None] * len(items)  # type: ignore[list-item]
+        for chunk, reply in zip(owners, replies, strict=True):
+            for offset, index in enumerate(chunk):
+                code, due_ms, existing = reply[3 * offset:3 * offset + 3]
+                results[index] = Scheduled(ScheduleCode(code), due_ms, existing)
+        return results
 
     def cancel(self, job_id: str, key: str | None = None, by: str = "") -> CancelOutcome:
         """Cancel one pending job; the outcome says whether it will still run."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,6 +41,17 @@ class DelayedTask(Task):
         return DelayQ.of(self.app).schedule(
             self.name, args, kwargs, delay=delay, eta=eta, key=key, job_id=job_id,
             if_exists=if_exists, task_type=self, **options)
+
+    def apply_delayed_many(self, items: Iterable[Mapping[str, Any]], *,
+                           if_exists: str = "keep", **options: Any) -> list[DelayedResult]:
+        """Schedule many calls at once, pipelined; see ``DelayQ.schedule_many``.
+
+        ``items``: mappings with ``args``, ``kwargs``, ``delay`` or ``eta``, ``key``,
+        ``job_id``. ``options`` (queue, priority, ...) apply to every call.
+        """
+        options = {**self._get_exec_options(), **options}
+        return DelayQ.of(self.app).schedule_many(
+            self.name, items, if_exists=if_exists, task_type=self, **options)
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None,
                     link_error=None, shadow=None, **options):

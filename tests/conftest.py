@@ -27,7 +27,7 @@ def proj(redis_server):
     """The test Celery project (``tests/proj.py``) bound to the session's Redis."""
     from tests import proj
 
-    assert proj.REDIS_URL == redis_server.url, "tests.proj was imported before the server"
+    assert redis_server.url == proj.REDIS_URL, "tests.proj was imported before the server"
     return proj
 
 

@@ -1,0 +1,61 @@
+"""Bad input is refused at the call with a clear error, and nothing reaches Redis."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from celery_delayq.errors import (
+    DelayQError,
+    InvalidDelay,
+    InvalidJobId,
+    InvalidOption,
+    PayloadError,
+)
+
+NOW = datetime.now(timezone.utc)
+
+CASES = [
+    ({"delay": -5}, InvalidDelay, ">= 0"),
+    ({}, InvalidDelay, "exactly one"),
+    ({"delay": 5, "eta": NOW}, InvalidDelay, "exactly one"),
+    ({"eta": datetime(2030, 1, 1)}, InvalidDelay, "no timezone"),
+    ({"delay": 10 ** 9}, InvalidDelay, "delayq_max_delay"),
+    ({"delay": 1, "args": (object(),)}, PayloadError, "not JSON-serialisable"),
+    ({"delay": 1, "kwargs": {"blob": "x" * 300_000}}, PayloadError, "delayq_max_payload_bytes"),
+    ({"delay": 1, "job_id": ""}, InvalidJobId, "must not be empty"),
+    ({"delay": 1, "job_id": "j" * 201}, InvalidJobId, "delayq_max_id_length"),
+    ({"delay": 1, "key": "order\x00:1"}, InvalidJobId, "control characters"),
+    ({"delay": 1, "if_exists": "overwrite"}, InvalidOption, "keep, replace, error"),
+    ({"delay": 1, "serializer": "pickle"}, PayloadError, "JSON only"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), CASES,
+                         ids=[c[2].replace(" ", "-") for c in CASES])
+def test_bad_call_is_refused_and_nothing_is_written(proj, redis_client, call, error, message):
+    call = dict(call)
+    args = call.pop("args", ("x",))
+    with pytest.raises(error, match=message) as raised:
+        proj.record.apply_delayed(args=args, **call)
+    assert isinstance(raised.value, DelayQError)
+    assert [k for k in redis_client.keys("delayq:*") if k != "delayq:meta"] == []
+
+
+def test_one_bad_item_refuses_the_whole_batch(proj, redis_client):
+    items = [{"args": (i,), "delay": 5} for i in range(10)] + [{"args": (1,), "delay": -1}]
+    with pytest.raises(InvalidDelay):
+        proj.record.apply_delayed_many(items)
+    assert [k for k in redis_client.keys("delayq:*") if k != "delayq:meta"] == []
+
+
+def test_unknown_item_field_is_refused(proj):
+    with pytest.raises(InvalidOption, match="countdown"):
+        proj.record.apply_delayed_many([{"args": (1,), "countdown": 5}])
+
+
+def test_negative_countdown_runs_now_as_in_celery(proj, delayq):
+    # Celery treats countdown <= 0 as "no delay": the store is not involved.
+    result = proj.record.apply_async(("x",), countdown=-timedelta(seconds=1).total_seconds())
+    assert delayq.get(result.id) is None

@@ -1,0 +1,109 @@
+"""Scheduling, idempotency, lookup and listing against a real Redis."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from celery_delayq import DelayQ, JobExists
+from celery_delayq.errors import ConfigurationError
+
+
+def test_relative_delay_is_counted_from_redis_time(proj, redis_client):
+    seconds, micros = redis_client.time()
+    result = proj.record.apply_delayed(args=("x",), delay=30)
+    redis_now_ms = seconds * 1000 + micros // 1000
+    due_ms = result.eta.timestamp() * 1000
+    assert redis_now_ms + 30_000 <= due_ms <= redis_now_ms + 30_000 + 50
+
+
+def test_get_returns_the_pending_job(proj, delayq):
+    result = proj.record.apply_delayed(args=("x",), kwargs={"y": 1} and None, delay=60,
+                                       key="order:1", job_id="order:1:close")
+    job = delayq.get("order:1:close")
+    assert (job.task, job.args, job.key, job.state, job.task_id) == (
+        proj.record.name, ["x"], "order:1", "scheduled", result.id)
+    assert job.due == result.eta
+    assert delayq.get("order:1:close", key="order:1") == job
+    assert delayq.get("nope") is None
+
+
+def test_if_exists_keep_returns_the_stored_job_unchanged(proj, delayq):
+    first = proj.record.apply_delayed(args=("first",), delay=60, job_id="dedupe")
+    again = proj.record.apply_delayed(args=("second",), delay=999, job_id="dedupe")
+    assert (again.id, again.eta) == (first.id, first.eta)
+    assert delayq.get("dedupe").args == ["first"]
+
+
+def test_if_exists_replace_overwrites_call_and_due_time(proj, delayq):
+    proj.record.apply_delayed(args=("first",), delay=60, job_id="dedupe", key="order:1")
+    second = proj.record.apply_delayed(args=("second",), delay=120, job_id="dedupe",
+                                       key="order:1", if_exists="replace")
+    job = delayq.get("dedupe")
+    assert (job.args, job.due) == (["second"], second.eta)
+    assert [j.job_id for j in delayq.pending(key="order:1")] == ["dedupe"]
+
+
+def test_if_exists_error_raises_and_keeps_the_stored_job(proj, delayq):
+    proj.record.apply_delayed(args=("first",), delay=60, job_id="dedupe")
+    with pytest.raises(JobExists, match="if_exists='keep'"):
+        proj.record.apply_delayed(args=("second",), delay=60, job_id="dedupe",
+                                  if_exists="error")
+    assert delayq.get("dedupe").args == ["first"]
+
+
+def test_pending_lists_in_due_order_and_filters_by_task_and_key(proj, delayq):
+    for i in range(30):
+        proj.record.apply_delayed(args=(i,), delay=100 + i, key=f"order:{i % 3}")
+    proj.flaky.apply_delayed(args=("f",), delay=50)
+    listed = delayq.pending(limit=10)
+    assert [j.args for j in listed] == [["f"]] + [[i] for i in range(9)]
+    assert {j.task for j in delayq.pending(task=proj.flaky.name)} == {proj.flaky.name}
+    by_key = delayq.pending(key="order:1")
+    assert [j.args[0] for j in by_key] == list(range(1, 30, 3))
+
+
+def test_cancel_tells_cancelled_from_unknown(proj, delayq):
+    result = proj.record.apply_delayed(args=("x",), delay=60, key="order:5")
+    assert delayq.cancel_outcome(result.job_id).value == "cancelled"
+    assert delayq.cancel_outcome(result.job_id).value == "unknown"
+    assert delayq.pending() == []
+
+
+def test_cancel_of_a_claimed_job_reports_too_late(proj, delayq):
+    result = proj.record.apply_delayed(args=("x",), delay=0)
+    claims = delayq.store.claim(batch=10, lease_ms=30_000)
+    assert [j.job_id for c in claims for j in c.jobs] == [result.job_id]
+    assert delayq.cancel_outcome(result.job_id).value == "too late: already promoted"
+    assert delayq.get(result.job_id).state == "claimed"
+
+
+def test_many_calls_are_scheduled_in_one_batch(proj, delayq):
+    items = [{"args": (i,), "delay": 60, "key": f"order:{i}", "job_id": f"job-{i}"}
+             for i in range(2500)]
+    results = proj.record.apply_delayed_many(items)
+    assert [r.job_id for r in results] == [f"job-{i}" for i in range(2500)]
+    assert sum(row["pending"] for row in delayq.store.stats()) == 2500
+    again = proj.record.apply_delayed_many(items)  # idempotent by job id
+    assert [r.id for r in again] == [r.id for r in results]
+    assert sum(row["pending"] for row in delayq.store.stats()) == 2500
+
+
+def test_a_different_shard_count_on_existing_data_is_refused(proj, redis_client):
+    from celery import Celery
+
+    def delayq_with(shards):
+        app = Celery("other", broker=proj.app.conf.broker_url, set_as_current=False)
+        app.conf.delayq_shards = shards
+        return DelayQ(app)
+
+    assert delayq_with(4).pending() == []
+    with pytest.raises(ConfigurationError, match="delayq_shards=4"):
+        delayq_with(5).pending()
+
+
+def test_naive_eta_on_apply_async_follows_celery_timezone_rules(proj, delayq):
+    naive = datetime.utcnow().replace(microsecond=0) + timedelta(hours=1)  # noqa: DTZ003
+    result = proj.record.apply_async(("x",), eta=naive)
+    assert delayq.get(result.id).due.replace(tzinfo=None) == naive

@@ -1,0 +1,52 @@
+"""Settings are read from app.conf in one place, with defaults and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery
+
+from celery_delayq.conf import SETTINGS, DelayQConfig, redact
+from celery_delayq.errors import ConfigurationError
+
+
+def make_app(**conf):
+    app = Celery("conf", set_as_current=False, **conf.pop("celery", {}))
+    app.conf.update(conf)
+    return app
+
+
+def test_store_defaults_to_a_redis_broker():
+    config = DelayQConfig.from_app(make_app(celery={"broker": "redis://h:6379/2"}))
+    assert config.redis_url == "redis://h:6379/2"
+    assert config.shards == 8
+
+
+def test_settings_use_the_delayq_prefix():
+    config = DelayQConfig.from_app(make_app(celery={"broker": "amqp://"},
+                                            delayq_redis_url="redis://h/1", delayq_shards="3"))
+    assert (config.redis_url, config.shards) == ("redis://h/1", 3)
+
+
+def test_non_redis_broker_without_store_url_says_how_to_fix():
+    with pytest.raises(ConfigurationError, match="delayq_redis_url"):
+        DelayQConfig.from_app(make_app(celery={"broker": "amqp://guest@rabbit//"}))
+
+
+@pytest.mark.parametrize(("setting", "value"), [("shards", 0), ("lease_seconds", 0),
+                                                ("claim_batch", "many")])
+def test_invalid_setting_is_refused(setting, value):
+    app = make_app(celery={"broker": "redis://h"}, **{f"delayq_{setting}": value})
+    with pytest.raises(ConfigurationError, match=f"delayq_{setting}"):
+        DelayQConfig.from_app(app)
+
+
+def test_every_setting_is_documented_once():
+    names = [s.name for s in SETTINGS]
+    assert len(names) == len(set(names))
+    assert all(s.doc.endswith(".") for s in SETTINGS)
+
+
+def test_passwords_never_appear_in_redacted_urls():
+    assert redact("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
+    assert redact("rediss://user:s3cret@h/0") == "rediss://user:***@h/0"
+    assert redact("redis://h/0") == "redis://h/0"

@@ -1,0 +1,40 @@
+"""Every Lua script documents its contract, and the registry enforces the key count."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from celery_delayq.scripts import SCRIPTS
+
+EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead",
+            "replay"}
+
+
+def test_every_operation_has_a_script():
+    assert set(SCRIPTS) == EXPECTED
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_header_documents_each_key_and_argument(name):
+    script = SCRIPTS[name]
+    header = script.source.split("]]", 1)[0]
+    documented = [int(n) for n in re.findall(r"^KEYS\[(\d+)\]", header, re.M)]
+    assert documented == list(range(1, script.numkeys + 1)), "KEYS in header vs file name"
+    used = {int(n) for n in re.findall(r"KEYS\[(\d+)\]", script.source.split("]]", 1)[1])}
+    assert used == set(documented), "every declared key is used and no other"
+    assert re.search(r"^ARGV\[1\]", header, re.M)
+    assert "Returns" in header
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_scripts_never_build_key_names(name):
+    body = SCRIPTS[name].source.split("]]", 1)[1]
+    for call in re.findall(r"redis\.call\('(\w+)', ([^,)]+)", body):
+        assert call[1].startswith("KEYS[") or call[0] in ("TIME", "PUBLISH"), call
+
+
+def test_wrong_key_count_is_refused_before_redis_is_called():
+    with pytest.raises(TypeError, match="takes 3 keys"):
+        SCRIPTS["claim_due"].call(None, ["a"], [])

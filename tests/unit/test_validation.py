@@ -1,0 +1,66 @@
+"""Input checks that run before anything touches Redis."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from celery_delayq import validation
+from celery_delayq.errors import InvalidDelay, InvalidJobId, InvalidOption
+
+MAX = 3600.0
+
+
+def test_relative_delay_is_counted_on_redis_clock():
+    assert validation.due(1.5, None, MAX) == validation.Due(at_ms=None, delay_ms=1500)
+    assert validation.due(timedelta(minutes=2), None, MAX).delay_ms == 120_000
+
+
+def test_aware_eta_becomes_absolute_milliseconds():
+    eta = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    assert validation.due(None, eta, 10 * 365 * 86400).at_ms == int(eta.timestamp() * 1000)
+
+
+def test_eta_in_the_past_is_due_now_not_refused():
+    eta = datetime.now(timezone.utc) - timedelta(hours=1)
+    assert validation.due(None, eta, MAX).at_ms < datetime.now(timezone.utc).timestamp() * 1000
+
+
+@pytest.mark.parametrize(("delay", "eta", "message"), [
+    (None, None, "exactly one"),
+    (5, datetime.now(timezone.utc), "exactly one"),
+    (-1, None, ">= 0"),
+    (float("nan"), None, "finite"),
+    (float("inf"), None, "finite"),
+    (True, None, "seconds"),
+    ("10", None, "seconds"),
+    (MAX + 1, None, "delayq_max_delay"),
+    (None, datetime(2030, 1, 1), "no timezone"),
+    (None, "2030-01-01T00:00:00Z", "must be a datetime"),
+    (None, datetime.now(timezone.utc) + timedelta(seconds=MAX * 2), "delayq_max_delay"),
+])
+def test_bad_delay_or_eta_is_refused_with_a_reason(delay, eta, message):
+    with pytest.raises(InvalidDelay, match=message):
+        validation.due(delay, eta, MAX)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("", "must not be empty"),
+    ("x" * 201, "limit is delayq_max_id_length=200"),
+    ("order\x0042", "control characters"),
+    ("line\nbreak", "control characters"),
+    (42, "must be a string"),
+])
+def test_bad_identifier_is_refused(value, message):
+    with pytest.raises(InvalidJobId, match=message):
+        validation.identifier(value, "job_id", 200)
+
+
+def test_identifier_accepts_ordinary_business_ids():
+    assert validation.identifier("order:42:close", "job_id", 200) == "order:42:close"
+
+
+def test_unknown_if_exists_is_refused():
+    with pytest.raises(InvalidOption, match="keep, replace, error"):
+        validation.if_exists("overwrite")
