@@ -263,3 +263,15 @@ class Job:
             due=None if due_ms is None else datetime.fromtimestamp(due_ms / 1000, timezone.utc),
             options={k: env[k] for k in ("o", "h", "p") if k in env},
         )
+
+    @classmethod
+    def dead(cls, job_id: str, entry: dict[str, Any], shard: int) -> Job:
+        """A dead-lettered job; its envelope may be the unreadable reason it died."""
+        try:
+            job = cls.from_envelope(job_id, entry["envelope"] or None, None, "dead", shard)
+        except PayloadError:
+            job = cls(job_id=job_id, task_id=job_id, task="", args=[], kwargs={}, key=None,
+                      queue="", due=None, state="dead", shard=shard,
+                      options={"envelope": entry["envelope"]})
+        job.options["dead_reason"] = entry["reason"]
+        return job

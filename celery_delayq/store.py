@@ -224,8 +224,7 @@ class Store:
                 state = "scheduled" if due_ms is not None else "claimed"
                 return Job.from_envelope(job_id, raw, due_ms, state, shard.shard)
             if dead is not None:
-                return Job.from_envelope(
-                    job_id, json.loads(dead)["envelope"] or None, None, "dead", shard.shard)
+                return Job.dead(job_id, json.loads(dead), shard.shard)
         return None
 
     def pending(self, task: str | None = None, key: str | None = None,

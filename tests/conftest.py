@@ -6,6 +6,8 @@ Unit tests of pure code need neither; they never touch these fixtures.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -93,3 +95,31 @@ def wait_for(predicate: Callable[[], object], timeout: float = 15.0,
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def celery_cli(*args: str) -> list[str]:
+    """argv of ``celery -A tests.proj ...`` with this interpreter."""
+    return [sys.executable, "-m", "celery", "-A", "tests.proj", *args]
+
+
+@pytest.fixture
+def spawn(redis_server):
+    """Start ``celery -A tests.proj ...`` subprocesses; all are killed at teardown."""
+    processes: list[subprocess.Popen] = []
+
+    def start(*args: str, **kwargs) -> subprocess.Popen:
+        env = dict(os.environ, DELAYQ_TEST_REDIS_URL=redis_server.url, PYTHONPATH=ROOT)
+        process = subprocess.Popen(celery_cli(*args), cwd=ROOT, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, **kwargs)
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)

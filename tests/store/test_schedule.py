@@ -19,11 +19,11 @@ def test_relative_delay_is_counted_from_redis_time(proj, redis_client):
 
 
 def test_get_returns_the_pending_job(proj, delayq):
-    result = proj.record.apply_delayed(args=("x",), kwargs={"y": 1} and None, delay=60,
+    result = proj.record.apply_delayed(args=("x",), kwargs={"y": 1}, delay=60,
                                        key="order:1", job_id="order:1:close")
     job = delayq.get("order:1:close")
-    assert (job.task, job.args, job.key, job.state, job.task_id) == (
-        proj.record.name, ["x"], "order:1", "scheduled", result.id)
+    assert (job.task, job.args, job.kwargs, job.key, job.state, job.task_id) == (
+        proj.record.name, ["x"], {"y": 1}, "order:1", "scheduled", result.id)
     assert job.due == result.eta
     assert delayq.get("order:1:close", key="order:1") == job
     assert delayq.get("nope") is None
@@ -104,6 +104,6 @@ def test_a_different_shard_count_on_existing_data_is_refused(proj, redis_client)
 
 
 def test_naive_eta_on_apply_async_follows_celery_timezone_rules(proj, delayq):
-    naive = datetime.utcnow().replace(microsecond=0) + timedelta(hours=1)  # noqa: DTZ003
+    naive = datetime.utcnow().replace(microsecond=0) + timedelta(hours=1)
     result = proj.record.apply_async(("x",), eta=naive)
     assert delayq.get(result.id).due.replace(tzinfo=None) == naive

@@ -50,6 +50,7 @@ def test_message_rebuilt_at_promotion_is_celery_protocol_2_without_eta(app):
     msg = envelope.to_message(app, call.job_id, env, {envelope.HEADER_JOB: call.job_id})
     args, kwargs, embed = msg.body
     assert (args, kwargs) == ([42], {"reason": "unpaid"})
+    assert embed == {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
     assert msg.headers["id"] == call.task_id != call.job_id
     assert msg.headers["task"] == "unit.plain" and msg.headers["eta"] is None
     assert msg.headers["expires"] and 3590 < msg.properties["expiration"] <= 3600

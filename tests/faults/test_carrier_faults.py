@@ -1,0 +1,132 @@
+"""The carrier under faults: killed mid-batch, run twice, fed garbage, raced by cancels.
+
+Jobs go to the queue ``parked``, which no worker consumes, so every message the
+carriers published can be counted in the broker itself.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+from tests.conftest import wait_for
+
+PARKED = "parked"
+
+
+def parked_messages(client) -> list[dict]:
+    return [json.loads(raw)["headers"] for raw in client.lrange(PARKED, 0, -1)]
+
+
+def schedule_due_now(proj, n: int, prefix: str = "job") -> set[str]:
+    items = [{"args": (i,), "delay": 0, "job_id": f"{prefix}-{i}"} for i in range(n)]
+    for start in range(0, n, 5000):
+        proj.record.apply_delayed_many(items[start:start + 5000], queue=PARKED)
+    return {item["job_id"] for item in items}
+
+
+def store_count(client, suffix: str) -> int:
+    return sum(client.zcard(k) for k in client.scan_iter(f"delayq:*:{suffix}"))
+
+
+def all_delivered(client) -> bool:
+    return store_count(client, "due") == 0 and store_count(client, "inflight") == 0
+
+
+def test_carrier_killed_mid_batch_loses_nothing(proj, redis_client, spawn):
+    jobs = schedule_due_now(proj, 20_000)
+    inflight_at_kill = 0
+    for _attempt in range(5):
+        carrier = spawn("delayq", "carrier", "--lease", "1", "--batch", "200")
+        wait_for(lambda: store_count(redis_client, "inflight") > 0, what="a claimed batch")
+        carrier.send_signal(signal.SIGKILL)
+        carrier.wait(10)
+        killed_at = time.monotonic()
+        inflight_at_kill = store_count(redis_client, "inflight")
+        if inflight_at_kill:
+            break
+    assert inflight_at_kill > 0, "never caught the carrier between claim and ack"
+
+    spawn("delayq", "carrier", "--lease", "1", "--batch", "200")
+    wait_for(lambda: all_delivered(redis_client), timeout=60, what="every job delivered")
+    recovery = time.monotonic() - killed_at
+    headers = parked_messages(redis_client)
+    delivered = [h["delayq_job"] for h in headers]
+    duplicates = len(delivered) - len(set(delivered))
+    print(f"\njobs={len(jobs)} claimed-at-kill={inflight_at_kill} "
+          f"delivered={len(set(delivered))} duplicates={duplicates} recovery={recovery:.1f}s")
+    assert set(delivered) == jobs
+    assert duplicates <= inflight_at_kill
+    by_job: dict[str, set[str]] = {}
+    for h in headers:
+        by_job.setdefault(h["delayq_job"], set()).add(h["id"])
+    assert all(len(ids) == 1 for ids in by_job.values()), "a duplicate changed its task id"
+
+
+def test_two_carriers_never_promote_a_job_twice(proj, redis_client, spawn):
+    jobs = schedule_due_now(proj, 20_000)
+    spawn("delayq", "carrier", "--batch", "100")
+    spawn("delayq", "carrier", "--batch", "100")
+    wait_for(lambda: all_delivered(redis_client), timeout=60, what="every job delivered")
+    delivered = [h["delayq_job"] for h in parked_messages(redis_client)]
+    assert len(delivered) == len(jobs) and set(delivered) == jobs
+
+
+def test_sigterm_finishes_the_batch_and_exits_zero(proj, redis_client, spawn):
+    schedule_due_now(proj, 5_000)
+    carrier = spawn("delayq", "carrier", "--batch", "500")
+    wait_for(lambda: redis_client.llen(PARKED) > 0, what="first promotions")
+    carrier.send_signal(signal.SIGTERM)
+    output, _ = carrier.communicate(timeout=20)
+    assert carrier.returncode == 0, output
+    assert store_count(redis_client, "inflight") == 0, "a claimed batch was left unacked"
+    assert "carrier stopped" in output
+
+
+def test_unreadable_envelopes_are_dead_lettered_and_healthy_jobs_flow(
+        proj, delayq, redis_client, carrier):
+    shard = delayq.store.keys.shard(0)
+    for i in range(100):
+        redis_client.hset(shard.jobs, f"bad-{i}", "{not json" if i % 2 else '{"t": ""}')
+        redis_client.zadd(shard.due, {f"bad-{i}": 0})
+    healthy = schedule_due_now(proj, 200, prefix="ok")
+    wait_for(lambda: all_delivered(redis_client), what="all jobs handled")
+    assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy
+    dead = delayq.store.dead(limit=1000)
+    assert {d["job_id"] for d in dead} == {f"bad-{i}" for i in range(100)}
+    assert {d["reason"] for d in dead} == {"envelope is not valid JSON: Expecting property "
+                                           "name enclosed in double quotes: line 1 column 2 "
+                                           "(char 1)", "envelope has no task name"}
+    assert delayq.get("bad-3").state == "dead"
+
+    fixed = json.dumps({"t": proj.record.name, "a": ["fixed"], "q": PARKED})
+    assert delayq.store.replay("bad-3", envelope=fixed) is True
+    wait_for(lambda: any(h["delayq_job"] == "bad-3" for h in parked_messages(redis_client)),
+             what="the replayed job")
+
+
+def test_cancel_racing_the_carrier_reports_what_happened(proj, delayq, redis_client, carrier):
+    n = 3000
+    results = proj.record.apply_delayed_many(
+        [{"args": (i,), "delay": 0.3, "job_id": f"race-{i}"} for i in range(n)], queue=PARKED)
+    outcomes: dict[str, bool] = {}
+
+    def cancel_all(part):
+        for result in part:
+            outcomes[result.job_id] = result.cancel()
+
+    time.sleep(0.28)
+    threads = [threading.Thread(target=cancel_all, args=(results[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wait_for(lambda: all_delivered(redis_client), what="the race to settle")
+    delivered = [h["delayq_job"] for h in parked_messages(redis_client)]
+    cancelled = {job for job, ok in outcomes.items() if ok}
+    print(f"\ncancelled={len(cancelled)} delivered={len(delivered)}")
+    assert len(delivered) == len(set(delivered))
+    assert set(delivered) == set(outcomes) - cancelled
+    assert cancelled and delivered, "the race did not overlap; adjust the timing"
