@@ -130,3 +130,15 @@ def test_cancel_racing_the_carrier_reports_what_happened(proj, delayq, redis_cli
     assert len(delivered) == len(set(delivered))
     assert set(delivered) == set(outcomes) - cancelled
     assert cancelled and delivered, "the race did not overlap; adjust the timing"
+
+
+def test_carrier_survives_its_redis_connections_being_killed(proj, redis_client, carrier):
+    first = schedule_due_now(proj, 50, prefix="before")
+    wait_for(lambda: all_delivered(redis_client), what="first jobs")
+    time.sleep(0.2)  # let the carrier go back to waiting on the wake channel
+    killed = redis_client.client_kill_filter(_type="pubsub") + redis_client.client_kill_filter(
+        _type="normal", skipme=True)
+    assert killed > 0
+    second = schedule_due_now(proj, 50, prefix="after")
+    wait_for(lambda: all_delivered(redis_client), what="jobs after the kill")
+    assert {h["delayq_job"] for h in parked_messages(redis_client)} == first | second
