@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(PY) -m demo_project.run
 
 bench: $(STAMP)
-	$(PY) bench/lateness.py
+	$(PY) -m bench.lateness
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.json

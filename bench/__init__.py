@@ -1,0 +1,1 @@
+"""Benchmarks of celery-delayq against Celery's native ETA (``make bench``)."""

@@ -1,0 +1,262 @@
+"""Lateness and throughput of celery-delayq beside Celery's native countdown (``make bench``).
+
+One redis-server, one ``celery worker`` and one carrier (``celery -A bench.app delayq
+carrier``) serve every arm of the run. Per repetition:
+
+* **delayq**: ``apply_delayed`` one call at a time, jobs due evenly over the window;
+  publish lateness from the journal's ``promoted`` events, worker start lateness from
+  the ``delayq_due`` header.
+* **native**: ``apply_async(countdown=...)`` of a plain task with the same load; worker
+  start lateness against the due time the producer computed.
+* **promotion**: jobs all due at one instant (scheduled with ``apply_delayed_many``)
+  into a queue no worker reads; jobs/s from due time to the last ``promoted`` event.
+
+Run ``python -m bench.lateness --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+
+from . import workload
+from .harness import ROOT, Cluster, WorkerSetup
+from .stats import PERCENTILES, cell, summarise, table
+from .workload import Load
+
+RESULTS = ROOT / "bench" / "results"
+_WARMUP_TASKS = 300
+_LEAD_MARGIN = 1.0  # seconds between the expected end of scheduling and the first due job
+_DRAIN_TIMEOUT = 300.0
+_T0 = time.monotonic()
+
+
+def say(message: str) -> None:
+    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", flush=True)
+
+
+# -- one arm at a time -------------------------------------------------------------------
+
+class Bench:
+    """The arms of one benchmark run against one :class:`Cluster`."""
+
+    def __init__(self, cluster: Cluster, load: Load) -> None:
+        self.cluster = cluster
+        self.ctx: ModuleType = cluster.app
+        self.load = load
+        self.rates = {"delayq": 1000.0, "native": 1000.0}  # schedule calls/s, from warm-up
+        self._runs = 0
+
+    def _runs_key(self, arm: str) -> str:
+        self._runs += 1
+        return f"bench:runs:{arm}:{self._runs}"
+
+    def _lead(self, arm: str, tasks: int) -> float:
+        return tasks / self.rates[arm] * 1.25 + _LEAD_MARGIN
+
+    def warm_up(self) -> None:
+        """Start every process's connections and estimate schedule rates for the lead time."""
+        warm = Load(min(_WARMUP_TASKS, self.load.tasks), window=0.5, seed=1)
+        for arm in ("delayq", "native"):
+            self.rates[arm] = self._arm(arm, warm, lead=0.5)["schedule_per_s"]
+        say(f"warm-up done: delayq {self.rates['delayq']:,.0f}/s, "
+            f"native {self.rates['native']:,.0f}/s scheduling")
+
+    def delayq(self) -> dict:
+        return self._arm("delayq", self.load, self._lead("delayq", self.load.tasks))
+
+    def native(self) -> dict:
+        return self._arm("native", self.load, self._lead("native", self.load.tasks))
+
+    def _arm(self, arm: str, load: Load, lead: float) -> dict:
+        runs_key = self._runs_key(arm)
+        marks = workload.journal_marks(self.ctx) if arm == "delayq" else None
+        send = (workload.send_delayed if arm == "delayq" else workload.send_native)(
+            self.ctx, runs_key)
+        say(f"{arm}: scheduling {load.tasks:,} tasks due over {load.window:g}s "
+            f"from {lead:.1f}s on")
+        scheduled = workload.schedule_one_by_one(load, lead, send)
+        say(f"{arm}: scheduled at {scheduled.per_s:,.0f}/s ({scheduled.overran} overran)")
+        workload.wait_for_runs(self.ctx, runs_key, load.tasks, lead + load.window
+                               + _DRAIN_TIMEOUT, self.cluster.check_alive, say)
+        records = workload.runs(self.ctx, runs_key)
+        self.ctx.delayq.store.client.delete(runs_key)
+        lateness, duplicates = workload.worker_lateness(
+            records, None if arm == "delayq" else scheduled.due_ms)
+        result = {"tasks": load.tasks, "schedule_per_s": scheduled.per_s,
+                  "schedule_overran": scheduled.overran, "duplicates": duplicates,
+                  "worker_lateness_ms": lateness}
+        if marks is not None:
+            events = workload.promoted(self.ctx, marks, scheduled.job_ids)
+            result["promotion_lateness_ms"] = workload.promotion_lateness(events)
+        say(f"{arm}: worker start - due p50 {lateness['p50']:.1f} ms, "
+            f"p99 {lateness['p99']:.1f} ms, max {lateness['max']:.1f} ms")
+        return result
+
+    def promotion(self) -> dict:
+        """Carrier throughput: ``tasks`` jobs due at one instant, into an unread queue."""
+        ctx, tasks = self.ctx, self.load.tasks
+        marks = workload.journal_marks(ctx)
+        eta = workload.eta_after(2.0 + tasks / 20_000)
+        say(f"promotion: {tasks:,} jobs due at one instant (apply_delayed_many)")
+        started = time.perf_counter()
+        results = ctx.delayed_probe.apply_delayed_many(
+            [{"args": ("bench:runs:sink",), "eta": eta} for _ in range(tasks)],
+            queue=ctx.SINK_QUEUE)
+        many_per_s = tasks / (time.perf_counter() - started)
+        workload.wait_until(lambda: workload.pending_in_store(ctx) == 0,
+                            eta.timestamp() - time.time() + _DRAIN_TIMEOUT,
+                            "the carrier to empty the store", self.cluster.check_alive)
+        events = workload.promoted(ctx, marks, [r.job_id for r in results])
+        purged = workload.purge(ctx, ctx.SINK_QUEUE)
+        due_ms = min(due for _, due in events)
+        span_s = max(1, max(at for at, _ in events) - due_ms) / 1000
+        say(f"promotion: {len(events):,} promoted in {span_s * 1000:.0f} ms after due "
+            f"({len(events) / span_s:,.0f}/s); {purged:,} messages purged")
+        return {"tasks": tasks, "promoted": len(events), "schedule_many_per_s": many_per_s,
+                "promotion_per_s": len(events) / span_s,
+                "lateness_ms": workload.promotion_lateness(events)}
+
+
+def repetition(bench: Bench, n: int) -> dict:
+    """One repetition; the arms alternate order so drift over time favours neither."""
+    order = ("delayq", "native") if n % 2 == 0 else ("native", "delayq")
+    result = {arm: getattr(bench, arm)() for arm in order}
+    result["promotion"] = bench.promotion()
+    result["ratios"] = ratios(result)
+    return result
+
+
+def ratios(rep: dict) -> dict:
+    """delayq ÷ native within one repetition (lateness below 1 and rates above 1 favour delayq)."""
+    ours, theirs = rep["delayq"], rep["native"]
+    out = {"schedule_per_s": ours["schedule_per_s"] / theirs["schedule_per_s"]}
+    out["worker_lateness"] = {
+        name: ours["worker_lateness_ms"][name] / max(theirs["worker_lateness_ms"][name], 1e-3)
+        for name in ("p50", "p95", "p99", "max")}
+    return out
+
+
+# -- report ------------------------------------------------------------------------------
+
+def report(summary: dict, repeats: int, load: Load) -> str:
+    many = repeats > 1
+    pcts = [name for name, _ in PERCENTILES] + ["max"]
+
+    def lat_row(label: str, prefix: str) -> list[str]:
+        return [label, *(cell(summary.get(f"{prefix}.{p}"), 1, many) for p in pcts)]
+
+    lateness = table(["lateness, ms", *pcts], [
+        lat_row("delayq publish - due (journal)", "delayq.promotion_lateness_ms"),
+        lat_row("delayq worker start - due", "delayq.worker_lateness_ms"),
+        lat_row("native worker start - due", "native.worker_lateness_ms"),
+        lat_row("ratio delayq ÷ native (worker start)", "ratios.worker_lateness"),
+    ])
+    rows = [
+        ["schedule, one call at a time", cell(summary.get("delayq.schedule_per_s"), 0, many),
+         cell(summary.get("native.schedule_per_s"), 0, many),
+         cell(summary.get("ratios.schedule_per_s"), 2, many)],
+        ["schedule, batched (apply_delayed_many)",
+         cell(summary.get("promotion.schedule_many_per_s"), 0, many), "-", ""],
+        [f"promotion, {load.tasks:,} due at once", cell(
+            summary.get("promotion.promotion_per_s"), 0, many), "-", ""],
+    ]
+    throughput = table(["jobs/s", "delayq", "native", "ratio"], rows)
+    return f"{lateness}\n\n{throughput}"
+
+
+def machine(ctx: ModuleType, setup: WorkerSetup) -> dict:
+    info = ctx.delayq.store.client.info("server")
+    return {
+        "nproc": os.cpu_count(), "cpu": _cpu_model(), "platform": platform.platform(),
+        "python": platform.python_version(), "redis_server": info["redis_version"],
+        **{name: metadata.version(name) for name in ("celery", "kombu", "redis")},
+        "worker": f"celery worker -P {setup.pool} -c {setup.concurrency}",
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+# -- entry point -------------------------------------------------------------------------
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.lateness",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=10_000, help="jobs per arm")
+    parser.add_argument("--window", type=float, default=5.0, help="seconds the due times span")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 2,000 tasks, 1 repetition")
+    parser.add_argument("--pool", default="prefork", choices=("prefork", "threads", "solo"))
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path (default bench/results/lateness[-quick].json)")
+    parser.add_argument("--profile-carrier", type=Path, default=None, metavar="TXT",
+                        help="run the carrier under pyinstrument, text report to TXT")
+    opts = parser.parse_args(argv)
+    if opts.quick:
+        opts.tasks, opts.repeat = 2_000, 1
+    if opts.out is None:
+        opts.out = RESULTS / ("lateness-quick.json" if opts.quick else "lateness.json")
+    return opts
+
+
+def run(opts: argparse.Namespace) -> dict:
+    load = Load(opts.tasks, opts.window)
+    setup = WorkerSetup(opts.pool, opts.concurrency)
+    with Cluster(setup, profile_carrier=opts.profile_carrier) as cluster:
+        say(f"redis-server at {cluster.redis.url}; worker ({setup.pool}, "
+            f"{setup.concurrency}) and carrier started")
+        bench = Bench(cluster, load)
+        bench.warm_up()
+        reps = []
+        for n in range(opts.repeat):
+            say(f"-- repetition {n + 1}/{opts.repeat} --")
+            reps.append(repetition(bench, n))
+        facts = machine(cluster.app, setup)
+    summary = summarise(reps)
+    return {
+        "benchmark": "lateness", "machine": facts,
+        "parameters": {"tasks": load.tasks, "window_s": load.window, "repeat": opts.repeat,
+                       "pool": setup.pool, "concurrency": setup.concurrency},
+        "command": " ".join(["python -m bench.lateness", *sys.argv[1:]]),
+        "summary": summary, "repetitions": reps,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(argv)
+    try:
+        result = run(opts)
+    except KeyboardInterrupt:
+        say("interrupted; every process stopped")
+        return 130
+    print()
+    print(report(result["summary"], opts.repeat, Load(opts.tasks, opts.window)))
+    facts = result["machine"]
+    print(f"\n{facts['nproc']} CPUs ({facts['cpu']}), Redis {facts['redis_server']}, "
+          f"Python {facts['python']}, Celery {facts['celery']}, {facts['worker']}; "
+          f"medians of {opts.repeat} [min..max]")
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps(result, indent=2) + "\n")
+    say(f"wrote {opts.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
