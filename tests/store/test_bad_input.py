@@ -13,6 +13,7 @@ from celery_delayq.errors import (
     InvalidOption,
     PayloadError,
 )
+from tests.conftest import store_keys
 
 NOW = datetime.now(timezone.utc)
 
@@ -40,14 +41,14 @@ def test_bad_call_is_refused_and_nothing_is_written(proj, redis_client, call, er
     with pytest.raises(error, match=message) as raised:
         proj.record.apply_delayed(args=args, **call)
     assert isinstance(raised.value, DelayQError)
-    assert [k for k in redis_client.keys("delayq:*") if k != "delayq:meta"] == []
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
 
 
 def test_one_bad_item_refuses_the_whole_batch(proj, redis_client):
     items = [{"args": (i,), "delay": 5} for i in range(10)] + [{"args": (1,), "delay": -1}]
     with pytest.raises(InvalidDelay):
         proj.record.apply_delayed_many(items)
-    assert [k for k in redis_client.keys("delayq:*") if k != "delayq:meta"] == []
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
 
 
 def test_unknown_item_field_is_refused(proj):

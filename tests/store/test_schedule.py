@@ -96,6 +96,7 @@ def test_a_different_shard_count_on_existing_data_is_refused(proj, redis_client)
     def delayq_with(shards):
         app = Celery("other", broker=proj.app.conf.broker_url, set_as_current=False)
         app.conf.delayq_shards = shards
+        app.conf.delayq_redis_url = proj.app.conf.delayq_redis_url
         return DelayQ(app)
 
     assert delayq_with(4).pending() == []
