@@ -59,7 +59,7 @@ class Bench:
         return f"bench:runs:{arm}:{self._runs}"
 
     def _lead(self, arm: str, tasks: int) -> float:
-        return tasks / self.rates[arm] * 1.25 + _LEAD_MARGIN
+        return tasks / self.rates[arm] * 1.5 + _LEAD_MARGIN
 
     def warm_up(self) -> None:
         """Start every process's connections and estimate schedule rates for the lead time."""
@@ -92,7 +92,8 @@ class Bench:
             records, None if arm == "delayq" else scheduled.due_ms)
         result = {"tasks": load.tasks, "schedule_per_s": scheduled.per_s,
                   "schedule_overran": scheduled.overran, "duplicates": duplicates,
-                  "worker_lateness_ms": lateness}
+                  "worker_lateness_ms": lateness,
+                  "worker_start_per_s": workload.worker_rate(records)}
         if marks is not None:
             events = workload.promoted(self.ctx, marks, scheduled.job_ids)
             result["promotion_lateness_ms"] = workload.promotion_lateness(events)
@@ -137,7 +138,8 @@ def repetition(bench: Bench, n: int) -> dict:
 def ratios(rep: dict) -> dict:
     """delayq ÷ native within one repetition (lateness below 1 and rates above 1 favour delayq)."""
     ours, theirs = rep["delayq"], rep["native"]
-    out = {"schedule_per_s": ours["schedule_per_s"] / theirs["schedule_per_s"]}
+    out = {name: ours[name] / theirs[name]
+           for name in ("schedule_per_s", "worker_start_per_s")}
     out["worker_lateness"] = {
         name: ours["worker_lateness_ms"][name] / max(theirs["worker_lateness_ms"][name], 1e-3)
         for name in ("p50", "p95", "p99", "max")}
@@ -163,6 +165,10 @@ def report(summary: dict, repeats: int, load: Load) -> str:
         ["schedule, one call at a time", cell(summary.get("delayq.schedule_per_s"), 0, many),
          cell(summary.get("native.schedule_per_s"), 0, many),
          cell(summary.get("ratios.schedule_per_s"), 2, many)],
+        ["worker starts (first to last start)",
+         cell(summary.get("delayq.worker_start_per_s"), 0, many),
+         cell(summary.get("native.worker_start_per_s"), 0, many),
+         cell(summary.get("ratios.worker_start_per_s"), 2, many)],
         ["schedule, batched (apply_delayed_many)",
          cell(summary.get("promotion.schedule_many_per_s"), 0, many), "-", ""],
         [f"promotion, {load.tasks:,} due at once", cell(
@@ -204,6 +210,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="smoke run: 2,000 tasks, 1 repetition")
     parser.add_argument("--pool", default="prefork", choices=("prefork", "threads", "solo"))
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--no-worker-events", action="store_true",
+                        help="delayq_worker_events=False in the worker (no journal XADDs)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default bench/results/lateness[-quick].json)")
     parser.add_argument("--profile-carrier", type=Path, default=None, metavar="TXT",
@@ -211,6 +219,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     opts = parser.parse_args(argv)
     if opts.quick:
         opts.tasks, opts.repeat = 2_000, 1
+    if opts.no_worker_events:
+        os.environ["DELAYQ_BENCH_WORKER_EVENTS"] = "0"
     if opts.out is None:
         opts.out = RESULTS / ("lateness-quick.json" if opts.quick else "lateness.json")
     return opts
@@ -233,7 +243,8 @@ def run(opts: argparse.Namespace) -> dict:
     return {
         "benchmark": "lateness", "machine": facts,
         "parameters": {"tasks": load.tasks, "window_s": load.window, "repeat": opts.repeat,
-                       "pool": setup.pool, "concurrency": setup.concurrency},
+                       "pool": setup.pool, "concurrency": setup.concurrency,
+                       "worker_events": not opts.no_worker_events},
         "command": " ".join(["python -m bench.lateness", *sys.argv[1:]]),
         "summary": summary, "repetitions": reps,
     }

@@ -103,7 +103,7 @@ def runs(ctx: ModuleType, runs_key: str) -> list[dict]:
     return [json.loads(raw) for raw in ctx.delayq.store.client.lrange(runs_key, 0, -1)]
 
 
-def worker_lateness(records: Iterable[dict], due_ms: dict[str, float] | None = None
+def worker_lateness(records: list[dict], due_ms: dict[str, float] | None = None
                     ) -> tuple[dict[str, float], int]:
     """Distribution of worker start minus due (ms), and how many tasks ran more than once.
 
@@ -118,6 +118,12 @@ def worker_lateness(records: Iterable[dict], due_ms: dict[str, float] | None = N
         due = due_ms[record["id"]] if due_ms is not None else record["due"]
         lateness.append(record["start"] - due)
     return distribution(lateness), duplicates
+
+
+def worker_rate(records: list[dict]) -> float:
+    """Tasks started per second between the first and the last start."""
+    starts = [record["start"] for record in records]
+    return len(starts) / max(1e-3, (max(starts) - min(starts)) / 1000)
 
 
 def journal_marks(ctx: ModuleType) -> dict[int, str]:

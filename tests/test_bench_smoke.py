@@ -1,0 +1,44 @@
+"""The lateness benchmark's quick mode runs end to end (opt-in: ``pytest -m bench``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.harness import ROOT
+
+pytestmark = pytest.mark.bench
+
+
+@pytest.fixture(autouse=True)
+def _opt_in(request):
+    """Runs only when asked for, e.g. ``pytest -m bench``: it takes about a minute."""
+    if "bench" not in (request.config.option.markexpr or ""):
+        pytest.skip("benchmark smoke test; run it with pytest -m bench")
+
+
+@pytest.mark.timeout(300)
+def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
+    out = tmp_path / "lateness.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.lateness", "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "schedule, one call at a time" in done.stdout
+
+    result = json.loads(out.read_text())
+    rep = result["repetitions"][0]
+    tasks = result["parameters"]["tasks"]
+    for arm in ("delayq", "native"):
+        assert rep[arm]["worker_lateness_ms"]["n"] == tasks
+        assert rep[arm]["duplicates"] == 0
+        assert rep[arm]["schedule_per_s"] > 0
+    assert rep["delayq"]["promotion_lateness_ms"]["n"] == tasks
+    assert rep["delayq"]["promotion_lateness_ms"]["min"] >= 0, "promoted before due"
+    assert rep["delayq"]["worker_lateness_ms"]["min"] >= 0, "ran before due"
+    assert rep["promotion"]["promoted"] == tasks
+    assert set(result["summary"]) >= {"delayq.schedule_per_s", "native.schedule_per_s",
+                                      "promotion.promotion_per_s"}
