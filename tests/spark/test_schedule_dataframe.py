@@ -1,0 +1,157 @@
+"""schedule_dataframe against a real Redis, with a real carrier and worker for a sample."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import Celery
+from kombu import Queue
+
+from celery_delayq import InvalidOption
+from celery_delayq.spark import schedule_dataframe
+from tests.conftest import wait_for
+
+TASK = "tests.proj.record"
+
+
+def _pending(delayq) -> int:
+    return sum(row["pending"] for row in delayq.store.stats())
+
+
+def _journal(delayq) -> int:
+    return sum(row["journal"] for row in delayq.store.stats())
+
+
+def test_hundred_thousand_rows_are_scheduled_and_a_sample_runs_on_a_real_worker(
+        spark, app, delayq, proj, worker, carrier):
+    from pyspark.sql import functions as F
+
+    sample = 200
+    df = (spark.range(100_000, numPartitions=8)
+          .withColumn("job", F.concat(F.lit("refund:"), F.col("id").cast("string")))
+          .withColumn("delay_s", F.when(F.col("id") < sample, F.lit(0.3))
+                      .otherwise(F.lit(3600.0)))
+          .withColumn("label", F.concat(F.lit("r"), F.col("id").cast("string"))))
+
+    summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="job",
+                                          delay_col="delay_s", args_cols=["label"])
+
+    assert (summary.scheduled, summary.existed, summary.rejected) == (100_000, 0, 0)
+    assert rejects.count() == 0
+    wait_for(lambda: len(proj.runs()) >= sample, timeout=30, what=f"{sample} sample runs")
+    runs = proj.runs()
+    assert sorted(run["label"] for run in runs) == sorted(f"r{n}" for n in range(sample))
+    assert {run["job"] for run in runs} == {f"refund:{n}" for n in range(sample)}
+    assert _pending(delayq) == 100_000 - sample
+
+
+def test_repeating_the_same_write_adds_nothing(spark, app, delayq):
+    df = spark.createDataFrame([(f"order:{n}", n, 600.0) for n in range(2_000)],
+                               "order_id string, n long, delay_s double").repartition(3)
+    first, _ = schedule_dataframe(df, app, task=TASK, id_col="order_id",
+                                  delay_col="delay_s", args_cols=["n"])
+    journal = _journal(delayq)
+
+    again, rejects = schedule_dataframe(df, app, task=TASK, id_col="order_id",
+                                        delay_col="delay_s", args_cols=["n"])
+
+    assert (first.scheduled, first.existed) == (2_000, 0)
+    assert (again.scheduled, again.existed, again.rejected) == (0, 2_000, 0)
+    assert rejects.count() == 0
+    assert _pending(delayq) == 2_000
+    assert _journal(delayq) == journal
+
+
+@pytest.fixture
+def strict_app(redis_server, redis_client) -> Celery:
+    """An app with a fixed queue list (unknown queues are errors) and no tasks at all."""
+    strict = Celery("strict", broker=f"{redis_server.url}/0", set_as_current=False)
+    strict.conf.update(task_create_missing_queues=False, task_default_queue="celery",
+                       task_queues=[Queue("celery"), Queue("refunds")],
+                       delayq_shards=4, delayq_max_payload_bytes=2_000)
+    return strict
+
+
+def test_planted_bad_rows_come_back_exactly_as_rejects_with_reasons(spark, strict_app):
+    now = datetime.now(timezone.utc).replace(tzinfo=None)  # session time zone is UTC
+    soon, never = now + timedelta(hours=1), datetime(2999, 1, 1)
+    good = [(f"ok:{n}", soon, "x", "refunds") for n in range(50)]
+    bad = [
+        (None, soon, "x", "refunds"),
+        ("bad-eta:null", None, "x", "refunds"),
+        ("bad-eta:far", never, "x", "refunds"),
+        ("too-big", soon, "x" * 5_000, "refunds"),
+        ("lost", soon, "x", "no-such-queue"),
+    ]
+    df = spark.createDataFrame(good + bad, "refund_id string, check_at timestamp, "
+                               "note string, q string").repartition(2)
+
+    summary, rejects = schedule_dataframe(df, strict_app, task="shop.tasks.check_refund",
+                                          id_col="refund_id", eta_col="check_at",
+                                          args_cols=["refund_id", "note"], queue_col="q")
+
+    assert (summary.scheduled, summary.existed, summary.rejected) == (50, 0, 5)
+    assert rejects.columns == ["refund_id", "check_at", "note", "q", "reason"]
+    reasons = {row.refund_id: row.reason for row in rejects.collect()}
+    assert set(reasons) == {None, "bad-eta:null", "bad-eta:far", "too-big", "lost"}
+    assert reasons[None].startswith("null id")
+    assert reasons["bad-eta:null"].startswith("bad eta")
+    assert "delayq_max_delay" in reasons["bad-eta:far"]
+    assert "delayq_max_payload_bytes=2000" in reasons["too-big"]
+    assert reasons["lost"].startswith("unknown queue") and "no-such-queue" in reasons["lost"]
+    kept = rejects.where("refund_id = 'too-big'").first()
+    assert (kept.note, kept.q) == ("x" * 5_000, "refunds")
+
+
+def test_eta_strings_with_an_offset_and_struct_kwargs_reach_the_stored_job(spark, app, delayq):
+    at = (datetime.now(timezone.utc) + timedelta(days=30)).replace(microsecond=0)
+    local = at.astimezone(timezone(timedelta(hours=2))).isoformat()
+    df = spark.createDataFrame(
+        [("r1", local, "order:1", (7, "eur"))],
+        "refund_id string, check_at string, order string, kw struct<amount:int,currency:string>")
+
+    summary, _ = schedule_dataframe(df, app, task=TASK, id_col="refund_id",
+                                    eta_col="check_at", kwargs_col="kw", key_col="order",
+                                    queue="refunds")
+
+    assert summary.scheduled == 1
+    job = delayq.get("r1", key="order:1")
+    assert local.endswith("+02:00") and job.due == at
+    assert job.kwargs == {"amount": 7, "currency": "eur"}
+    assert (job.key, job.queue, job.task) == ("order:1", "refunds", TASK)
+
+
+def test_executors_build_envelopes_without_importing_the_task_code(spark, app, delayq):
+    df = spark.range(4, numPartitions=2).selectExpr("cast(id as string) as job", "1.0 as d")
+    schedule_dataframe(df, app, task=TASK, id_col="job", delay_col="d")
+
+    probe = spark.sparkContext.parallelize(range(8), 2).mapPartitions(
+        lambda _: [m for m in sys.modules if m == "tests" or m.startswith("tests.")])
+
+    assert probe.collect() == []
+    assert _pending(delayq) == 4
+
+
+def test_routes_given_as_code_are_resolved_once_on_the_driver(spark, redis_server,
+                                                              redis_client, delayq):
+    routed = Celery("routed", broker=f"{redis_server.url}/0", set_as_current=False)
+    routed.conf.update(delayq_shards=4,
+                       task_routes=[lambda name, *a, **kw: {"queue": f"q-{name.split('.')[-1]}"}])
+    df = spark.createDataFrame([("a", 60.0)], "job string, d double")
+
+    schedule_dataframe(df, routed, task="shop.tasks.refund", id_col="job", delay_col="d")
+
+    assert delayq.get("a").queue == "q-refund"
+
+
+def test_bad_arguments_are_refused_on_the_driver_before_any_write(spark, app, delayq):
+    df = spark.createDataFrame([("a", 1.0)], "job string, d double")
+    with pytest.raises(InvalidOption, match="exactly one of delay_col"):
+        schedule_dataframe(df, app, task=TASK, id_col="job")
+    with pytest.raises(InvalidOption, match="'nope' is not a column"):
+        schedule_dataframe(df, app, task=TASK, id_col="nope", delay_col="d")
+    with pytest.raises(InvalidOption, match="if_exists"):
+        schedule_dataframe(df, app, task=TASK, id_col="job", delay_col="d", if_exists="x")
+    assert _pending(delayq) == 0
