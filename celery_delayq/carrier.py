@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import socket
 import threading
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,11 +26,12 @@ from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, decode, 
 from .errors import PayloadError, StoreUnavailable
 from .extension import DelayQ
 from .keys import ShardKeys, bykey_member
+from .ownership import ShardOwnership
 from .store import ShardClaim
 
 logger = logging.getLogger("celery_delayq.carrier")
 
-_RECOVER_EVERY = 1.0  # seconds between lease-recovery sweeps
+_MAINTAIN_EVERY = 1.0  # longest time between shard-lease renewal + lease-recovery sweeps
 _WAIT_SLICE = 0.25  # longest uninterrupted wait, so a stop request is seen promptly
 _BACKOFF_MAX = 5.0
 _PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
@@ -49,7 +53,7 @@ class Carrier:
     """Promotes due jobs of one app's store; any number may run side by side."""
 
     def __init__(self, app, *, batch: int | None = None, lease: float | None = None,
-                 idle_timeout: float | None = None) -> None:
+                 shard_lease: float | None = None, idle_timeout: float | None = None) -> None:
         self.app = app
         self.delayq = DelayQ.of(app)
         config = self.delayq.config
@@ -63,29 +67,37 @@ class Carrier:
         self._declared: set[str] = set()  # queues declared on the current connection
         self._producer = None
         self._pubsub = None
-        self._last_recover = 0.0
+        shard_lease_ms = int((shard_lease or config.shard_lease_seconds) * 1000)
+        self.carrier_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.ownership = ShardOwnership(self.store, self.carrier_id, shard_lease_ms)
+        self._maintain_every = min(_MAINTAIN_EVERY, shard_lease_ms / 3000)
+        self._next_maintenance = 0.0
+        self._shards: list[ShardKeys] = []
 
     # -- one iteration -----------------------------------------------------------------
 
     def run_once(self) -> float:
-        """Recover, claim, publish, ack once; returns seconds until work is expected."""
+        """Balance shards, recover, claim, publish, ack once; seconds until work is expected."""
         recovered = 0
-        if time.monotonic() - self._last_recover >= _RECOVER_EVERY:
+        if time.monotonic() >= self._next_maintenance:
             with self.store.unavailable():
-                recovered = self.store.recover(self.batch)
-            self._last_recover = time.monotonic()
+                self._shards = self.ownership.balance()
+                recovered = self.store.recover(self._shards, self.batch)
+            self._next_maintenance = time.monotonic() + self._maintain_every
             if recovered:
                 self.stats.recovered += recovered
                 logger.warning("recovered %d jobs whose carrier lease expired", recovered)
         with self.store.unavailable():
-            claims = self.store.claim(self.batch, self.lease_ms)
+            claims = self.store.claim(self._shards, self.batch, self.lease_ms)
         claimed_at = time.monotonic()
         self._promote(claims, claimed_at)
         if recovered or any(len(c.jobs) >= self.batch for c in claims):
             return 0.0
         waits = [c.next_due_ms - c.now_ms for c in claims if c.next_due_ms is not None]
         sleep = min(waits, default=self.idle_timeout * 1000) / 1000
-        return max(0.0, min(sleep - (time.monotonic() - claimed_at), self.idle_timeout))
+        sleep -= time.monotonic() - claimed_at
+        return max(0.0, min(sleep, self.idle_timeout,
+                            self._next_maintenance - time.monotonic()))
 
     def _promote(self, claims: list[ShardClaim], claimed_at: float) -> None:
         acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]] = defaultdict(list)
@@ -229,4 +241,10 @@ class Carrier:
             self._producer = None
 
     def close(self) -> None:
+        """Hand the shards back and close connections."""
+        try:
+            with self.store.unavailable():
+                self.ownership.release()
+        except StoreUnavailable as exc:
+            logger.warning("could not release shard leases (they expire): %s", exc)
         self._reset_connections()

@@ -34,18 +34,21 @@ def delayq() -> None:
 @delayq.command()
 @click.option("--batch", type=int, default=None, help="Jobs claimed per shard per round trip.")
 @click.option("--lease", type=float, default=None, help="Seconds a claimed job stays leased.")
+@click.option("--shard-lease", type=float, default=None,
+              help="Seconds a carrier's hold on a shard lasts without renewal.")
 @click.option("--idle-timeout", type=float, default=None,
               help="Longest sleep without looking at Redis, seconds.")
 @click.option("-l", "--loglevel", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def carrier(ctx: click.Context, batch: int | None, lease: float | None,
-            idle_timeout: float | None, loglevel: str) -> None:
+            shard_lease: float | None, idle_timeout: float | None, loglevel: str) -> None:
     """Promote due jobs into their Celery queues (run one or more beside beat)."""
     logging.basicConfig(level=loglevel.upper(),
                         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
     try:
-        Carrier(ctx.obj.app, batch=batch, lease=lease, idle_timeout=idle_timeout).run()
+        Carrier(ctx.obj.app, batch=batch, lease=lease, shard_lease=shard_lease,
+                idle_timeout=idle_timeout).run()
     except DelayQError as exc:
         _fail(exc)
 
@@ -145,3 +148,27 @@ def _ms(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+
+
+@delayq.command()
+@click.option("--to", "to", required=True, type=click.Path(file_okay=False),
+              help="Folder of date=YYYY-MM-DD/ partitions (created if missing).")
+@click.option("--since", default=None,
+              help="Start at this time (ISO-8601 or epoch ms) instead of where the last "
+                   "export stopped.")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet",
+              show_default=True, help="Parquet needs pyarrow (the spark extra).")
+@click.pass_context
+def export(ctx: click.Context, to: str, since: str | None, fmt: str) -> None:
+    """Drain the journal streams into date-partitioned files; resumes where it stopped."""
+    from .export import export_journal
+
+    try:
+        result = export_journal(_delayq(ctx).store, to, since=since, fmt=fmt)
+    except DelayQError as exc:
+        _fail(exc)
+    for shard in result.trimmed:
+        click.secho(f"warning: shard {shard}'s journal was trimmed past the last export; "
+                    "some events are missing. Export more often or raise "
+                    "delayq_journal_maxlen.", fg="yellow", err=True)
+    click.echo(f"exported {result.events} events in {len(result.files)} files to {to}")

@@ -38,6 +38,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("claim_batch", 500, int, "Most jobs a carrier claims from one shard per round trip."),
     Setting("lease_seconds", 30.0, float,
             "How long a claimed job may stay unacknowledged before another carrier recovers it."),
+    Setting("shard_lease_seconds", 10.0, float,
+            "How long a carrier's hold on a shard lasts without renewal; a dead carrier's "
+            "shards move to the others within this time."),
     Setting("idle_timeout", 5.0, float,
             "Longest a carrier sleeps without checking Redis, even with nothing due."),
     Setting("journal_maxlen", 100_000, int,
@@ -67,6 +70,7 @@ class DelayQConfig:
     countdown_threshold: float
     claim_batch: int
     lease_seconds: float
+    shard_lease_seconds: float
     idle_timeout: float
     journal_maxlen: int
     worker_events: bool
@@ -97,7 +101,8 @@ class DelayQConfig:
         for name in ("shards", "max_payload_bytes", "max_id_length", "claim_batch"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"delayq_{name} must be at least 1")
-        for name in ("max_delay", "lease_seconds", "idle_timeout", "redis_socket_timeout"):
+        for name in ("max_delay", "lease_seconds", "shard_lease_seconds", "idle_timeout",
+                     "redis_socket_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"delayq_{name} must be greater than 0")
 

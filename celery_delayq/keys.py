@@ -9,7 +9,10 @@ Redis Cluster slot::
     <prefix>:{N}:bykey     ZSET  "<business key>\\0<job id>" (score 0), a lexicographic index
     <prefix>:{N}:dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
     <prefix>:{N}:journal   STREAM lifecycle events, capped
+    <prefix>:{N}:owner     STRING id of the carrier serving the shard, expires with its lease
     <prefix>:meta          HASH  store-wide facts (the shard count it was created with)
+    <prefix>:export        HASH  shard -> id of the last journal entry exported (delayq export)
+    <prefix>:carriers      ZSET  carrier id -> heartbeat deadline (ms), the live carriers
     <prefix>:wake          pub/sub channel: a shard number, when a new job became its head
 """
 
@@ -33,6 +36,7 @@ class ShardKeys:
     bykey: str
     dead: str
     journal: str
+    owner: str
 
 
 class Keyspace:
@@ -43,6 +47,8 @@ class Keyspace:
         self.shards = shards
         self.meta = f"{prefix}:meta"
         self.wake_channel = f"{prefix}:wake"
+        self.export_position = f"{prefix}:export"
+        self.carriers = f"{prefix}:carriers"
         self._shards = tuple(self._build(n) for n in range(shards))
 
     def _build(self, n: int) -> ShardKeys:
@@ -55,6 +61,7 @@ class Keyspace:
             bykey=f"{tag}:bykey",
             dead=f"{tag}:dead",
             journal=f"{tag}:journal",
+            owner=f"{tag}:owner",
         )
 
     def shard(self, n: int) -> ShardKeys:

@@ -329,12 +329,12 @@ class Store:
 
     # -- carrier side ------------------------------------------------------------------
 
-    def claim(self, batch: int, lease_ms: int) -> list[ShardClaim]:
-        """Claim up to ``batch`` due jobs on every shard, in one round trip."""
+    def claim(self, shards: list[ShardKeys], batch: int, lease_ms: int) -> list[ShardClaim]:
+        """Claim up to ``batch`` due jobs on each shard, in one round trip."""
         calls = [(SCRIPTS["claim_due"], [s.due, s.inflight, s.jobs], [batch, lease_ms])
-                 for s in self.keys]
+                 for s in shards]
         claims = []
-        for shard, reply in zip(self.keys, execute(self.client, calls), strict=True):
+        for shard, reply in zip(shards, execute(self.client, calls), strict=True):
             now_ms, next_due, rest = reply[0], reply[1], reply[2:]
             jobs = [Claimed(rest[i], int(float(rest[i + 1])), rest[i + 2])
                     for i in range(0, len(rest), 3)]
@@ -354,11 +354,40 @@ class Store:
         if calls:
             execute(self.client, calls)
 
-    def recover(self, batch: int) -> int:
-        """Return expired leases to the due set on every shard; how many were recovered."""
+    def recover(self, shards: list[ShardKeys], batch: int) -> int:
+        """Return expired leases to the due set; how many were recovered."""
         calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal], [batch, self._maxlen])
-                 for s in self.keys]
+                 for s in shards]
         return sum(execute(self.client, calls))
+
+    def heartbeat(self, carrier_id: str, lease_ms: int) -> list[str]:
+        """Register a live carrier until its lease ends; returns the live carrier ids."""
+        seconds, micros = self.client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(self.keys.carriers, {carrier_id: now_ms + lease_ms})
+        pipe.zremrangebyscore(self.keys.carriers, "-inf", now_ms)
+        pipe.zrange(self.keys.carriers, 0, -1)
+        return pipe.execute()[-1]
+
+    def owners(self) -> list[str | None]:
+        """The carrier id serving each shard, or None."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys:
+            pipe.get(shard.owner)
+        return pipe.execute()
+
+    def hold(self, shards: list[ShardKeys], carrier_id: str, lease_ms: int,
+             keep: bool) -> list[bool]:
+        """Take/renew (``keep``) or release each shard's lease; which ones are ours now."""
+        calls = [(SCRIPTS["own"], [s.owner], [carrier_id, lease_ms, "1" if keep else "0"])
+                 for s in shards]
+        return [bool(r) for r in execute(self.client, calls)] if calls else []
+
+    def leave(self, carrier_id: str, shards: list[ShardKeys]) -> None:
+        """A stopping carrier hands its shards back at once."""
+        self.hold(shards, carrier_id, 0, keep=False)
+        self.client.zrem(self.keys.carriers, carrier_id)
 
     def dead_letter(self, shard: ShardKeys, job_id: str, reason: str, member: str) -> bool:
         return bool(SCRIPTS["dead"].call(

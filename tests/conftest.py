@@ -136,15 +136,21 @@ def celery_cli(*args: str) -> list[str]:
 
 
 @pytest.fixture
-def spawn(redis_server):
-    """Start ``celery -A tests.proj ...`` subprocesses; all are killed at teardown."""
+def spawn(redis_server, tmp_path):
+    """Start ``celery -A tests.proj ...`` subprocesses; all are killed at teardown.
+
+    Output goes to a file (a pipe nobody reads would stall a chatty carrier); read it
+    with :func:`finish`.
+    """
     processes: list[subprocess.Popen] = []
 
-    def start(*args: str, **kwargs) -> subprocess.Popen:
+    def start(*args: str) -> subprocess.Popen:
         env = dict(os.environ, DELAYQ_TEST_REDIS_URL=redis_server.url, PYTHONPATH=ROOT)
-        process = subprocess.Popen(celery_cli(*args), cwd=ROOT, env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, **kwargs)
+        log = tmp_path / f"process-{len(processes)}.log"
+        with open(log, "w") as out:
+            process = subprocess.Popen(celery_cli(*args), cwd=ROOT, env=env, stdout=out,
+                                       stderr=subprocess.STDOUT, text=True)
+        process.log = log
         processes.append(process)
         return process
 
@@ -152,4 +158,10 @@ def spawn(redis_server):
     for process in processes:
         if process.poll() is None:
             process.kill()
-        process.communicate(timeout=10)
+        process.wait(10)
+
+
+def finish(process: subprocess.Popen, timeout: float = 30) -> str:
+    """Wait for a spawned process to exit; returns its output."""
+    process.wait(timeout)
+    return process.log.read_text()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+from tests.conftest import finish
+
 
 def run(spawn, *args: str) -> tuple[int, str]:
     process = spawn("delayq", *args)
-    output, _ = process.communicate(timeout=30)
+    output = finish(process)
     return process.returncode, output
 
 

@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 
-from tests.conftest import wait_for
+from tests.conftest import finish, wait_for
 
 PARKED = "parked"
 
@@ -28,6 +28,7 @@ def schedule_due_now(proj, n: int, prefix: str = "job") -> set[str]:
 
 
 def store_count(client, suffix: str) -> int:
+    """Entries of one kind (due, inflight) over every shard."""
     return sum(client.zcard(k) for k in client.scan_iter(f"delayq:*:{suffix}"))
 
 
@@ -39,7 +40,7 @@ def test_carrier_killed_mid_batch_loses_nothing(proj, redis_client, spawn):
     jobs = schedule_due_now(proj, 20_000)
     inflight_at_kill = 0
     for _attempt in range(5):
-        carrier = spawn("delayq", "carrier", "--lease", "1", "--batch", "200")
+        carrier = spawn("delayq", "carrier", "--lease", "1", "--shard-lease", "1", "--batch", "200")
         wait_for(lambda: store_count(redis_client, "inflight") > 0, what="a claimed batch")
         carrier.send_signal(signal.SIGKILL)
         carrier.wait(10)
@@ -49,7 +50,7 @@ def test_carrier_killed_mid_batch_loses_nothing(proj, redis_client, spawn):
             break
     assert inflight_at_kill > 0, "never caught the carrier between claim and ack"
 
-    spawn("delayq", "carrier", "--lease", "1", "--batch", "200")
+    spawn("delayq", "carrier", "--lease", "1", "--shard-lease", "1", "--batch", "200")
     wait_for(lambda: all_delivered(redis_client), timeout=60, what="every job delivered")
     recovery = time.monotonic() - killed_at
     headers = parked_messages(redis_client)
@@ -79,7 +80,7 @@ def test_sigterm_finishes_the_batch_and_exits_zero(proj, redis_client, spawn):
     carrier = spawn("delayq", "carrier", "--batch", "500")
     wait_for(lambda: redis_client.llen(PARKED) > 0, what="first promotions")
     carrier.send_signal(signal.SIGTERM)
-    output, _ = carrier.communicate(timeout=20)
+    output = finish(carrier, timeout=20)
     assert carrier.returncode == 0, output
     assert store_count(redis_client, "inflight") == 0, "a claimed batch was left unacked"
     assert "carrier stopped" in output

@@ -73,7 +73,7 @@ def test_cancel_tells_cancelled_from_unknown(proj, delayq):
 
 def test_cancel_of_a_claimed_job_reports_too_late(proj, delayq):
     result = proj.record.apply_delayed(args=("x",), delay=0)
-    claims = delayq.store.claim(batch=10, lease_ms=30_000)
+    claims = delayq.store.claim(list(delayq.store.keys), batch=10, lease_ms=30_000)
     assert [j.job_id for c in claims for j in c.jobs] == [result.job_id]
     assert delayq.cancel_outcome(result.job_id).value == "too late: already promoted"
     assert delayq.get(result.job_id).state == "claimed"

@@ -8,7 +8,7 @@ import pytest
 
 from celery_delayq.scripts import SCRIPTS
 
-EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead",
+EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead", "own",
             "replay"}
 
 

@@ -1,0 +1,58 @@
+"""Which shards a carrier serves: leases in Redis, shared fairly among live carriers.
+
+Every carrier heartbeats into the ``carriers`` set and holds its share of the shard
+leases (shares differ by at most one); it releases extras when others join and takes
+free shards when others leave or die (their leases expire). Two carriers may both
+claim from a shard during a handover; that is harmless, ``claim_due`` is atomic.
+"""
+
+from __future__ import annotations
+
+import logging
+from zlib import crc32
+
+from .keys import ShardKeys
+from .store import Store
+
+logger = logging.getLogger("celery_delayq.carrier")
+
+
+class ShardOwnership:
+    """The shard leases of one carrier."""
+
+    def __init__(self, store: Store, carrier_id: str, lease_ms: int) -> None:
+        self.store = store
+        self.carrier_id = carrier_id
+        self.lease_ms = lease_ms
+        shards = list(store.keys)
+        start = crc32(carrier_id.encode()) % len(shards)
+        self._preference = shards[start:] + shards[:start]  # spreads first picks
+        self.owned: list[ShardKeys] = []
+
+    def balance(self) -> list[ShardKeys]:
+        """Renew, release or take shard leases; returns the shards to serve now."""
+        live = sorted(self.store.heartbeat(self.carrier_id, self.lease_ms))
+        shards = len(self._preference)
+        rank = live.index(self.carrier_id) if self.carrier_id in live else 0
+        fair = shards // len(live) + (1 if rank < shards % len(live) else 0)
+        owners = self.store.owners()
+        mine = [s for s in self._preference if owners[s.shard] == self.carrier_id]
+        keep, extra = mine[:fair], mine[fair:]
+        kept = [s for s, ok in zip(keep, self.store.hold(keep, self.carrier_id, self.lease_ms,
+                                                         keep=True), strict=True) if ok]
+        self.store.hold(extra, self.carrier_id, self.lease_ms, keep=False)
+        free = [s for s in self._preference if owners[s.shard] is None][:fair - len(kept)]
+        taken = [s for s, ok in zip(free, self.store.hold(free, self.carrier_id,
+                                                          self.lease_ms, keep=True),
+                                    strict=True) if ok]
+        owned = sorted(kept + taken, key=lambda s: s.shard)
+        if owned != self.owned:
+            logger.info("serving shards %s of %d (%d carriers alive)",
+                        ",".join(str(s.shard) for s in owned) or "none",
+                        shards, len(live))
+        self.owned = owned
+        return owned
+
+    def release(self) -> None:
+        self.store.leave(self.carrier_id, self.owned)
+        self.owned = []
