@@ -129,9 +129,13 @@ class Bench:
 def repetition(bench: Bench, n: int) -> dict:
     """One repetition; the arms alternate order so drift over time favours neither."""
     order = ("delayq", "native") if n % 2 == 0 else ("native", "delayq")
-    result = {arm: getattr(bench, arm)() for arm in order}
+    result: dict = {"loadavg_1m_before": os.getloadavg()[0]}
+    result.update({arm: getattr(bench, arm)() for arm in order})
     result["promotion"] = bench.promotion()
     result["ratios"] = ratios(result)
+    result["loadavg_1m_after"] = os.getloadavg()[0]
+    say(f"load average (1 min) {result['loadavg_1m_before']:.2f} before, "
+        f"{result['loadavg_1m_after']:.2f} after: other processes share these CPUs")
     return result
 
 
