@@ -1,0 +1,1 @@
+"""Optional integrations of celery-delayq with other frameworks."""

@@ -1,0 +1,194 @@
+"""Admin pages of delayed tasks: list, filter, read-only detail, cancel / run now / reschedule."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from datetime import timedelta
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.timesince import timesince, timeuntil
+
+from celery_delayq import DelayQError
+
+from . import operations
+from .models import DelayedTask, State
+
+logger = logging.getLogger("celery_delayq.contrib.django.admin")
+
+_BADGE_COLOURS = {
+    State.SCHEDULED: "#417690", State.PROMOTED: "#8a6d3b", State.STARTED: "#c77c02",
+    State.SUCCEEDED: "#2e7d32", State.FAILED: "#ba2121", State.CANCELLED: "#666",
+    State.DEAD: "#000",
+}
+_LISTED_IDS = 10
+
+
+class RescheduleForm(forms.Form):
+    """A new due time: a delay from now, or a date and time."""
+
+    delay_minutes = forms.FloatField(
+        label="Delay from now (minutes)", required=False, min_value=0,
+        help_text="e.g. 30 for half an hour from now")
+    due_at = forms.DateTimeField(
+        label="Or at (date and time)", required=False,
+        help_text="YYYY-MM-DD HH:MM in the site's time zone")
+
+    def clean(self):
+        data = super().clean()
+        if (data.get("delay_minutes") is None) == (data.get("due_at") is None):
+            raise forms.ValidationError("Give either a delay or a date and time, not both.")
+        return data
+
+    def due(self) -> dict:
+        if self.cleaned_data.get("due_at") is not None:
+            return {"eta": self.cleaned_data["due_at"]}
+        return {"delay": timedelta(minutes=self.cleaned_data["delay_minutes"])}
+
+
+@admin.register(DelayedTask)
+class DelayedTaskAdmin(admin.ModelAdmin):
+    list_display = ("task_name", "key_or_dash", "due_in", "state_badge", "retries", "stored")
+    list_display_links = ("task_name",)
+    list_filter = ("state", "task", "queue", "stored")
+    date_hierarchy = "due"
+    search_fields = ("key", "job_id", "task_id")
+    actions = ("cancel_tasks", "run_now", "reschedule_tasks")
+    list_per_page = 50
+    fieldsets = (
+        (None, {"fields": ("job_id", "task", "key", "state_badge", "due", "due_in", "queue",
+                           "retries", "task_id")}),
+        ("Call", {"fields": ("pretty_args", "pretty_kwargs")}),
+        ("Store", {"fields": ("stored", "store_error", "cancelled_by", "reason")}),
+        ("Timeline", {"fields": ("timeline",)}),
+    )
+    readonly_fields = ("state_badge", "due_in", "pretty_args", "pretty_kwargs", "timeline")
+
+    # -- read-only pages ---------------------------------------------------------------
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_cancel_permission(self, request):
+        return request.user.has_perm("delayq.cancel_delayedtask")
+
+    def has_run_now_permission(self, request):
+        return request.user.has_perm("delayq.run_now_delayedtask")
+
+    def has_reschedule_permission(self, request):
+        return request.user.has_perm("delayq.reschedule_delayedtask")
+
+    # -- columns -----------------------------------------------------------------------
+
+    @admin.display(description="task", ordering="task")
+    def task_name(self, obj):
+        return obj.task.rsplit(".", 1)[-1] or obj.job_id
+
+    @admin.display(description="business key", ordering="key")
+    def key_or_dash(self, obj):
+        return obj.key or "-"
+
+    @admin.display(description="due", ordering="due")
+    def due_in(self, obj):
+        if obj.due is None:
+            return "-"
+        now = timezone.now()
+        seconds = (obj.due - now).total_seconds()
+        if abs(seconds) < 60:
+            text = f"in {seconds:.0f} s" if seconds >= 0 else f"{-seconds:.0f} s ago"
+        elif seconds > 0:
+            text = f"in {timeuntil(obj.due, now, depth=1)}"
+        else:
+            text = f"{timesince(obj.due, now, depth=1)} ago"
+        return format_html('<span title="{}">{}</span>',
+                           f"{timezone.localtime(obj.due):%Y-%m-%d %H:%M:%S}", text)
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj):
+        return format_html(
+            '<span class="delayq-state" style="background:{};color:#fff;padding:2px 8px;'
+            'border-radius:9px;font-size:11px;white-space:nowrap">{}</span>',
+            _BADGE_COLOURS.get(obj.state, "#666"), obj.get_state_display())
+
+    @admin.display(description="args")
+    def pretty_args(self, obj):
+        return _pretty(obj.args)
+
+    @admin.display(description="kwargs")
+    def pretty_kwargs(self, obj):
+        return _pretty(obj.kwargs)
+
+    @admin.display(description="events")
+    def timeline(self, obj):
+        rows = format_html_join(
+            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((f"{timezone.localtime(e.at):%Y-%m-%d %H:%M:%S.%f}"[:-3], e.event,
+              f"{timezone.localtime(e.due):%H:%M:%S}" if e.due else "", e.detail)
+             for e in obj.events.all()))
+        if not rows:
+            return "no events yet (is manage.py delayq_sync running?)"
+        return format_html('<table class="delayq-timeline"><thead><tr><th>at</th><th>event'
+                           '</th><th>due</th><th>detail</th></tr></thead><tbody>{}</tbody>'
+                           '</table>', rows)
+
+    # -- actions -----------------------------------------------------------------------
+
+    @admin.action(description="Cancel selected delayed tasks", permissions=["cancel"])
+    def cancel_tasks(self, request, queryset):
+        by = f"{request.user.get_username()} via admin"
+        self._each(request, queryset, lambda row: operations.cancel(row, by))
+
+    @admin.action(description="Run selected delayed tasks now", permissions=["run_now"])
+    def run_now(self, request, queryset):
+        self._each(request, queryset, operations.run_now)
+
+    @admin.action(description="Reschedule selected delayed tasks", permissions=["reschedule"])
+    def reschedule_tasks(self, request, queryset):
+        form = RescheduleForm(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            due = form.due()
+            self._each(request, queryset, lambda row: operations.reschedule(row, **due))
+            return None
+        return TemplateResponse(request, "admin/delayq/delayedtask/reschedule.html", {
+            **self.admin_site.each_context(request),
+            "title": "Reschedule delayed tasks",
+            "opts": self.model._meta,
+            "form": form,
+            "queryset": queryset,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        })
+
+    def _each(self, request, queryset, operation) -> None:
+        """Run ``operation`` on every row; one message per distinct outcome."""
+        outcomes: dict[tuple[bool, str], list[str]] = defaultdict(list)
+        for row in queryset:
+            try:
+                outcomes[operation(row)].append(row.job_id)
+            except DelayQError as exc:
+                logger.exception("admin action on delayed job %s failed", row.job_id)
+                outcomes[(False, f"error: {exc}")].append(row.job_id)
+        for (done, message), job_ids in outcomes.items():
+            listed = ", ".join(job_ids[:_LISTED_IDS])
+            if len(job_ids) > _LISTED_IDS:
+                listed += f" and {len(job_ids) - _LISTED_IDS} more"
+            count = f"{len(job_ids)} task{'s' if len(job_ids) != 1 else ''}"
+            level = messages.SUCCESS if done else (
+                messages.ERROR if message.startswith("error") else messages.WARNING)
+            self.message_user(request, f"{message}: {count} ({listed})", level=level)
+
+
+def _pretty(value) -> str:
+    return format_html('<pre style="margin:0">{}</pre>',
+                       json.dumps(value, indent=2, sort_keys=True, default=str))

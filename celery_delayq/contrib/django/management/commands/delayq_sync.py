@@ -1,0 +1,34 @@
+"""``manage.py delayq_sync``: mirror the delay store's journal into the database."""
+
+import contextlib
+import signal
+
+from django.core.management.base import BaseCommand
+
+from celery_delayq.contrib.django.sync import JournalSync
+
+
+class Command(BaseCommand):
+    help = ("Apply the delay store's journal events to the DelayedTask rows, in batches, "
+            "resuming where the last run stopped. Runs until SIGTERM/Ctrl-C unless --once.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true",
+                            help="apply what is journaled now, then exit")
+        parser.add_argument("--interval", type=float, default=0.5,
+                            help="seconds between polls when idle (default 0.5)")
+        parser.add_argument("--batch", type=int, default=500,
+                            help="events per shard and database transaction (default 500)")
+
+    def handle(self, *args, once=False, interval=0.5, batch=500, **options):
+        sync = JournalSync(batch=batch)
+        if once:
+            applied = sync.run_once()
+            self.stdout.write(f"applied {applied} journal events")
+            return
+        signal.signal(signal.SIGTERM, lambda *_: sync.stop())
+        self.stdout.write(f"delayq_sync: following the journal every {interval:g}s; "
+                          "Ctrl-C stops")
+        with contextlib.suppress(KeyboardInterrupt):
+            sync.run(interval=interval)
+        self.stdout.write("delayq_sync: stopped")

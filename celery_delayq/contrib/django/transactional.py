@@ -1,0 +1,132 @@
+"""Scheduling inside a database transaction, and pushing rows whose Redis write failed.
+
+Inside ``transaction.atomic()``, ``apply_delayed`` writes a ``DelayedTask`` row in that
+transaction and the Redis write runs on commit: a rolled-back transaction schedules
+nothing. A row whose Redis write failed stays ``stored=False``; ``push_unstored`` (the
+``delayq_reconcile`` command) writes it later.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from django.conf import settings
+from django.db import router, transaction
+from django.utils import timezone as dj_timezone
+
+from celery_delayq import DelayedResult, DelayQ, DelayQError
+from celery_delayq.envelope import Call, decode
+from celery_delayq.errors import JobExists
+from celery_delayq.validation import Due
+
+from .models import DelayedTask, DelayedTaskEvent, State
+from .runtime import delayq as project_delayq
+
+logger = logging.getLogger("celery_delayq.contrib.django")
+_connected: weakref.WeakSet[DelayQ] = weakref.WeakSet()
+
+
+def connect(delayq: DelayQ | None = None) -> None:
+    """Make ``apply_delayed`` transactional for the project's app (once per ``DelayQ``)."""
+    delayq = delayq or project_delayq()
+    if delayq not in _connected:
+        delayq.add_interceptor(intercept)
+        _connected.add(delayq)
+
+
+def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedResult | None:
+    """Take over calls made inside an atomic block; None lets the store write right away."""
+    if not getattr(settings, "DELAYQ_TRANSACTIONAL", True):
+        return None
+    using = router.db_for_write(DelayedTask)
+    if not transaction.get_connection(using).in_atomic_block:
+        return None
+    rows = DelayedTask.objects.using(using)
+    existing = rows.filter(job_id=call.job_id, state=State.SCHEDULED).first()
+    if existing is not None and if_exists == "keep":
+        return DelayedResult(existing.task_id or existing.job_id, existing.job_id,
+                             existing.due, delayq)
+    if existing is not None and if_exists == "error":
+        raise JobExists(call.job_id)
+    now = dj_timezone.now()
+    eta = _estimate(due, now)
+    row, _ = rows.update_or_create(job_id=call.job_id, defaults={
+        **_fields_of(call.envelope), "task_id": call.task_id, "task": call.task,
+        "key": call.key or "", "due": eta, "state": State.SCHEDULED, "stored": False,
+        "store_error": "", "envelope": call.envelope, "scheduled_at": now,
+    })
+    transaction.on_commit(lambda: _submit(delayq, row.pk, call, due, if_exists), using=using)
+    return DelayedResult(call.task_id, call.job_id, eta, delayq)
+
+
+def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str) -> None:
+    """The on-commit Redis write; a failure is recorded on the row, never raised."""
+    rows = DelayedTask.objects.filter(pk=pk)
+    try:
+        result = delayq.submit([(call, due)], if_exists)[0]
+    except DelayQError as exc:
+        logger.warning("delayed job %s is committed but not in Redis yet (%s); "
+                       "manage.py delayq_reconcile will push it", call.job_id, exc)
+        rows.update(store_error=str(exc))
+        _local_event(pk, "store write failed", str(exc))
+        return
+    changes = {"stored": True, "store_error": ""}
+    if result.eta is not None:
+        changes["due"] = result.eta
+    rows.update(**changes)
+
+
+@dataclass
+class PushReport:
+    """What ``push_unstored`` did."""
+
+    pushed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
+    """Write pending rows that are not in Redis (``stored=False``) to the store, keeping
+    jobs Redis already has; each row is due at its recorded time (now if that has passed)."""
+    delayq = delayq or project_delayq()
+    report = PushReport()
+    rows = DelayedTask.objects.unstored() if queryset is None else queryset
+    for row in rows.iterator():
+        if not row.envelope:
+            report.failed[row.job_id] = "no stored call to push (envelope unknown)"
+            continue
+        call = Call(job_id=row.job_id, task_id=row.task_id or row.job_id, task=row.task,
+                    key=row.key or None, envelope=row.envelope)
+        due_ms = round(row.due.timestamp() * 1000) if row.due else None
+        due = Due(at_ms=due_ms, delay_ms=None) if due_ms else Due(at_ms=None, delay_ms=0)
+        try:
+            result = delayq.submit([(call, due)], "keep")[0]
+        except DelayQError as exc:
+            report.failed[row.job_id] = str(exc)
+            DelayedTask.objects.filter(pk=row.pk).update(store_error=str(exc))
+            continue
+        DelayedTask.objects.filter(pk=row.pk).update(
+            stored=True, store_error="", due=result.eta or row.due)
+        _local_event(row.pk, "pushed", "written to Redis by delayq_reconcile")
+        report.pushed.append(row.job_id)
+    return report
+
+
+def _fields_of(envelope: str) -> dict:
+    env = decode(envelope)
+    return {"args": env.get("a", []), "kwargs": env.get("k", {}), "queue": env.get("q", ""),
+            "retries": int(env.get("o", {}).get("retries", 0) or 0)}
+
+
+def _estimate(due: Due, now: datetime) -> datetime:
+    """The due time by the local clock (Redis's clock decides it on commit)."""
+    if due.at_ms is not None:
+        return datetime.fromtimestamp(due.at_ms / 1000, timezone.utc)
+    return now + timedelta(milliseconds=due.delay_ms or 0)
+
+
+def _local_event(pk: int, event: str, detail: str) -> None:
+    DelayedTaskEvent.objects.create(delayed_task_id=pk, event=event, at=dj_timezone.now(),
+                                    detail=detail)

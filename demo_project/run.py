@@ -1,0 +1,232 @@
+"""``make demo``: Redis, a Celery worker, the carrier, the journal sync and the shop's admin.
+
+Starts (or reuses) Redis at ``REDIS_URL`` (default ``redis://127.0.0.1:6379``), migrates the
+SQLite database, creates the user ``admin`` with a new random password printed once,
+starts the processes, seeds a few orders and refunds and serves the admin on
+http://127.0.0.1:8000/admin/ until Ctrl-C. ``--smoke`` runs everything on free ports with
+short timeouts, checks that an unpaid order closes and the admin answers, and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.cookiejar
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import redis
+
+from celery_delayq.testing.redis_server import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / ".data"
+DEFAULT_REDIS = "redis://127.0.0.1:6379"
+
+
+class Demo:
+    """The demo's processes; ``stop()`` ends them in reverse order of start."""
+
+    def __init__(self, data: Path, redis_url: str, port: int, env: dict[str, str]) -> None:
+        self.data = data
+        self.redis_url = redis_url
+        self.port = port
+        self.env = env
+        self.redis: RedisServer | None = None
+        self.processes: list[tuple[str, subprocess.Popen]] = []
+
+    def start_redis(self) -> str:
+        """Use a Redis already answering at ``redis_url``, else start one there."""
+        try:
+            redis.Redis.from_url(self.redis_url, socket_connect_timeout=0.5).ping()
+            return f"using the Redis already running at {self.redis_url}"
+        except redis.ConnectionError:
+            pass
+        parts = urllib.parse.urlsplit(self.redis_url)
+        if parts.hostname not in ("127.0.0.1", "localhost"):
+            raise SystemExit(f"no Redis answers at {self.redis_url}; start it or unset REDIS_URL")
+        directory = self.data / "redis"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.redis = RedisServer(parts.port or 6379, appendonly=True,
+                                 directory=str(directory)).start()
+        return f"started redis-server at {self.redis_url} (data in {directory})"
+
+    def spawn(self, name: str, *argv: str) -> None:
+        log = open(self.data / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (closed in stop)
+        process = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=self.env,
+                                   stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # Ctrl-C reaches only us
+        log.close()
+        self.processes.append((name, process))
+
+    def start_processes(self) -> None:
+        (self.data / "logs").mkdir(parents=True, exist_ok=True)
+        celery = ("-m", "celery", "-A", "demo_project.celery_app")
+        self.spawn("worker", *celery, "worker", "--pool", "threads", "--concurrency", "4",
+                   "--loglevel", "INFO")
+        self.spawn("carrier", *celery, "delayq", "carrier")
+        self.spawn("sync", "-m", "django", "delayq_sync")
+        self.spawn("web", "-m", "django", "runserver", f"127.0.0.1:{self.port}", "--noreload")
+
+    def dead(self) -> list[str]:
+        return [name for name, process in self.processes if process.poll() is not None]
+
+    def stop(self) -> None:
+        for _name, process in reversed(self.processes):
+            if process.poll() is None:
+                process.terminate()
+        for name, process in reversed(self.processes):
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                print(f"{name} did not stop in 15 s; killing it", flush=True)
+                process.kill()
+                process.wait(5)
+        self.processes.clear()
+        if self.redis is not None:
+            self.redis.stop()  # keeps its data directory: pending tasks survive a restart
+            self.redis = None
+
+
+def setup_django(password: str) -> str:
+    """Migrate, create or reset the ``admin`` superuser; returns its user name."""
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=0)
+    from django.contrib.auth import get_user_model
+
+    user, _ = get_user_model().objects.get_or_create(
+        username="admin", defaults={"is_staff": True, "is_superuser": True})
+    user.is_staff = user.is_superuser = True
+    user.set_password(password)
+    user.save()
+    return user.get_username()
+
+
+def wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {timeout:g} s")
+        time.sleep(0.2)
+
+
+def admin_page(base: str, user: str, password: str, path: str) -> str:
+    """Log into the admin like a browser and return the HTML of ``path``."""
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    login = f"{base}/admin/login/"
+    html = opener.open(login, timeout=10).read().decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html).group(1)
+    data = urllib.parse.urlencode({"csrfmiddlewaretoken": token, "username": user,
+                                   "password": password, "next": path}).encode()
+    request = urllib.request.Request(login, data=data, headers={"Referer": login})
+    return opener.open(request, timeout=10).read().decode()
+
+
+def smoke_check(base: str, user: str, password: str, timeout: float = 60.0) -> None:
+    """The seeded unpaid orders close, paid ones stay paid, refunds get decided, and the
+    admin lists the mirrored tasks."""
+    from shop.models import Order, Refund
+
+    from celery_delayq.contrib.django.models import DelayedTask
+
+    deadline = time.monotonic() + timeout
+    while True:
+        closed = Order.objects.filter(status=Order.Status.CLOSED).count()
+        decided = Refund.objects.exclude(status=Refund.Status.REQUESTED).count()
+        mirrored = DelayedTask.objects.filter(task="shop.tasks.close_unpaid_order",
+                                              state="succeeded").count()
+        if closed == 3 and decided == 2 and mirrored == 3:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"after {timeout:g} s: {closed}/3 orders closed, {decided}/2 "
+                               f"refunds decided, {mirrored}/3 timeouts mirrored as succeeded")
+        time.sleep(0.3)
+    assert Order.objects.filter(status=Order.Status.PAID).count() == 2, "a paid order closed"
+    html = admin_page(base, user, password, "/admin/delayq/delayedtask/")
+    assert "close_unpaid_order" in html and "check_refund_status" in html, html[:500]
+    print(f"smoke: ok ({closed} orders closed on time, {decided} refunds decided, admin lists "
+          f"{DelayedTask.objects.count()} delayed tasks)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="run on free ports with short timeouts, check, stop, exit")
+    parser.add_argument("--port", type=int, default=8000, help="runserver port (default 8000)")
+    opts = parser.parse_args(argv)
+
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="demo_project.settings",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                        os.environ.get("PYTHONPATH")])))
+    data = DATA
+    port = opts.port
+    if opts.smoke:
+        data = Path(tempfile.mkdtemp(prefix="delayq-demo-"))
+        port = free_port()
+        env.update(REDIS_URL=f"redis://127.0.0.1:{free_port()}", DEMO_DB=str(data / "db.sqlite3"),
+                   SHOP_ORDER_TIMEOUT="2", SHOP_REFUND_GAPS="0.5,1")
+    env.setdefault("REDIS_URL", DEFAULT_REDIS)
+    data.mkdir(parents=True, exist_ok=True)
+    os.environ.update(env)  # this process seeds and checks through the same settings
+
+    demo = Demo(data, env["REDIS_URL"], port, env)
+    stop = {"requested": False}
+
+    def request_stop(*_):
+        stop["requested"] = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        print(demo.start_redis(), flush=True)
+        password = secrets.token_urlsafe(12)
+        user = setup_django(password)
+        demo.start_processes()
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/admin/login/", 30)
+        from django.core.management import call_command
+
+        call_command("seed_demo")
+        print(f"\nThe demo shop runs at {base}/admin/\n"
+              f"  user:     {user}\n"
+              f"  password: {password}   (new and random each start; shown only here)\n"
+              f"  logs:     {data / 'logs'}\n"
+              "Unpaid orders close after SHOP_ORDER_TIMEOUT s; see Delayed tasks in the admin.\n"
+              "Ctrl-C stops everything.\n", flush=True)
+        if opts.smoke:
+            smoke_check(base, user, password)
+            return 0
+        while not stop["requested"]:
+            dead = demo.dead()
+            if dead:
+                print(f"{', '.join(dead)} stopped unexpectedly; see {data / 'logs'}", flush=True)
+                return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stopping the demo ...", flush=True)
+        demo.stop()
+        print("stopped.", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
