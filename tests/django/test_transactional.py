@@ -1,0 +1,124 @@
+"""apply_delayed inside transaction.atomic(): Redis written on commit, reconcile repairs."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery
+from django.core.management import call_command
+from django.db import transaction
+
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.contrib.django.models import DelayedTask as Row
+from celery_delayq.contrib.django.reconcile import mark_missing, reconcile
+from celery_delayq.contrib.django.sync import JournalSync
+from celery_delayq.contrib.django.transactional import connect
+from celery_delayq.testing.redis_server import RedisServer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_apply_delayed_in_a_transaction_writes_the_row_now_and_redis_on_commit(
+        shop_delayq, fast_shop):
+    from shop.tasks import close_unpaid_order
+
+    with transaction.atomic():
+        result = close_unpaid_order.apply_delayed(args=(7,), delay=600, key="order:7",
+                                                  job_id="order:7:close")
+        row = Row.objects.get(job_id="order:7:close")
+        assert (row.state, row.stored, row.args) == ("scheduled", False, [7])
+        assert shop_delayq.get("order:7:close") is None, "written before commit"
+    assert shop_delayq.get("order:7:close").key == "order:7"
+    row.refresh_from_db()
+    assert row.stored is True
+    assert abs((row.due - result.eta).total_seconds()) < 1
+
+
+def test_rolled_back_order_schedules_nothing(shop_delayq, fast_shop):
+    from shop import services
+    from shop.models import Order
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        order = services.place_order("Rollback", "1.00")
+        raise RuntimeError("payment form failed")
+    assert not Order.objects.exists()
+    assert not Row.objects.exists()
+    assert shop_delayq.get(f"order:{order.pk}:close") is None
+    assert shop_delayq.pending() == []
+
+
+def test_apply_delayed_outside_a_transaction_goes_straight_to_redis(shop_delayq):
+    from shop.tasks import close_unpaid_order
+
+    close_unpaid_order.apply_delayed(args=(8,), delay=600, job_id="order:8:close")
+    assert shop_delayq.get("order:8:close") is not None
+    assert not Row.objects.exists(), "the row comes from the journal (delayq_sync)"
+
+
+@pytest.fixture
+def lone_store():
+    """A Celery app whose delay store is a Redis the test may stop and restart."""
+    with RedisServer() as server:
+        app = Celery("lone", broker=f"{server.url}/0", set_as_current=False)
+        app.conf.update(delayq_redis_url=f"{server.url}/0", delayq_redis_retries=1,
+                        delayq_redis_socket_timeout=1.0)
+        delayq = DelayQ(app)
+        connect(delayq)
+
+        @app.task(base=DelayedTask, name="lone.remind")
+        def remind(n):
+            return n
+
+        yield server, delayq, remind
+        delayq.store.close()
+
+
+def test_redis_down_at_commit_leaves_the_row_unstored_until_reconcile_pushes_it(lone_store):
+    server, delayq, remind = lone_store
+    server.stop()
+    with transaction.atomic():
+        remind.apply_delayed(args=(1,), delay=60, key="customer:1", job_id="remind:1")
+    row = Row.objects.get(job_id="remind:1")
+    assert row.stored is False and "unavailable" in row.store_error
+    assert row.events.filter(event="store write failed").exists()
+
+    report = reconcile(delayq)
+    assert report.pushed == [] and "remind:1" in report.failed  # Redis still down
+
+    server.start()
+    report = reconcile(delayq)
+    assert report.pushed == ["remind:1"]
+    job = delayq.get("remind:1")
+    assert job is not None and job.args == [1] and job.key == "customer:1"
+    assert abs((job.due - row.due).total_seconds()) < 0.01, "kept its committed due time"
+    row.refresh_from_db()
+    assert row.stored is True and row.store_error == ""
+    assert reconcile(delayq).pushed == [], "nothing left to push"
+
+
+def test_reconcile_missing_restores_pending_jobs_after_redis_lost_its_data(lone_store):
+    server, delayq, remind = lone_store
+    for n in range(3):
+        remind.apply_delayed(args=(n,), delay=600, job_id=f"remind:{n}")
+    assert delayq.cancel("remind:2") is True
+    JournalSync(delayq).run_once()
+    assert Row.objects.pending().count() == 2
+
+    delayq.store.client.flushdb()  # Redis lost everything, journal included
+
+    assert sorted(mark_missing(delayq)) == ["remind:0", "remind:1"]
+    assert sorted(reconcile(delayq).pushed) == ["remind:0", "remind:1"]
+    assert [job.args for job in delayq.pending()] == [[0], [1]]
+    assert delayq.get("remind:2") is None, "a cancelled job stays cancelled"
+
+
+def test_delayq_reconcile_command_pushes_unstored_rows(shop_delayq, capsys):
+    from shop.tasks import close_unpaid_order
+
+    close_unpaid_order.apply_delayed(args=(9,), delay=600, job_id="order:9:close")
+    JournalSync(shop_delayq).run_once()
+    shop_delayq.store.client.delete(*shop_delayq.store.client.keys("delayq:*"))
+    Row.objects.filter(job_id="order:9:close").update(stored=False)
+
+    call_command("delayq_reconcile")
+    assert "pushed 1 delayed tasks" in capsys.readouterr().out
+    assert shop_delayq.get("order:9:close").args == [9]
