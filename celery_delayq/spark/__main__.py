@@ -1,0 +1,181 @@
+"""``python -m celery_delayq.spark schedule|report``: the Spark jobs for operators.
+
+Examples::
+
+    python -m celery_delayq.spark schedule -A shop.celery:app --input refunds.parquet \\
+        --format parquet --task shop.tasks.check_refund_status --id-col refund_id \\
+        --delay-col delay_s --args-cols refund_id --rejects out/rejects
+    python -m celery_delayq.spark report --events exported/ --out report/
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from ..errors import DelayQError
+
+FORMATS = ("parquet", "csv", "json")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # Executors run this interpreter unless the operator chose one (e.g. on a cluster).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    try:
+        return args.run(args)
+    except (DelayQError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m celery_delayq.spark",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    schedule = sub.add_parser("schedule", help="Schedule one delayed task per input row.")
+    schedule.set_defaults(run=_schedule)
+    schedule.add_argument("-A", "--app", help="The Celery app, as for `celery -A` "
+                          "(e.g. shop.celery:app); only its config is used. Default: a bare "
+                          "app on --broker.")
+    schedule.add_argument("--broker", default=os.environ.get("CELERY_BROKER_URL"),
+                          help="Broker (and delay store) URL when no --app is given "
+                               "[env CELERY_BROKER_URL].")
+    schedule.add_argument("--set", dest="settings", action="append", default=[],
+                          metavar="NAME=VALUE",
+                          help="Extra app setting, e.g. delayq_shards=16 (repeatable).")
+    schedule.add_argument("--input", required=True, help="File or folder to read.")
+    schedule.add_argument("--format", choices=FORMATS, default="parquet")
+    schedule.add_argument("--task", required=True, help="Registered task name.")
+    schedule.add_argument("--id-col", required=True, help="Job id column (idempotency).")
+    when = schedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--delay-col", help="Delay column, seconds.")
+    when.add_argument("--eta-col", help="Due time column: timestamp, ISO string, epoch s.")
+    schedule.add_argument("--args-cols", default="", help="Comma-separated argument columns.")
+    schedule.add_argument("--kwargs-col", help="Struct or map column of keyword arguments.")
+    schedule.add_argument("--key-col", help="Business key column.")
+    queue = schedule.add_mutually_exclusive_group()
+    queue.add_argument("--queue", help="Queue for every row (default: the app's routing).")
+    queue.add_argument("--queue-col", help="Queue column, per row.")
+    schedule.add_argument("--if-exists", choices=("keep", "replace", "error"), default="keep")
+    schedule.add_argument("--batch-size", type=int, default=5000,
+                          help="Rows per pipelined round trip.")
+    schedule.add_argument("--partitions", type=int, default=None,
+                          help="Repartition the input first (parallel Redis writers).")
+    schedule.add_argument("--rejects", help="Write rejected rows (+ reason) here as Parquet.")
+    _spark_options(schedule)
+
+    report = sub.add_parser("report", help="Lateness report from `delayq export` output.")
+    report.set_defaults(run=_report)
+    report.add_argument("--events", required=True, help="Folder written by delayq export.")
+    report.add_argument("--out", required=True, help="Folder for Parquet tables + report.html.")
+    report.add_argument("--slowest", type=int, default=20, help="How many slowest jobs.")
+    _spark_options(report)
+    return parser
+
+
+def _spark_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", default=None,
+                        help="Spark master, e.g. local[*] or spark://host:7077 (default: "
+                             "spark-submit's, else local[*]).")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="Extra Spark configuration (repeatable).")
+
+
+def _session(args: argparse.Namespace, name: str):
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(name)
+    if args.master:
+        builder = builder.master(args.master)
+    elif not SparkConf().contains("spark.master"):  # not under spark-submit
+        builder = builder.master("local[*]")
+    for pair in args.conf:
+        key, _, value = pair.partition("=")
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _app(args: argparse.Namespace):
+    from celery import Celery
+
+    if args.app:
+        from celery.app.utils import find_app
+
+        app = find_app(args.app)
+    elif args.broker:
+        app = Celery("celery_delayq.spark", broker=args.broker, set_as_current=False)
+    else:
+        raise DelayQError("give the Celery app with -A module:app, or a broker URL with "
+                          "--broker redis://host:6379/0 (or CELERY_BROKER_URL)")
+    for pair in args.settings:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise DelayQError(f"--set takes NAME=VALUE, got {pair!r}")
+        app.conf[name.strip()] = value.strip()
+    return app
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    from . import PartitionProgress, schedule_dataframe
+
+    app = _app(args)
+    spark = _session(args, f"celery-delayq schedule {args.task}")
+    reader = spark.read
+    if args.format == "csv":
+        reader = reader.option("header", "true").option("inferSchema", "true")
+    df = getattr(reader, args.format)(args.input)
+    if args.partitions:
+        df = df.repartition(args.partitions)
+
+    def progress(p: PartitionProgress) -> None:
+        rate = p.rows_done / p.elapsed if p.elapsed else 0.0
+        print(f"partitions {p.partitions_done}/{p.partitions} done, {p.rows_done:,} rows "
+              f"written, {p.elapsed:.1f}s ({rate:,.0f} rows/s)", file=sys.stderr, flush=True)
+
+    summary, rejects = schedule_dataframe(
+        df, app, task=args.task, id_col=args.id_col, delay_col=args.delay_col,
+        eta_col=args.eta_col, args_cols=[c for c in args.args_cols.split(",") if c],
+        kwargs_col=args.kwargs_col, key_col=args.key_col, queue=args.queue,
+        queue_col=args.queue_col, if_exists=args.if_exists, batch_size=args.batch_size,
+        progress=progress)
+    print(f"scheduled {summary.scheduled:,}, already existed {summary.existed:,}, "
+          f"rejected {summary.rejected:,}")
+    if summary.rejected:
+        if args.rejects:
+            rejects.write.mode("overwrite").parquet(args.rejects)
+            print(f"rejected rows with their reason written to {args.rejects}")
+        else:
+            for row in rejects.limit(20).collect():
+                print(f"  rejected {row[args.id_col]!r}: {row.reason}")
+            print("  (pass --rejects PATH to keep every rejected row)")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    spark = _session(args, "celery-delayq report")
+    report = build_report(spark, args.events, args.out, slowest=args.slowest)
+    for row in report.by_task:
+        print(f"{row['task']}: promoted {row['promoted']:,}, p50/p95/p99 promote lateness "
+              f"{_ms(row['promote_late_p50_ms'])}/{_ms(row['promote_late_p95_ms'])}/"
+              f"{_ms(row['promote_late_p99_ms'])} ms, cancel rate "
+              f"{_ms(row['cancel_rate'], 3)}")
+    print(f"report written to {report.html}")
+    return 0
+
+
+def _ms(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

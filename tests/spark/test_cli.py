@@ -1,0 +1,57 @@
+"""``python -m celery_delayq.spark schedule|report`` (run in-process on the shared session)."""
+
+from __future__ import annotations
+
+import csv
+
+from celery_delayq.export import export_journal
+from celery_delayq.spark.__main__ import main
+
+
+def test_schedule_command_reads_csv_prints_progress_and_keeps_rejects(spark, redis_server,
+                                                                       delayq, tmp_path,
+                                                                       capsys):
+    source = tmp_path / "refunds.csv"
+    with open(source, "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["refund_id", "delay_s", "amount"])
+        writer.writerows([[f"r{n}", 600, n] for n in range(300)])
+        writer.writerow(["", 600, 1])
+
+    code = main(["schedule", "--broker", f"{redis_server.url}/0", "--set", "delayq_shards=4",
+                 "--input", str(source), "--format", "csv", "--task", "shop.refund",
+                 "--id-col", "refund_id", "--delay-col", "delay_s",
+                 "--args-cols", "refund_id,amount", "--partitions", "3",
+                 "--rejects", str(tmp_path / "rejects")])
+
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "scheduled 300, already existed 0, rejected 1" in out
+    assert "partitions 3/3 done, 300 rows written" in err
+    (reject,) = spark.read.parquet(str(tmp_path / "rejects")).collect()
+    assert reject.refund_id is None and reject.reason.startswith("null id")
+    assert delayq.get("r7").args == ["r7", 7]
+
+
+def test_report_command_writes_the_page_and_prints_lateness(spark, delayq, redis_client,
+                                                           tmp_path, capsys):
+    journal = delayq.store.keys.shard(0).journal
+    redis_client.xadd(journal, {"event": "promoted", "job": "a", "task": "shop.a",
+                                "due": "1893456000000"}, id="1893456000012-0")
+    export_journal(delayq.store, tmp_path / "events")
+
+    code = main(["report", "--events", str(tmp_path / "events"), "--out",
+                 str(tmp_path / "report")])
+
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert "shop.a: promoted 1, p50/p95/p99 promote lateness 12.0/12.0/12.0 ms" in out
+    assert (tmp_path / "report" / "report.html").exists()
+
+
+def test_commands_say_how_to_fix_a_missing_app(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    code = main(["schedule", "--input", str(tmp_path), "--task", "t", "--id-col", "i",
+                 "--delay-col", "d"])
+    assert code == 1
+    assert "-A module:app" in capsys.readouterr().err
