@@ -101,11 +101,12 @@ class Carrier:
 
     def _promote(self, claims: list[ShardClaim], claimed_at: float) -> None:
         acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]] = defaultdict(list)
-        lateness = []
+        lateness: list[float] = []
+        dead: list[str] = []
         try:
             for claim in claims:
                 for job in claim.jobs:
-                    sent = self._publish(claim.shard, job.job_id, job.envelope, job.due_ms)
+                    sent = self._publish(claim.shard, job.job_id, job.envelope, job.due_ms, dead)
                     if sent is None:
                         continue
                     task, key = sent
@@ -119,10 +120,15 @@ class Carrier:
                     self.store.ack(acks)
         if lateness:
             self._log_batch(lateness)
+        if dead:
+            self.stats.dead += len(dead)
+            logger.error("dead-lettered %d jobs (%s%s); list them with `celery delayq ls "
+                         "--dead`, replay with `celery delayq replay JOB_ID`", len(dead),
+                         "; ".join(dead[:3]), "; ..." if len(dead) > 3 else "")
 
-    def _publish(self, shard: ShardKeys, job_id: str, raw: str | None,
-                 due_ms: int) -> tuple[str, str | None] | None:
-        """Publish one claimed job; dead-letter it when it cannot be published."""
+    def _publish(self, shard: ShardKeys, job_id: str, raw: str | None, due_ms: int,
+                 dead: list[str]) -> tuple[str, str | None] | None:
+        """Publish one claimed job; dead-letter it (noted in ``dead``) when it cannot be."""
         try:
             if raw is not None and len(raw) > self.delayq.config.max_payload_bytes:
                 raise PayloadError("envelope over delayq_max_payload_bytes")
@@ -133,7 +139,7 @@ class Carrier:
                 headers[HEADER_KEY] = env["y"]
             message = to_message(self.app, job_id, env, headers)
         except (PayloadError, KeyError, TypeError, ValueError) as exc:
-            self._dead_letter(shard, job_id, raw, exc)
+            dead.append(self._dead_letter(shard, job_id, raw, exc))
             return None
         declare = [] if queue.name in self._declared else [queue]
         self.producer.publish(
@@ -157,16 +163,15 @@ class Carrier:
         return queue
 
     def _dead_letter(self, shard: ShardKeys, job_id: str, raw: str | None,
-                     exc: Exception) -> None:
+                     exc: Exception) -> str:
+        """Move a job to the dead letters; returns "job id: reason" for the batch log."""
         reason = str(exc.args[0]) if exc.args else type(exc).__name__
         member = ""
         with contextlib.suppress(PayloadError):
             member = bykey_member(decode(raw).get("y"), job_id)
         with self.store.unavailable():
             self.store.dead_letter(shard, job_id, reason, member)
-        self.stats.dead += 1
-        logger.error("dead-lettered job %s: %s (replay with `celery delayq replay %s`)",
-                     job_id, reason, job_id)
+        return f"{job_id}: {reason}"
 
     def _log_batch(self, lateness: list[float]) -> None:
         lateness.sort()

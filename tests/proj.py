@@ -28,6 +28,11 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
     task_default_queue="celery",
+    # Short only where a test re-delivers an acks_late task of a killed worker.
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("DELAYQ_TEST_VISIBILITY", 3600)),
+        "unacked_restore_interval": 1,
+    },
 )
 delayq = DelayQ(app)
 _runs = redis.Redis.from_url(f"{REDIS_URL}/0")
@@ -55,6 +60,14 @@ def flaky(self, label, failures=1, countdown=0.5):
     _record(self, label)
     if self.request.retries < failures:
         raise self.retry(countdown=countdown)
+    return label
+
+
+@app.task(base=DelayedTask, bind=True, acks_late=True)
+def slow(self, label, seconds=3.0):
+    """Record this run, then take ``seconds`` (acknowledged only when done)."""
+    _record(self, label)
+    time.sleep(seconds)
     return label
 
 

@@ -63,6 +63,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         for _attempt in range(3):
             if self._launch(timeout):
+                self._auto_port = False  # a restart must come back on the same port
                 return self
             if not self._auto_port:
                 break
@@ -87,6 +88,8 @@ class RedisServer:
                 try:
                     client.ping()
                     return True
+                except (redis.AuthenticationError, redis.ResponseError):
+                    return True  # up, and asking for a password (--requirepass)
                 except redis.ConnectionError:
                     if self.process.poll() is not None or time.monotonic() > deadline:
                         self.stop(kill=True)

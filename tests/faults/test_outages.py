@@ -1,0 +1,182 @@
+"""Outages around the store: Redis restarts, a broker that goes away, skewed clocks, a worker
+killed mid-task. Each test prints its figures and asserts the guarantee."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from celery import Celery
+
+from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
+from celery_delayq.carrier import Carrier
+from celery_delayq.testing.redis_server import RedisServer
+from tests.conftest import ROOT, journal_events, wait_for
+
+QUEUE = "outage"
+
+
+def make_app(name: str, broker: str, store: str) -> tuple[Celery, DelayedTask]:
+    app = Celery(name, broker=broker, set_as_current=False)
+    app.conf.update(delayq_redis_url=store, delayq_shards=4, delayq_redis_retries=2,
+                    delayq_redis_socket_timeout=1.0, delayq_lease_seconds=1.0,
+                    delayq_shard_lease_seconds=1.0, broker_connection_retry_on_startup=True)
+
+    @app.task(base=DelayedTask, name=f"{name}.noop")
+    def noop(i):
+        return i
+
+    DelayQ(app)
+    return app, noop
+
+
+def delivered_ids(client) -> list[str]:
+    import json
+
+    return [json.loads(raw)["headers"]["delayq_job"] for raw in client.lrange(QUEUE, 0, -1)]
+
+
+def run_carrier(app):
+    carrier = Carrier(app)
+    thread = threading.Thread(target=carrier.run, daemon=True)
+    thread.start()
+    return carrier, thread
+
+
+def settled(delayq) -> bool:
+    return all(row["pending"] == 0 and row["inflight"] == 0 for row in delayq.store.stats())
+
+
+def test_redis_restart_during_a_burst_delivers_every_accepted_call(redis_server, redis_client):
+    store = RedisServer(appendonly=True, extra=("--appendfsync", "always")).start()
+    try:
+        app, noop = make_app("restart", f"{redis_server.url}/0", store.url)
+        accepted: list[str] = []
+        refused: list[tuple[float, str]] = []
+        stop = threading.Event()
+
+        def burst():
+            i = 0
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    accepted.append(noop.apply_delayed(args=(i,), delay=0.5, queue=QUEUE,
+                                                       job_id=f"burst-{i}").job_id)
+                except StoreUnavailable as exc:
+                    refused.append((time.monotonic() - started, str(exc)))
+                    time.sleep(0.05)
+                i += 1
+
+        producer = threading.Thread(target=burst)
+        producer.start()
+        time.sleep(0.5)
+        store.stop()
+        time.sleep(1.0)
+        store.start()  # same port and directory: the AOF is replayed
+        time.sleep(0.5)
+        stop.set()
+        producer.join()
+
+        carrier, thread = run_carrier(app)
+        wait_for(lambda: settled(DelayQ.of(app)), timeout=30, what="the burst delivered")
+        carrier.stop()
+        thread.join(10)
+        delivered = set(delivered_ids(redis_client))
+        slowest = max(seconds for seconds, _ in refused)
+        print(f"\naccepted={len(accepted)} refused={len(refused)} lost="
+              f"{len(set(accepted) - delivered)} slowest-refusal={slowest:.2f}s")
+        assert refused, "no call fell into the outage"
+        assert set(accepted) <= delivered
+        assert slowest < 5.0, "a call during the outage hung"
+        assert "is unavailable after 2 retries" in refused[0][1]
+    finally:
+        store.close()
+
+
+def test_broker_outage_while_publishing_loses_nothing_and_logs_once(
+        redis_server, redis_client, caplog):
+    broker = RedisServer().start()
+    try:
+        app, noop = make_app("brokerdown", f"{broker.url}/0", f"{redis_server.url}/0")
+        jobs = {r.job_id for r in noop.apply_delayed_many(
+            [{"args": (i,), "delay": 0} for i in range(2000)], queue=QUEUE)}
+        broker.stop()
+        with caplog.at_level(logging.INFO, logger="celery_delayq.carrier"):
+            carrier, thread = run_carrier(app)
+            time.sleep(4)  # publishing fails; claimed jobs stay leased
+            broker.start()
+            wait_for(lambda: settled(DelayQ.of(app)), timeout=60, what="delivery after outage")
+            carrier.stop()
+            thread.join(10)
+        import redis
+
+        delivered = delivered_ids(redis.Redis.from_url(f"{broker.url}/0", decode_responses=True))
+        paused = [r for r in caplog.records if "carrier paused" in r.getMessage()]
+        print(f"\njobs={len(jobs)} lost={len(jobs - set(delivered))} "
+              f"duplicates={len(delivered) - len(set(delivered))} outage-logs={len(paused)}")
+        assert set(delivered) == jobs
+        assert len(paused) == 1, [r.getMessage() for r in paused]
+    finally:
+        broker.close()
+
+
+def test_skewed_producer_and_carrier_clocks_follow_redis_time(proj, delayq, redis_client, spawn):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([
+        os.path.join(ROOT, "tests", "faults", "skewed_clock"), ROOT]))
+    carrier_env = dict(env, DELAYQ_TEST_CLOCK_SKEW="-30")
+    carrier = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tests.proj", "delayq", "carrier"],
+        cwd=ROOT, env=carrier_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        seconds, micros = redis_client.time()
+        redis_now_ms = seconds * 1000 + micros // 1000
+        subprocess.run(
+            [sys.executable, "-c", "from tests.proj import record\n"
+             "record.apply_delayed_many([{'args': (i,), 'delay': 2, 'job_id': f'skew-{i}'} "
+             "for i in range(20)], queue='parked')"],
+            cwd=ROOT, env=dict(env, DELAYQ_TEST_CLOCK_SKEW="30"), check=True)
+        due = [delayq.get(f"skew-{i}").due.timestamp() * 1000 for i in range(20)]
+        wait_for(lambda: redis_client.llen("parked") == 20, timeout=20, what="skewed delivery")
+    finally:
+        carrier.send_signal(signal.SIGTERM)
+        carrier.wait(20)
+    promoted = {}
+    for shard in delayq.store.keys:
+        for entry_id, fields in delayq.store.client.xrange(shard.journal):
+            if fields["event"] == "promoted":
+                promoted[fields["job"]] = int(entry_id.split("-")[0]) - int(fields["due"])
+    print(f"\nproducer +30s, carrier -30s: due offset from Redis now "
+          f"{min(due) - redis_now_ms:.0f}..{max(due) - redis_now_ms:.0f} ms, "
+          f"promotion lateness {min(promoted.values())}..{max(promoted.values())} ms")
+    assert all(2000 <= d - redis_now_ms <= 3000 for d in due)
+    assert len(promoted) == 20 and all(0 <= late <= 1000 for late in promoted.values())
+
+
+def test_worker_killed_mid_task_with_acks_late_runs_it_again(proj, delayq, redis_client, spawn):
+    env_visibility = {"DELAYQ_TEST_VISIBILITY": "2"}
+    os.environ.update(env_visibility)
+    try:
+        worker_args = ("worker", "-Q", "late", "-P", "solo", "--without-heartbeat",
+                       "--without-gossip", "--without-mingle", "-l", "INFO")
+        first = spawn(*worker_args)
+        spawn("delayq", "carrier")
+        result = proj.slow.apply_delayed(args=("late",), delay=0.2, queue="late")
+        wait_for(lambda: any(r["label"] == "late" for r in proj.runs()), timeout=30,
+                 what="the task to start")
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        spawn(*worker_args)
+        assert result.get(timeout=60) == "late"
+    finally:
+        for name in env_visibility:
+            os.environ.pop(name)
+    starts = [r for r in proj.runs() if r["label"] == "late"]
+    events = journal_events(delayq)
+    print(f"\nruns={len(starts)} journal={events}")
+    assert len(starts) == 2 and {r["task_id"] for r in starts} == {result.id}
+    assert events.count("started") == 2 and events.count("succeeded") == 1
