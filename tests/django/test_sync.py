@@ -1,0 +1,101 @@
+"""delayq_sync: the database mirror follows the store's journal, in batches, resumably."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.core.management import call_command
+
+from celery_delayq.contrib.django.models import DelayedTask, JournalCursor
+from celery_delayq.contrib.django.sync import JournalSync
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_sync_mirrors_tasks_scheduled_outside_django_with_their_arguments(shop_delayq, sync):
+    shop_delayq.schedule("spark.rebuild_report", args=("2024-05",), kwargs={"full": True},
+                         delay=3600, key="report:may", job_id="report:may")
+    assert sync.run_once() == 1
+    row = DelayedTask.objects.get(job_id="report:may")
+    assert (row.task, row.key, row.state, row.queue) == (
+        "spark.rebuild_report", "report:may", "scheduled", "celery")
+    assert (row.args, row.kwargs) == (["2024-05"], {"full": True})
+    assert row.envelope and row.stored
+
+
+def test_sync_resumes_after_a_restart_without_applying_an_event_twice(shop_delayq):
+    for n in range(5):
+        shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(n,), delay=600,
+                             job_id=f"order:{n}:close", key=f"order:{n}")
+    assert JournalSync(shop_delayq, batch=2).run_once() == 5
+    shop_delayq.cancel_key("order:1", by="support: customer called")
+    shop_delayq.reschedule("order:2:close", delay=1200)
+
+    restarted = JournalSync(shop_delayq, batch=2)  # a new process: only the cursors remain
+    assert restarted.run_once() == 2
+    assert restarted.run_once() == 0
+    assert DelayedTask.objects.count() == 5
+    cancelled = DelayedTask.objects.get(job_id="order:1:close")
+    assert (cancelled.state, cancelled.cancelled_by) == ("cancelled", "support: customer called")
+    assert list(cancelled.events.values_list("event", flat=True)) == ["scheduled", "cancelled"]
+    assert DelayedTask.objects.get(job_id="order:2:close").events.count() == 2
+    assert JournalCursor.objects.filter(prefix="delayq").count() == shop_delayq.store.keys.shards
+
+
+def test_running_sync_mirrors_new_tasks_within_a_second(shop_delayq):
+    sync = JournalSync(shop_delayq)
+    thread = threading.Thread(target=sync.run, kwargs={"interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        lags = []
+        for n in range(5):
+            started = time.monotonic()
+            shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(n,), delay=600,
+                                 job_id=f"lag:{n}")
+            wait_for(lambda n=n: DelayedTask.objects.filter(job_id=f"lag:{n}").exists(),
+                     timeout=5, interval=0.01, what="row mirrored")
+            lags.append(time.monotonic() - started)
+        assert max(lags) < 1.0, lags
+        assert sync.lag() < 1.0
+    finally:
+        sync.stop()
+        thread.join(5)
+
+
+def test_sync_follows_a_task_through_promotion_to_success(
+        shop_delayq, shop_worker, shop_carrier, sync):
+    from shop.tasks import close_unpaid_order
+
+    close_unpaid_order.apply_delayed(args=(404,), delay=0.1, job_id="order:404:close")
+    wait_for(lambda: sync.run_once() >= 0 and DelayedTask.objects.filter(
+        job_id="order:404:close", state="succeeded").exists(), what="succeeded")
+    row = DelayedTask.objects.get(job_id="order:404:close")
+    assert row.scheduled_at <= row.promoted_at and row.started_at <= row.finished_at
+    assert row.due <= row.started_at
+    assert row.task_id and row.retries == 0
+
+
+def test_promoted_event_after_the_start_does_not_move_the_state_back(shop_delayq, sync):
+    """A carrier acks (journals "promoted") after publishing, so a fast worker's
+    "started" can come first."""
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(5,), delay=0,
+                         job_id="order:5:close")
+    shard = shop_delayq.store.keys.shard_for("order:5:close")
+    job = shop_delayq.get("order:5:close")
+    shop_delayq.store.journal(shard.shard, "started", {"job": "order:5:close",
+                                                       "task_id": job.task_id, "retries": 0})
+    due_ms = round(job.due.timestamp() * 1000)
+    shop_delayq.store.client.xadd(shard.journal, {"event": "promoted", "job": "order:5:close",
+                                                  "due": due_ms})
+    sync.run_once()
+    assert DelayedTask.objects.get(job_id="order:5:close").state == "started"
+
+
+def test_delayq_sync_once_command_applies_the_journal_and_exits(shop_delayq, capsys):
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600)
+    call_command("delayq_sync", "--once")
+    assert "applied 1 journal events" in capsys.readouterr().out
+    assert DelayedTask.objects.count() == 1
