@@ -14,6 +14,7 @@ import http.cookiejar
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -224,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("stopping the demo ...", flush=True)
         demo.stop()
+        if opts.smoke:
+            shutil.rmtree(data, ignore_errors=True)
         print("stopped.", flush=True)
     return 0
 

@@ -102,7 +102,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="due", ordering="due")
     def due_in(self, obj):
-        if obj.due is None:
+        if obj.due is None or obj.state in (State.CANCELLED, State.DEAD):
             return "-"
         now = timezone.now()
         seconds = (obj.due - now).total_seconds()
@@ -112,7 +112,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             text = f"in {timeuntil(obj.due, now, depth=1)}"
         else:
             text = f"{timesince(obj.due, now, depth=1)} ago"
-        return format_html('<span title="{}">{}</span>',
+        return format_html('<span title="{}" style="white-space:nowrap">{}</span>',
                            f"{timezone.localtime(obj.due):%Y-%m-%d %H:%M:%S}", text)
 
     @admin.display(description="state", ordering="state")

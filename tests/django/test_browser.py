@@ -1,0 +1,96 @@
+"""A real headless Chromium cancels a pending order timeout from the admin of a live server."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", "--window-size=1280,860")
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "admin-changelist.png"
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("headless Chromium not found; to run this test install it with "
+                    "`apt-get install -y chromium chromium-driver`")
+    from selenium import webdriver
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options,
+                              service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    driver.implicitly_wait(5)
+    yield driver
+    driver.quit()
+
+
+def test_support_user_filters_order_timeouts_and_cancels_one_in_the_browser(
+        live_server, browser, settings, shop_delayq, shop_worker, shop_carrier, sync,
+        tmp_path):
+    from django.contrib.auth.models import User
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+    from shop import services
+    from shop.models import Order
+
+    from celery_delayq.contrib.django.models import DelayedTask
+
+    settings.SHOP_ORDER_TIMEOUT = 1800
+    orders = [services.place_order(name, total) for name, total in
+              [("Ada", "19.90"), ("Grace", "249.00"), ("Linus", "5.50")]]
+    paid = services.place_order("Ken", "120.00")
+    services.pay(paid)
+    services.request_refund(paid, "120.00")
+    sync.run_once()
+    password = secrets.token_urlsafe(16)
+    User.objects.create_superuser("support", password=password)
+    doomed = orders[1]
+
+    browser.get(f"{live_server.url}/admin/delayq/delayedtask/")
+    browser.find_element(By.NAME, "username").send_keys("support")
+    browser.find_element(By.NAME, "password").send_keys(password)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    browser.find_element(By.LINK_TEXT, "scheduled").click()
+    browser.find_element(By.LINK_TEXT, "shop.tasks.close_unpaid_order").click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 3, "filtered to the three pending order timeouts"
+    browser.save_screenshot(str(tmp_path / "filtered.png"))
+
+    pk = DelayedTask.objects.get(job_id=f"order:{doomed.pk}:close").pk
+    browser.find_element(By.CSS_SELECTOR, f"input[name=_selected_action][value='{pk}']").click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("cancel_tasks")
+    browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+    message = browser.find_element(By.CSS_SELECTOR, "ul.messagelist li").text
+    assert message.lower() == f"cancelled: 1 task (order:{doomed.pk}:close)"
+
+    assert shop_delayq.get(f"order:{doomed.pk}:close") is None, "the store still holds it"
+    assert shop_delayq.run_now(f"order:{doomed.pk}:close") is False
+    for order in (orders[0], orders[2]):  # the others still run, right now
+        assert shop_delayq.run_now(f"order:{order.pk}:close") is True
+    wait_for(lambda: Order.objects.filter(status="closed").count() == 2, what="2 closed")
+    wait_for(lambda: sync.run_once() >= 0 and DelayedTask.objects.filter(
+        state="succeeded").count() == 2, what="mirror shows 2 succeeded")
+    assert Order.objects.get(pk=doomed.pk).status == "unpaid", "the cancelled task ran"
+    assert not DelayedTask.objects.get(job_id=f"order:{doomed.pk}:close").events.filter(
+        event__in=["promoted", "started"]).exists()
+
+    browser.get(f"{live_server.url}/admin/delayq/delayedtask/?o=-3")
+    shot = tmp_path / "changelist.png"
+    browser.save_screenshot(str(shot))
+    if os.environ.get("DELAYQ_UPDATE_SCREENSHOT"):  # refresh the README's picture
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, SCREENSHOT)
