@@ -47,9 +47,9 @@ def test_export_partitions_parquet_files_by_event_date(delayq, redis_client, tmp
     import pyarrow.parquet as pq
 
     journal = delayq.store.keys.shard(2).journal
-    redis_client.xadd(journal, {"event": "promoted", "job": "a", "task": "t", "due": "5"},
+    delayq.store.client.xadd(journal, {"event": "promoted", "job": "a", "task": "t", "due": "5"},
                       id=f"{_ms('2030-01-01T23:59:59')}-0")
-    redis_client.xadd(journal, {"event": "started", "job": "a", "retries": "0", "x": "y"},
+    delayq.store.client.xadd(journal, {"event": "started", "job": "a", "retries": "0", "x": "y"},
                       id=f"{_ms('2030-01-02T00:00:01')}-0")
 
     result = export_journal(delayq.store, tmp_path)
@@ -66,7 +66,7 @@ def test_export_partitions_parquet_files_by_event_date(delayq, redis_client, tmp
 def test_since_exports_again_from_that_time(delayq, redis_client, tmp_path):
     journal = delayq.store.keys.shard(0).journal
     for n, at in enumerate(["2030-01-01T10:00:00", "2030-01-02T10:00:00"]):
-        redis_client.xadd(journal, {"event": "scheduled", "job": f"j{n}"}, id=f"{_ms(at)}-0")
+        delayq.store.client.xadd(journal, {"event": "scheduled", "job": f"j{n}"}, id=f"{_ms(at)}-0")
     export_journal(delayq.store, tmp_path / "all", fmt="jsonl")
 
     again = export_journal(delayq.store, tmp_path / "again", fmt="jsonl", since="2030-01-02")
@@ -78,11 +78,11 @@ def test_since_exports_again_from_that_time(delayq, redis_client, tmp_path):
 def test_export_reports_a_journal_trimmed_past_the_last_export(delayq, redis_client,
                                                                tmp_path):
     journal = delayq.store.keys.shard(1).journal
-    redis_client.xadd(journal, {"event": "scheduled", "job": "a"})
+    delayq.store.client.xadd(journal, {"event": "scheduled", "job": "a"})
     export_journal(delayq.store, tmp_path, fmt="jsonl")
-    redis_client.xadd(journal, {"event": "scheduled", "job": "lost"})
-    redis_client.xadd(journal, {"event": "scheduled", "job": "kept"})
-    redis_client.xtrim(journal, maxlen=1, approximate=False)
+    delayq.store.client.xadd(journal, {"event": "scheduled", "job": "lost"})
+    delayq.store.client.xadd(journal, {"event": "scheduled", "job": "kept"})
+    delayq.store.client.xtrim(journal, maxlen=1, approximate=False)
 
     result = export_journal(delayq.store, tmp_path, fmt="jsonl")
 

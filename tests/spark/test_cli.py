@@ -36,7 +36,7 @@ def test_schedule_command_reads_csv_prints_progress_and_keeps_rejects(spark, red
 def test_report_command_writes_the_page_and_prints_lateness(spark, delayq, redis_client,
                                                            tmp_path, capsys):
     journal = delayq.store.keys.shard(0).journal
-    redis_client.xadd(journal, {"event": "promoted", "job": "a", "task": "shop.a",
+    delayq.store.client.xadd(journal, {"event": "promoted", "job": "a", "task": "shop.a",
                                 "due": "1893456000000"}, id="1893456000012-0")
     export_journal(delayq.store, tmp_path / "events")
 

@@ -13,13 +13,13 @@ T0 = int(datetime(2030, 1, 1, 10, tzinfo=timezone.utc).timestamp() * 1000)
 HOUR = 3_600_000
 
 
-def _plant(redis_client, journal: str, events: list[tuple[int, dict]]) -> None:
+def _plant(client, journal: str, events: list[tuple[int, dict]]) -> None:
     """XADD events in time order with ids at their own times (the event time)."""
     last, seq = None, 0
     for ts, fields in sorted(events, key=lambda e: e[0]):
         seq = seq + 1 if ts == last else 0
         last = ts
-        redis_client.xadd(journal, fields, id=f"{ts}-{seq}")
+        client.xadd(journal, fields, id=f"{ts}-{seq}")
 
 
 def _job_events(task: str, job: str, due: int, promote_late: int, start_late: int,
@@ -49,8 +49,8 @@ def synthetic_events(delayq, redis_client, tmp_path):
     for n, late in enumerate((10, 20, 30, 40)):
         mail += _job_events("shop.mail", f"m{n}", T0 + HOUR + 100_000 + n * 1000, late,
                             late, "succeeded")
-    _plant(redis_client, delayq.store.keys.shard(0).journal, refund)
-    _plant(redis_client, delayq.store.keys.shard(3).journal, mail)
+    _plant(delayq.store.client, delayq.store.keys.shard(0).journal, refund)
+    _plant(delayq.store.client, delayq.store.keys.shard(3).journal, mail)
     out = tmp_path / "events"
     export_journal(delayq.store, out)
     return out
@@ -93,7 +93,7 @@ def test_report_writes_parquet_tables_and_a_self_contained_html_page(spark, synt
 
 
 def test_report_reads_json_lines_exports_too(spark, delayq, redis_client, tmp_path):
-    _plant(redis_client, delayq.store.keys.shard(1).journal,
+    _plant(delayq.store.client, delayq.store.keys.shard(1).journal,
            _job_events("shop.ping", "p1", T0, 7, 9, "succeeded"))
     export_journal(delayq.store, tmp_path / "events", fmt="jsonl")
 
