@@ -122,3 +122,12 @@ def test_delayq_reconcile_command_pushes_unstored_rows(shop_delayq, capsys):
     call_command("delayq_reconcile")
     assert "pushed 1 delayed tasks" in capsys.readouterr().out
     assert shop_delayq.get("order:9:close").args == [9]
+
+
+def test_retry_raised_inside_atomic_is_still_scheduled(shop_delayq):
+    from shop.tasks import close_unpaid_order
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        close_unpaid_order.apply_async((10,), countdown=60, task_id="retry-10", retries=1)
+        raise RuntimeError("what self.retry() raises rolls the block back")
+    assert shop_delayq.get("retry-10") is not None

@@ -2,7 +2,8 @@
 
 Inside ``transaction.atomic()``, ``apply_delayed`` writes a ``DelayedTask`` row in that
 transaction and the Redis write runs on commit: a rolled-back transaction schedules
-nothing. A row whose Redis write failed stays ``stored=False``; ``push_unstored`` (the
+nothing. Task retries are written at once (a retry raised inside ``atomic()`` rolls it
+back). A row whose Redis write failed stays ``stored=False``; ``push_unstored`` (the
 ``delayq_reconcile`` command) writes it later.
 """
 
@@ -44,6 +45,11 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
     using = router.db_for_write(DelayedTask)
     if not transaction.get_connection(using).in_atomic_block:
         return None
+    fields = _fields_of(call.envelope)
+    if fields["retries"]:
+        # ``raise self.retry(...)`` inside atomic() rolls the block back: a retry deferred
+        # to its commit would be lost, so it is written now, as Celery would publish it.
+        return None
     rows = DelayedTask.objects.using(using)
     existing = rows.filter(job_id=call.job_id, state=State.SCHEDULED).first()
     if existing is not None and if_exists == "keep":
@@ -54,7 +60,7 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
     now = dj_timezone.now()
     eta = _estimate(due, now)
     row, _ = rows.update_or_create(job_id=call.job_id, defaults={
-        **_fields_of(call.envelope), "task_id": call.task_id, "task": call.task,
+        **fields, "task_id": call.task_id, "task": call.task,
         "key": call.key or "", "due": eta, "state": State.SCHEDULED, "stored": False,
         "store_error": "", "envelope": call.envelope, "scheduled_at": now,
     })
