@@ -52,6 +52,36 @@ SETTINGS: tuple[Setting, ...] = (
             "Retries with exponential backoff before a store call raises StoreUnavailable."),
 )
 
+
+class SecondsList(tuple):
+    """A tuple of seconds, from a sequence of numbers or a comma-separated string."""
+
+    def __new__(cls, raw: Any) -> SecondsList:
+        items = raw.split(",") if isinstance(raw, str) else raw
+        return super().__new__(cls, (float(item) for item in items if str(item).strip()))
+
+
+class HostList(tuple):
+    """A tuple of lower-case host names, from a sequence or a comma-separated string."""
+
+    def __new__(cls, raw: Any) -> HostList:
+        items = raw.split(",") if isinstance(raw, str) else raw
+        return super().__new__(cls, (str(item).strip().lower() for item in items
+                                     if str(item).strip()))
+
+
+# The built-in HTTP callback task (celery_delayq.http).
+SETTINGS += (
+    Setting("http_retry_schedule", SecondsList((10, 60, 300, 1800, 7200)), SecondsList,
+            "Seconds between attempts of celery_delayq.http_callback after a failure; when "
+            "they are used up the call is dead-lettered."),
+    Setting("http_allowed_hosts", HostList(()), HostList,
+            "Hosts celery_delayq.http_callback may call ('api.example.com', "
+            "'*.example.com', 'host:port', or '*' for any); empty refuses every URL."),
+    Setting("http_timeout", 10.0, float,
+            "Default seconds celery_delayq.http_callback waits to connect and for a response."),
+)
+
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: ``redis+cluster://host:port`` (or ``rediss+cluster://``) names a Redis Cluster seed node.
 CLUSTER_SUFFIX = "+cluster"
@@ -76,6 +106,9 @@ class DelayQConfig:
     worker_events: bool
     redis_socket_timeout: float
     redis_retries: int
+    http_retry_schedule: SecondsList
+    http_allowed_hosts: HostList
+    http_timeout: float
 
     @classmethod
     def from_app(cls, app) -> DelayQConfig:
@@ -102,9 +135,18 @@ class DelayQConfig:
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"delayq_{name} must be at least 1")
         for name in ("max_delay", "lease_seconds", "shard_lease_seconds", "idle_timeout",
-                     "redis_socket_timeout"):
+                     "redis_socket_timeout", "http_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"delayq_{name} must be greater than 0")
+        if any(not 0 <= delay <= self.max_delay for delay in self.http_retry_schedule):
+            raise ConfigurationError(
+                "delayq_http_retry_schedule must hold delays between 0 and delayq_max_delay "
+                f"seconds; got {list(self.http_retry_schedule)}")
+        bad = [h for h in self.http_allowed_hosts if "/" in h or " " in h]
+        if bad:
+            raise ConfigurationError(
+                f"delayq_http_allowed_hosts takes host names (optionally host:port), not "
+                f"URLs; got {bad}")
 
     @property
     def cluster(self) -> bool:
