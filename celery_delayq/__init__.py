@@ -11,6 +11,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .extension import DelayedResult, DelayQ
+from .http import http_callback  # registers celery_delayq.http_callback
 from .task import DelayedTask
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "JobExists",
     "PayloadError",
     "StoreUnavailable",
+    "http_callback",
 ]
 __version__ = "0.1.0"

@@ -394,6 +394,22 @@ class Store:
             self.client, [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal],
             [job_id, reason, member, self._maxlen]))
 
+    def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
+        """Dead-letter a call that is no longer in the store (e.g. a task out of retries).
+
+        It is then listed by :meth:`dead` and put back by :meth:`replay` like any dead job.
+        """
+        shard = self.keys.shard_for(job_id, key)
+        entry = json.dumps({"reason": reason, "envelope": envelope,
+                            "at": int(time.time() * 1000)})
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(shard.dead, job_id, entry)
+            if self._maxlen > 0:
+                pipe.xadd(shard.journal, {"event": "dead", "job": job_id, "reason": reason},
+                          maxlen=self._maxlen, approximate=True)
+            pipe.execute()
+
     def journal(self, shard: int, event: str, fields: dict[str, Any]) -> None:
         """Append one event to a shard's journal (worker-side events)."""
         if self._maxlen <= 0:
