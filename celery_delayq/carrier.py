@@ -59,11 +59,12 @@ class Carrier:
         config = self.delayq.config
         self.store = self.delayq.store
         self.batch = batch or config.claim_batch
+        self._max_payload = config.max_payload_bytes
         self.lease_ms = int((lease or config.lease_seconds) * 1000)
         self.idle_timeout = idle_timeout or config.idle_timeout
         self.stats = CarrierStats()
         self._stopping = threading.Event()
-        self._queues: dict[str, Any] = {}
+        self._queues: dict[str, tuple[Any, int]] = {}
         self._declared: set[str] = set()  # queues declared on the current connection
         self._producer = None
         self._pubsub = None
@@ -103,7 +104,7 @@ class Carrier:
         acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]] = defaultdict(list)
         lateness: list[float] = []
         dead: list[str] = []
-        try:
+        with self._publish_batch():  # one broker round trip per batch where kombu can
             for claim in claims:
                 for job in claim.jobs:
                     sent = self._publish(claim.shard, job.job_id, job.envelope, job.due_ms, dead)
@@ -114,10 +115,11 @@ class Carrier:
                         (job.job_id, bykey_member(key, job.job_id), task, key or "", job.due_ms))
                     redis_now = claim.now_ms + (time.monotonic() - claimed_at) * 1000
                     lateness.append(redis_now - job.due_ms)
-        finally:  # ack what was published even when the broker fails mid-batch
-            if acks:
-                with self.store.unavailable():
-                    self.store.ack(acks)
+        # Reached only when every message is with the broker; otherwise leases expire and
+        # the jobs are recovered and published again.
+        if acks:
+            with self.store.unavailable():
+                self.store.ack(acks)
         if lateness:
             self._log_batch(lateness)
         if dead:
@@ -126,18 +128,25 @@ class Carrier:
                          "--dead`, replay with `celery delayq replay JOB_ID`", len(dead),
                          "; ".join(dead[:3]), "; ..." if len(dead) > 3 else "")
 
+    def _publish_batch(self):
+        """kombu's publish batch (one pipeline on Redis, kombu >= 5.7), else no batching."""
+        batch = getattr(self.producer, "batch", None)
+        if batch is None:
+            return contextlib.nullcontext()
+        return batch(max_size=self.batch * self.store.keys.shards)
+
     def _publish(self, shard: ShardKeys, job_id: str, raw: str | None, due_ms: int,
                  dead: list[str]) -> tuple[str, str | None] | None:
         """Publish one claimed job; dead-letter it (noted in ``dead``) when it cannot be."""
         try:
-            if raw is not None and len(raw) > self.delayq.config.max_payload_bytes:
+            if raw is not None and len(raw) > self._max_payload:
                 raise PayloadError("envelope over delayq_max_payload_bytes")
             env = decode(raw)
-            queue = self._queue(env["q"])
+            queue, delivery_mode = self._queue(env["q"])
             headers = {HEADER_JOB: job_id, HEADER_SHARD: shard.shard, HEADER_DUE: due_ms}
             if env.get("y"):
                 headers[HEADER_KEY] = env["y"]
-            message = to_message(self.app, job_id, env, headers)
+            message = to_message(self.app, job_id, env, headers, size=len(raw))
         except (PayloadError, KeyError, TypeError, ValueError) as exc:
             dead.append(self._dead_letter(shard, job_id, raw, exc))
             return None
@@ -145,22 +154,24 @@ class Carrier:
         self.producer.publish(
             message.body, exchange=message.exchange, routing_key=message.routing_key,
             serializer="json", headers=message.headers, declare=declare,
-            delivery_mode=queue.exchange.delivery_mode
-            or self.app.conf.task_default_delivery_mode,
-            retry=True, retry_policy=_PUBLISH_RETRY, **message.properties,
+            delivery_mode=delivery_mode, retry=True, retry_policy=_PUBLISH_RETRY,
+            **message.properties,
         )
         self._declared.add(queue.name)
         return env["t"], env.get("y")
 
-    def _queue(self, name: str):
-        queue = self._queues.get(name)
-        if queue is None:
+    def _queue(self, name: str) -> tuple[Any, int]:
+        """The kombu queue of a name and its delivery mode, resolved once."""
+        found = self._queues.get(name)
+        if found is None:
             try:
-                queue = self._queues[name] = self.app.amqp.queues[name]
+                queue = self.app.amqp.queues[name]
             except KeyError:
                 raise KeyError(f"unknown queue {name!r} (task_create_missing_queues is off)"
                                ) from None
-        return queue
+            mode = queue.exchange.delivery_mode or self.app.conf.task_default_delivery_mode
+            found = self._queues[name] = (queue, mode)
+        return found
 
     def _dead_letter(self, shard: ShardKeys, job_id: str, raw: str | None,
                      exc: Exception) -> str:

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from celery.utils import uuid
 from celery.utils.functional import maybe_list
+from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import dumps as json_dumps
 from kombu.utils.json import loads as json_loads
 
@@ -53,6 +54,7 @@ _ROUTING = frozenset({"queue", "exchange", "routing_key", "exchange_type"})
 # Properties a caller may not set: the payload is always JSON.
 _RESERVED = frozenset({"content_type", "content_encoding", "serializer"})
 _JSON = "json"
+_ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
 _COMPACT = {"separators": (",", ":")}
 
 
@@ -220,12 +222,23 @@ def decode(raw: str | bytes | None) -> dict[str, Any]:
     return env
 
 
-def to_message(app, job_id: str, env: dict[str, Any], headers: dict[str, Any]) -> Message:
-    """Rebuild the message ``apply_async`` would have sent, with ``eta`` cleared."""
+def to_message(app, job_id: str, env: dict[str, Any], headers: dict[str, Any],
+               size: int = 0) -> Message:
+    """Rebuild the message ``apply_async`` would have sent, with ``eta`` cleared.
+
+    ``size`` is the stored envelope's length: small calls get a plain ``repr`` for the
+    ``argsrepr``/``kwargsrepr`` headers (JSON data is short and safe to repr), large
+    ones Celery's truncating ``saferepr``.
+    """
     options = dict(env.get("o", {}))
     task_id = env.get("i", job_id)
+    args, kwargs = env.get("a", []), env.get("k", {})
+    if size and size * 4 < app.amqp.argsrepr_maxsize:
+        options.setdefault("argsrepr", repr(args))
+        options.setdefault("kwargsrepr", repr(kwargs))
+    options.setdefault("origin", _ORIGIN)
     msg_headers, properties, body, _ = app.amqp.create_task_message(
-        task_id, env["t"], env.get("a", ()), env.get("k", {}), **options)
+        task_id, env["t"], args, kwargs, **options)
     msg_headers.update(env.get("h", {}))
     msg_headers.update(headers)
     properties.update(env.get("p", {}))

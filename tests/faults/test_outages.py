@@ -27,7 +27,7 @@ def make_app(name: str, broker: str, store: str) -> tuple[Celery, DelayedTask]:
                     delayq_redis_socket_timeout=1.0, delayq_lease_seconds=1.0,
                     delayq_shard_lease_seconds=1.0, broker_connection_retry_on_startup=True)
 
-    @app.task(base=DelayedTask, name=f"{name}.noop")
+    @app.task(base=DelayedTask, name=f"{name}.noop", shared=False)
     def noop(i):
         return i
 

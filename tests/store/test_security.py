@@ -17,7 +17,7 @@ def app_with_store(url: str) -> tuple[Celery, DelayedTask]:
     app.conf.update(delayq_redis_url=url, delayq_redis_retries=1,
                     delayq_redis_socket_timeout=0.5)
 
-    @app.task(base=DelayedTask, name="secure.noop")
+    @app.task(base=DelayedTask, name="secure.noop", shared=False)
     def noop():
         return None
 
