@@ -1,0 +1,322 @@
+"""pytest plugin: test code that schedules delayed tasks, without sleeping.
+
+Installed with celery-delayq (entry point ``pytest11``). It offers the ``delayq``
+fixture, a :class:`DelayQTester` over a real Redis and a test clock::
+
+    def test_unpaid_order_closes_after_30_minutes(delayq):
+        order = place_order()                      # schedules close_order in 30 min
+        assert [j.task for j in delayq.pending()] == ["shop.close_order"]
+        delayq.advance(minutes=30)                 # runs it here, in this process
+        assert order.refresh().status == "closed"
+
+Which Celery app: override the ``delayq_app`` fixture, or set the ini option
+``delayq_app = "package.module:app"``. Which Redis: the ini option ``delayq_redis_url``
+or the environment variable ``DELAYQ_PYTEST_REDIS_URL``; without either, one
+``redis-server`` is started for the session (``RedisServer``). Each test gets a key
+prefix of its own on it, deleted afterwards. See ``docs/testing.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.app.trace import build_tracer
+from celery.utils.imports import symbol_by_name
+
+from ..envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, Job, decode, to_message
+from ..errors import DelayQError, PayloadError
+from ..extension import DelayedResult, DelayQ
+from ..keys import ShardKeys, bykey_member
+from ..store import Claimed
+from ..validation import Due
+from .redis_server import RedisServer
+
+ENV_REDIS_URL = "DELAYQ_PYTEST_REDIS_URL"
+#: Most tasks one ``advance`` runs before it decides a task keeps rescheduling itself.
+MAX_RUNS = 10_000
+_OVERRIDDEN = ("redis_url", "prefix")
+_LEASE_MS = 60_000
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("delayq_app", "Celery app the delayq fixture uses, as 'module:attribute' "
+                  "(or override the delayq_app fixture)", default="")
+    parser.addini("delayq_redis_url", "Redis the delayq fixture uses instead of starting a "
+                  f"redis-server (the {ENV_REDIS_URL} environment variable wins)", default="")
+
+
+@pytest.fixture(scope="session")
+def delayq_redis_url(pytestconfig: pytest.Config) -> Iterator[str]:
+    """The Redis of the delay store in tests: configured, or a redis-server for the session."""
+    url = os.environ.get(ENV_REDIS_URL) or pytestconfig.getini("delayq_redis_url")
+    if url:
+        yield url
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def delayq_app(pytestconfig: pytest.Config) -> Celery:
+    """The Celery app under test: override this fixture, or set the ``delayq_app`` ini option."""
+    spec = pytestconfig.getini("delayq_app")
+    if not spec:
+        raise pytest.UsageError(
+            "the delayq fixture needs your Celery app: set `delayq_app = \"module:app\"` in "
+            "the [pytest] ini options, or define a `delayq_app` fixture that returns it")
+    app = symbol_by_name(spec)
+    if not isinstance(app, Celery):
+        raise pytest.UsageError(f"delayq_app = {spec!r} is a {type(app).__name__}, not a "
+                                "Celery app")
+    return app
+
+
+@pytest.fixture
+def delayq(delayq_app: Celery, delayq_redis_url: str) -> Iterator[DelayQTester]:
+    """The app's delay store on a test Redis, with a test clock; see :class:`DelayQTester`."""
+    with DelayQTester(delayq_app, delayq_redis_url) as tester:
+        yield tester
+
+
+@dataclass(frozen=True)
+class Run:
+    """One delayed task that ``advance``/``run_due`` ran."""
+
+    job_id: str
+    task: str
+    args: list
+    kwargs: dict
+    key: str | None
+    due: datetime
+    state: str  # SUCCESS, FAILURE, RETRY, IGNORED, REJECTED
+    result: Any  # the return value, or the exception
+
+
+class DelayQTester:
+    """A Celery app's DelayQ pointed at a test Redis, and a clock the test moves.
+
+    Delays given while it is active (``apply_delayed(delay=...)``, ``countdown=``,
+    ``self.retry(countdown=...)``) count from the test clock, :meth:`now`. Absolute
+    ``eta=`` times and ``DelayQ.reschedule`` keep the real clock.
+    """
+
+    def __init__(self, app: Celery, redis_url: str) -> None:
+        self.app = app
+        self.redis_url = redis_url
+        self.prefix = f"delayq-test-{uuid.uuid4().hex[:12]}"
+        self.runs: list[Run] = []
+        self._offset_ms = 0
+        self._saved: dict[str, Any] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> DelayQTester:
+        conf = self.app.conf
+        for name in _OVERRIDDEN:
+            self._saved[name] = conf.get(f"delayq_{name}")
+        conf.update(delayq_redis_url=self.redis_url, delayq_prefix=self.prefix)
+        self.delayq = DelayQ.of(self.app)
+        _reload(self.delayq)
+        _install_clock(self.delayq)
+        _ACTIVE[self.delayq] = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.pop(self.delayq, None)
+        try:
+            client = self.delayq.store.client
+            stale = list(client.scan_iter(f"{self.prefix}:*"))
+            if stale:
+                client.delete(*stale)
+        finally:
+            self.app.conf.update({f"delayq_{n}": v for n, v in self._saved.items()})
+            _reload(self.delayq)
+
+    # -- looking -----------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The test clock: Redis's time plus everything advanced so far."""
+        return datetime.fromtimestamp(self._now_ms() / 1000, timezone.utc)
+
+    def pending(self, task: str | None = None, key: str | None = None) -> list[Job]:
+        """Pending jobs in due order, optionally of one task and/or business key."""
+        return self.delayq.pending(task=task, key=key, limit=1_000_000)
+
+    def get(self, job_id: str) -> Job | None:
+        return self.delayq.get(job_id)
+
+    def cancelled(self, task: str | None = None) -> list[str]:
+        """Ids of the jobs cancelled during this test, oldest first (read from the journal)."""
+        if self.delayq.config.journal_maxlen <= 0:
+            raise DelayQError("delayq.cancelled() reads the journal, which "
+                              "delayq_journal_maxlen=0 turns off")
+        entries = []
+        store = self.delayq.store
+        for shard in store.keys:
+            entries.extend(store.client.xrange(shard.journal))
+        entries.sort(key=lambda entry: tuple(int(p) for p in entry[0].split("-")))
+        return [fields["job"] for _, fields in entries if fields.get("event") == "cancelled"
+                and (task is None or fields.get("task") == task)]
+
+    def dead(self) -> list[dict[str, Any]]:
+        """Dead-lettered jobs with their reason, newest first."""
+        return self.delayq.store.dead()
+
+    # -- moving the clock --------------------------------------------------------------
+
+    def advance(self, delta: timedelta | float | None = None, *, days: float = 0,
+                hours: float = 0, minutes: float = 0, seconds: float = 0,
+                propagate: bool = True) -> list[Run]:
+        """Move the test clock forward and run every job due by then, in due order.
+
+        Jobs run here, in this process, as a worker would run them (``self.request``
+        carries the job id; a retry goes back to the store on the test clock). Jobs that
+        a run schedules are run too if they fall due before the new time. With
+        ``propagate`` the first task error is raised once its batch has run.
+        """
+        step = _duration(delta, days=days, hours=hours, minutes=minutes, seconds=seconds)
+        target_ms = self._now_ms() + round(step.total_seconds() * 1000)
+        ran: list[Run] = []
+        while True:
+            head = self._earliest()
+            if head is None or head[0] > target_ms:
+                break
+            due_ms, job_id, _ = head
+            redis_ms = self._redis_ms()
+            self._offset_ms = max(self._offset_ms, due_ms - redis_ms)
+            batch = self._promote(job_id if due_ms > redis_ms else None)
+            ran.extend(batch)
+            self.runs.extend(batch)
+            failed = [run for run in batch if run.state == "FAILURE"]
+            if propagate and failed:
+                raise failed[0].result
+            if len(ran) > MAX_RUNS:
+                raise DelayQError(f"advance ran more than {MAX_RUNS} tasks; does a task keep "
+                                  "scheduling itself with a short delay?")
+        self._offset_ms = max(self._offset_ms, target_ms - self._redis_ms())
+        return ran
+
+    def run_due(self, propagate: bool = True) -> list[Run]:
+        """Run every job due now on the test clock (``advance`` by nothing)."""
+        return self.advance(0, propagate=propagate)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _redis_ms(self) -> int:
+        seconds, micros = self.delayq.store.client.time()
+        return seconds * 1000 + micros // 1000
+
+    def _now_ms(self) -> int:
+        return self._redis_ms() + self._offset_ms
+
+    def _earliest(self) -> tuple[int, str, ShardKeys] | None:
+        """(due ms, job id, shard) of the first pending job of the store."""
+        store = self.delayq.store
+        pipe = store.client.pipeline(transaction=False)
+        for shard in store.keys:
+            pipe.zrange(shard.due, 0, 0, withscores=True)
+        heads = [(int(head[0][1]), head[0][0], shard)
+                 for shard, head in zip(store.keys, pipe.execute(), strict=True) if head]
+        return min(heads, key=lambda head: head[0], default=None)
+
+    def _promote(self, job_id: str | None) -> list[Run]:
+        """Make ``job_id`` (if given) due on Redis's clock; claim, ack and run what is due."""
+        store = self.delayq.store
+        if job_id is not None:  # journaled as "rescheduled": the test clock pulled it in
+            store.reschedule(job_id, Due(at_ms=None, delay_ms=0))
+        claims = store.claim(list(store.keys), store.config.claim_batch, _LEASE_MS)
+        jobs: list[tuple[ShardKeys, Claimed, dict[str, Any]]] = []
+        acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]] = {}
+        for claim in claims:
+            for job in claim.jobs:
+                try:
+                    env = decode(job.envelope)
+                except PayloadError as exc:
+                    store.dead_letter(claim.shard, job.job_id, str(exc), "")
+                    continue
+                jobs.append((claim.shard, job, env))
+                acks.setdefault(claim.shard, []).append(
+                    (job.job_id, bykey_member(env.get("y"), job.job_id), env["t"],
+                     env.get("y") or "", job.due_ms))
+        store.ack(acks)  # promoted, as the carrier would before a worker runs them
+        jobs.sort(key=lambda item: item[1].due_ms)
+        return [self._run(shard, job, env) for shard, job, env in jobs]
+
+    def _run(self, shard: ShardKeys, job: Claimed, env: dict[str, Any]) -> Run:
+        """Run one promoted job in this process, as a worker runs the published message."""
+        headers = {HEADER_JOB: job.job_id, HEADER_SHARD: shard.shard, HEADER_DUE: job.due_ms}
+        if env.get("y"):
+            headers[HEADER_KEY] = env["y"]
+        message = to_message(self.app, job.job_id, env, headers)
+        try:
+            task = self.app.tasks[env["t"]]
+        except KeyError:
+            raise DelayQError(f"delayed job {job.job_id} calls {env['t']!r}, which is not "
+                              f"registered on {self.app.main or 'the app'}; import the module "
+                              "that defines it") from None
+        args, kwargs, embed = message.body
+        request = {
+            **message.headers, **(embed or {}), "is_eager": False,
+            "hostname": "delayq-pytest", "delivery_info": {
+                "exchange": message.exchange, "routing_key": message.routing_key,
+                "priority": message.properties.get("priority"), "redelivered": False},
+        }
+        tracer = build_tracer(task.name, task, eager=True, propagate=False, app=self.app)
+        retval, info, _, _ = tracer(message.headers["id"], args, kwargs, request)
+        state, result = "SUCCESS", retval
+        if info is not None:
+            state, result = info.state, info.retval
+        return Run(job.job_id, env["t"], list(args), dict(kwargs), env.get("y"),
+                   datetime.fromtimestamp(job.due_ms / 1000, timezone.utc), state, result)
+
+
+# -- the test clock's hook into scheduling ------------------------------------------------
+
+_ACTIVE: weakref.WeakKeyDictionary[DelayQ, DelayQTester] = weakref.WeakKeyDictionary()
+_CLOCKED: weakref.WeakSet[DelayQ] = weakref.WeakSet()
+
+
+def _install_clock(delayq: DelayQ) -> None:
+    """Once per DelayQ: relative delays count from the active tester's clock."""
+    if delayq not in _CLOCKED:
+        delayq.add_interceptor(_on_test_clock)
+        _CLOCKED.add(delayq)
+
+
+def _on_test_clock(delayq: DelayQ, call, due: Due, if_exists: str) -> DelayedResult | None:
+    tester = _ACTIVE.get(delayq)
+    if tester is None or tester._offset_ms == 0 or due.delay_ms is None:
+        return None  # the store's own clock is the test clock
+    at_ms = tester._now_ms() + due.delay_ms
+    return delayq.submit([(call, Due(at_ms=at_ms, delay_ms=None))], if_exists)[0]
+
+
+def _reload(delayq: DelayQ) -> None:
+    """Forget the DelayQ's settings and store so the next use reads ``app.conf`` again."""
+    store = delayq.__dict__.pop("store", None)
+    if store is not None:
+        store.close()
+    delayq.__dict__.pop("config", None)
+
+
+def _duration(delta: timedelta | float | None, **parts: float) -> timedelta:
+    if isinstance(delta, timedelta):
+        step = delta
+    elif delta is None:
+        step = timedelta()
+    elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
+        step = timedelta(seconds=delta)
+    else:
+        raise TypeError(f"advance() takes a timedelta or seconds, got {delta!r}")
+    step += timedelta(**parts)
+    if step < timedelta():
+        raise ValueError("the test clock only moves forward; advance() by a positive time")
+    return step

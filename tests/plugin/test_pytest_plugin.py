@@ -1,0 +1,237 @@
+"""The ``delayq`` pytest fixture, run by pytest itself on a small user project (pytester)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import redis
+
+SHOP = '''
+"""A user's project: an unpaid order is closed after 30 minutes unless it is paid."""
+from datetime import timedelta
+
+from celery import Celery
+
+from celery_delayq import DelayedTask, DelayQ
+
+app = Celery("shop", broker="memory://", set_as_current=False)
+app.conf.task_serializer = "json"
+ORDERS: dict[int, str] = {}
+CHARGES: list[int] = []
+
+
+@app.task(base=DelayedTask, name="shop.close_unpaid_order")
+def close_unpaid_order(order_id):
+    if ORDERS[order_id] == "unpaid":
+        ORDERS[order_id] = "closed"
+    return ORDERS[order_id]
+
+
+@app.task(base=DelayedTask, bind=True, name="shop.charge", max_retries=3)
+def charge(self, order_id):
+    CHARGES.append(self.request.retries)
+    if self.request.retries == 0:
+        raise self.retry(countdown=60)
+    ORDERS[order_id] = "paid"
+
+
+@app.task(base=DelayedTask, name="shop.broken")
+def broken():
+    raise ValueError("the shop is broken")
+
+
+def place_order(order_id):
+    ORDERS[order_id] = "unpaid"
+    close_unpaid_order.apply_delayed([order_id], delay=timedelta(minutes=30),
+                                     job_id=f"order:{order_id}:close", key=f"order:{order_id}")
+
+
+def pay(order_id):
+    ORDERS[order_id] = "paid"
+    DelayQ.of(app).cancel_key(f"order:{order_id}")
+'''
+
+INI = """
+[pytest]
+delayq_app = shop:app
+filterwarnings = error
+"""
+
+
+@pytest.fixture
+def shop(pytester: pytest.Pytester, redis_server, monkeypatch) -> pytest.Pytester:
+    """A user project in a temporary folder, its Redis the session's (database 5)."""
+    pytester.makepyfile(shop=SHOP)
+    pytester.makeini(INI)
+    monkeypatch.setenv("DELAYQ_PYTEST_REDIS_URL", f"{redis_server.url}/5")
+    monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)  # set by this suite's ini
+    return pytester
+
+
+def run(pytester: pytest.Pytester, tests: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_user=textwrap.dedent(tests))
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+
+
+def test_order_timeout_runs_after_advancing_30_minutes_without_sleeping(shop):
+    result = run(shop, """
+        import time
+        from shop import ORDERS, place_order
+
+        def test_unpaid_order_closes_after_30_minutes(delayq):
+            started = time.monotonic()
+            place_order(42)
+            [job] = delayq.pending(task="shop.close_unpaid_order")
+            assert job.job_id == "order:42:close"
+
+            assert delayq.advance(minutes=29) == []
+            assert ORDERS[42] == "unpaid"
+
+            [ran] = delayq.advance(minutes=1)
+            assert (ran.job_id, ran.state, ran.result) == ("order:42:close", "SUCCESS", "closed")
+            assert ORDERS[42] == "closed"
+            assert delayq.pending() == []
+            assert time.monotonic() - started < 5
+    """)
+    result.assert_outcomes(passed=1)
+
+
+def test_cancelled_timeout_is_listed_and_never_runs(shop):
+    result = run(shop, """
+        from shop import ORDERS, pay, place_order
+
+        def test_paid_order_is_not_closed(delayq):
+            place_order(7)
+            pay(7)
+            assert delayq.pending() == []
+            assert delayq.cancelled() == ["order:7:close"]
+            assert delayq.advance(hours=2) == []
+            assert ORDERS[7] == "paid"
+    """)
+    result.assert_outcomes(passed=1)
+
+
+def test_delays_count_from_the_test_clock_after_advancing(shop):
+    result = run(shop, """
+        from shop import ORDERS, place_order
+
+        def test_timeout_placed_later_still_waits_its_30_minutes(delayq):
+            delayq.advance(hours=5)
+            before = delayq.now()
+            place_order(8)
+            [job] = delayq.pending()
+            assert abs((job.due - before).total_seconds() - 1800) < 5
+            delayq.advance(minutes=29)
+            assert ORDERS[8] == "unpaid"
+            delayq.advance(minutes=1)
+            assert ORDERS[8] == "closed"
+    """)
+    result.assert_outcomes(passed=1)
+
+
+def test_a_retry_goes_back_to_the_store_and_waits_for_its_countdown(shop):
+    result = run(shop, """
+        from shop import CHARGES, ORDERS, charge
+
+        def test_charge_retried_a_minute_later(delayq):
+            ORDERS[9] = "unpaid"
+            charge.apply_delayed([9], delay=0)
+            [first] = delayq.run_due()
+            assert first.state == "RETRY"
+            [retry] = delayq.pending(task="shop.charge")
+            assert 55 < (retry.due - delayq.now()).total_seconds() <= 60
+
+            assert delayq.advance(seconds=50) == []
+            [second] = delayq.advance(seconds=10)
+            assert second.state == "SUCCESS"
+            assert CHARGES == [0, 1] and ORDERS[9] == "paid"
+
+        def test_advance_runs_a_chain_of_retries_in_one_go(delayq):
+            ORDERS[10] = "unpaid"
+            charge.apply_delayed([10], delay=30)
+            runs = delayq.advance(minutes=2)
+            assert [r.state for r in runs] == ["RETRY", "SUCCESS"]
+            assert ORDERS[10] == "paid"
+    """)
+    result.assert_outcomes(passed=2)
+
+
+def test_a_failing_task_raises_from_advance(shop):
+    result = run(shop, """
+        import pytest
+        from shop import broken
+
+        def test_error_surfaces(delayq):
+            broken.apply_delayed(delay=10)
+            with pytest.raises(ValueError, match="broken"):
+                delayq.advance(seconds=10)
+
+        def test_error_collected_without_propagate(delayq):
+            broken.apply_delayed(delay=10)
+            [ran] = delayq.advance(seconds=10, propagate=False)
+            assert ran.state == "FAILURE" and isinstance(ran.result, ValueError)
+    """)
+    result.assert_outcomes(passed=2)
+
+
+def test_each_test_gets_an_empty_store_and_leaves_no_keys_behind(shop, redis_server):
+    result = run(shop, """
+        import pytest
+        from shop import place_order
+
+        @pytest.mark.parametrize("order_id", [1, 2])
+        def test_starts_empty(delayq, order_id):
+            assert delayq.pending() == []
+            place_order(order_id)
+            assert len(delayq.pending()) == 1
+    """)
+    result.assert_outcomes(passed=2)
+    client = redis.Redis.from_url(f"{redis_server.url}/5")
+    assert list(client.scan_iter("delayq-test-*")) == []
+    client.close()
+
+
+def test_the_app_can_come_from_an_overridden_fixture(shop):
+    shop.makeini("[pytest]\n")
+    shop.makeconftest("""
+        import pytest
+        import shop
+
+        @pytest.fixture
+        def delayq_app():
+            return shop.app
+    """)
+    result = run(shop, """
+        from shop import ORDERS, place_order
+
+        def test_closes(delayq):
+            place_order(3)
+            delayq.advance(minutes=30)
+            assert ORDERS[3] == "closed"
+    """)
+    result.assert_outcomes(passed=1)
+
+
+def test_without_an_app_the_fixture_says_how_to_name_one(shop):
+    shop.makeini("[pytest]\n")
+    result = run(shop, """
+        def test_needs_app(delayq):
+            pass
+    """)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*delayq_app = \\\"module:app\\\"*"])
+
+
+def test_a_redis_server_is_started_when_none_is_configured(shop, monkeypatch):
+    monkeypatch.delenv("DELAYQ_PYTEST_REDIS_URL")
+    result = run(shop, """
+        from shop import ORDERS, place_order
+
+        def test_own_server(delayq, delayq_redis_url):
+            assert delayq_redis_url.startswith("redis://127.0.0.1:")
+            place_order(4)
+            delayq.advance(minutes=30)
+            assert ORDERS[4] == "closed"
+    """)
+    result.assert_outcomes(passed=1)
