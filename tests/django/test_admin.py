@@ -77,7 +77,7 @@ def test_cancel_action_cancels_pending_jobs_and_says_what_happened_to_each(
     assert "too late: already running: 1 task (order:2:close)" in _messages(response)
     assert shop_delayq.get("order:1:close") is None
     row = DelayedTask.objects.get(job_id="order:1:close")
-    assert (row.state, row.cancelled_by) == ("cancelled", "admin via admin")
+    assert (row.state, row.cancelled_by) == ("cancelled", "admin in the Django admin")
 
 
 def test_cancel_reports_too_late_when_the_carrier_already_holds_the_job(

@@ -147,7 +147,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel selected delayed tasks", permissions=["cancel"])
     def cancel_tasks(self, request, queryset):
-        by = f"{request.user.get_username()} via admin"
+        by = f"{request.user.get_username()} in the Django admin"
         self._each(request, queryset, lambda row: operations.cancel(row, by))
 
     @admin.action(description="Run selected delayed tasks now", permissions=["run_now"])
