@@ -7,6 +7,8 @@ import textwrap
 import pytest
 import redis
 
+pytest_plugins = ["pytester"]
+
 SHOP = '''
 """A user's project: an unpaid order is closed after 30 minutes unless it is paid."""
 from datetime import timedelta
