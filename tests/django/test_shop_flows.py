@@ -81,3 +81,20 @@ def _mirror(order):
     from celery_delayq.contrib.django.models import DelayedTask
 
     return DelayedTask.objects.get(job_id=f"order:{order.pk}:close")
+
+
+def test_order_added_in_the_admin_gets_a_timeout_that_paying_cancels(admin_client, shop_delayq):
+    from django.urls import reverse
+    from shop.models import Order
+
+    response = admin_client.post(reverse("admin:shop_order_add"),
+                                 {"customer": "Barbara", "total": "799.00",
+                                  "refunds-TOTAL_FORMS": 0, "refunds-INITIAL_FORMS": 0})
+    assert response.status_code == 302, response.content[:2000]
+    order = Order.objects.get(customer="Barbara")
+    assert shop_delayq.get(f"order:{order.pk}:close") is not None  # written on commit
+
+    admin_client.post(reverse("admin:shop_order_changelist"),
+                      {"action": "mark_paid", "_selected_action": [order.pk]})
+    assert _order(order.pk).status == Order.Status.PAID
+    assert shop_delayq.get(f"order:{order.pk}:close") is None
