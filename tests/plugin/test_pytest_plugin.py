@@ -19,6 +19,7 @@ from celery_delayq import DelayedTask, DelayQ
 
 app = Celery("shop", broker="memory://", set_as_current=False)
 app.conf.task_serializer = "json"
+app.conf.delayq_http_allowed_hosts = ["127.0.0.1"]
 ORDERS: dict[int, str] = {}
 CHARGES: list[int] = []
 
@@ -235,5 +236,46 @@ def test_a_redis_server_is_started_when_none_is_configured(shop, monkeypatch):
             place_order(4)
             delayq.advance(minutes=30)
             assert ORDERS[4] == "closed"
+    """)
+    result.assert_outcomes(passed=1)
+
+
+def test_http_callback_retries_follow_the_default_schedule_on_the_test_clock(shop):
+    result = run(shop, """
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from shop import app
+
+        def test_failing_partner_is_retried_then_dead_lettered(delayq):
+            seen = []
+
+            class Partner(BaseHTTPRequestHandler):
+                def do_POST(self):
+                    seen.append(delayq.now())
+                    self.send_response(500)
+                    self.send_header("Content-Length", "4")
+                    self.end_headers()
+                    self.wfile.write(b"down")
+
+                def log_message(self, *args):
+                    pass
+
+            server = ThreadingHTTPServer(("127.0.0.1", 0), Partner)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            try:
+                app.tasks["celery_delayq.http_callback"].apply_delayed(
+                    [f"http://127.0.0.1:{server.server_address[1]}/hook"],
+                    {"json": {"order": 1}}, delay=60)
+                runs = delayq.advance(hours=3, propagate=False)
+            finally:
+                server.shutdown()
+                server.server_close()
+
+            assert [r.state for r in runs] == ["RETRY"] * 5 + ["FAILURE"]
+            gaps = [round((b - a).total_seconds()) for a, b in zip(seen, seen[1:])]
+            assert gaps == [10, 60, 300, 1800, 7200]
+            [dead] = delayq.dead()
+            assert "HTTP 500: 'down'" in dead["reason"]
     """)
     result.assert_outcomes(passed=1)
