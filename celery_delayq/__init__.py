@@ -9,6 +9,7 @@ from .errors import (
     JobExists,
     PayloadError,
     StoreUnavailable,
+    UnknownQueue,
 )
 from .extension import DelayedResult, DelayQ
 from .http import http_callback  # registers celery_delayq.http_callback
@@ -26,6 +27,7 @@ __all__ = [
     "JobExists",
     "PayloadError",
     "StoreUnavailable",
+    "UnknownQueue",
     "http_callback",
 ]
 __version__ = "0.1.0"

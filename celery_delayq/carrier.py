@@ -26,6 +26,7 @@ from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, decode, 
 from .errors import PayloadError, StoreUnavailable
 from .extension import DelayQ
 from .keys import ShardKeys, bykey_member
+from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
 from .store import ShardClaim
 
@@ -53,7 +54,8 @@ class Carrier:
     """Promotes due jobs of one app's store; any number may run side by side."""
 
     def __init__(self, app, *, batch: int | None = None, lease: float | None = None,
-                 shard_lease: float | None = None, idle_timeout: float | None = None) -> None:
+                 shard_lease: float | None = None, idle_timeout: float | None = None,
+                 metrics: CarrierMetrics | None = None) -> None:
         self.app = app
         self.delayq = DelayQ.of(app)
         config = self.delayq.config
@@ -63,6 +65,7 @@ class Carrier:
         self.lease_ms = int((lease or config.lease_seconds) * 1000)
         self.idle_timeout = idle_timeout or config.idle_timeout
         self.stats = CarrierStats()
+        self.metrics = metrics
         self._stopping = threading.Event()
         self._queues: dict[str, tuple[Any, int]] = {}
         self._declared: set[str] = set()  # queues declared on the current connection
@@ -87,10 +90,15 @@ class Carrier:
             self._next_maintenance = time.monotonic() + self._maintain_every
             if recovered:
                 self.stats.recovered += recovered
+                if self.metrics:
+                    self.metrics.recovered.inc(recovered)
                 logger.warning("recovered %d jobs whose carrier lease expired", recovered)
+        started = time.monotonic()
         with self.store.unavailable():
             claims = self.store.claim(self._shards, self.batch, self.lease_ms)
         claimed_at = time.monotonic()
+        if self.metrics:
+            self.metrics.observe_claim(sum(len(c.jobs) for c in claims), claimed_at - started)
         self._promote(claims, claimed_at)
         if recovered or any(len(c.jobs) >= self.batch for c in claims):
             return 0.0
@@ -124,6 +132,8 @@ class Carrier:
             self._log_batch(lateness)
         if dead:
             self.stats.dead += len(dead)
+            if self.metrics:
+                self.metrics.dead_lettered.inc(len(dead))
             logger.error("dead-lettered %d jobs (%s%s); list them with `celery delayq ls "
                          "--dead`, replay with `celery delayq replay JOB_ID`", len(dead),
                          "; ".join(dead[:3]), "; ..." if len(dead) > 3 else "")
@@ -185,6 +195,8 @@ class Carrier:
         return f"{job_id}: {reason}"
 
     def _log_batch(self, lateness: list[float]) -> None:
+        if self.metrics:
+            self.metrics.observe_promoted(lateness)
         lateness.sort()
         self.stats.promoted += len(lateness)
         self.stats.batches += 1

@@ -15,6 +15,7 @@ import click
 from .carrier import Carrier
 from .errors import DelayQError
 from .extension import DelayQ
+from .metrics import CarrierMetrics, oldest_overdue_seconds
 
 
 def _delayq(ctx: click.Context) -> DelayQ:
@@ -38,17 +39,26 @@ def delayq() -> None:
               help="Seconds a carrier's hold on a shard lasts without renewal.")
 @click.option("--idle-timeout", type=float, default=None,
               help="Longest sleep without looking at Redis, seconds.")
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve Prometheus metrics on this port (needs celery-delayq[metrics]).")
 @click.option("-l", "--loglevel", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def carrier(ctx: click.Context, batch: int | None, lease: float | None,
-            shard_lease: float | None, idle_timeout: float | None, loglevel: str) -> None:
+            shard_lease: float | None, idle_timeout: float | None, metrics_port: int | None,
+            loglevel: str) -> None:
     """Promote due jobs into their Celery queues (run one or more beside beat)."""
     logging.basicConfig(level=loglevel.upper(),
                         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
     try:
+        metrics = None
+        if metrics_port is not None:
+            metrics = CarrierMetrics(DelayQ.of(ctx.obj.app).store)
+            metrics.serve(metrics_port)
+            logging.getLogger("celery_delayq.carrier").info(
+                "metrics on http://0.0.0.0:%d/metrics", metrics_port)
         Carrier(ctx.obj.app, batch=batch, lease=lease, shard_lease=shard_lease,
-                idle_timeout=idle_timeout).run()
+                idle_timeout=idle_timeout, metrics=metrics).run()
     except DelayQError as exc:
         _fail(exc)
 
@@ -73,6 +83,26 @@ def stats(ctx: click.Context, as_json: bool) -> None:
                    f"{_ms(row['next_due_ms'])}")
     total = sum(row["pending"] for row in rows)
     click.echo(f"total pending: {total}")
+
+
+@delayq.command()
+@click.option("--max-overdue", type=int, default=1000, show_default=True,
+              help="Most jobs that may be due but unclaimed.")
+@click.option("--max-overdue-age", type=float, default=60.0, show_default=True,
+              help="Longest a due job may wait unclaimed, seconds.")
+@click.pass_context
+def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None:
+    """Exit 1 when the overdue backlog or its oldest job passes a threshold (liveness probe)."""
+    try:
+        rows = _delayq(ctx).store.stats()
+    except DelayQError as exc:
+        _fail(exc)
+    overdue = sum(row["overdue"] for row in rows)
+    age = oldest_overdue_seconds(rows)
+    healthy = overdue <= max_overdue and age <= max_overdue_age
+    click.echo(f"{'ok' if healthy else 'unhealthy'}: {overdue} overdue jobs (max {max_overdue}), "
+               f"oldest waiting {age:.1f}s (max {max_overdue_age:g}s)")
+    sys.exit(0 if healthy else 1)
 
 
 @delayq.command(name="ls")

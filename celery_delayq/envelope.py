@@ -27,7 +27,7 @@ from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import dumps as json_dumps
 from kombu.utils.json import loads as json_loads
 
-from .errors import PayloadError
+from .errors import PayloadError, UnknownQueue
 
 #: Headers the carrier adds to every promoted message; a retry carries them back.
 HEADER_JOB = "delayq_job"
@@ -98,8 +98,13 @@ def build(app, name: str, args, kwargs, options: dict[str, Any], *,
     if "link_error" in options:
         options["errbacks"] = maybe_list(options.pop("link_error"))
 
-    routed = app.amqp.router.route(options, name, args, kwargs, task_type)
-    queue, exchange, routing_key = _resolve_route(app, routed)
+    try:
+        routed = app.amqp.router.route(options, name, args, kwargs, task_type)
+        queue, exchange, routing_key = _resolve_route(app, routed)
+    except KeyError as exc:  # celery's QueueNotFound, or a queue missing from task_queues
+        raise UnknownQueue(
+            f"{name} routes to queue {exc.args[0] if exc.args else '?'} which is not in "
+            "task_queues; define it or set task_create_missing_queues=True") from exc
     message = {k: routed.pop(k) for k in _MESSAGE if k in routed}
     message = {k: v for k, v in message.items()
                if v is not None and v != _MESSAGE_DEFAULTS.get(k)}

@@ -31,6 +31,10 @@ class InvalidOption(DelayQError, ValueError):
     """An option of ``apply_delayed`` has a value it does not accept."""
 
 
+class UnknownQueue(DelayQError, ValueError):
+    """The call routes to a queue the app does not define (task_create_missing_queues off)."""
+
+
 class JobExists(DelayQError):
     """``if_exists="error"`` and a job with this id is already stored."""
 

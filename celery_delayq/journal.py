@@ -13,7 +13,7 @@ import threading
 from celery import signals
 from celery import states as celery_states
 
-from .envelope import HEADER_JOB, HEADER_KEY, HEADER_SHARD
+from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD
 from .errors import DelayQError
 
 logger = logging.getLogger("celery_delayq.journal")
@@ -58,6 +58,7 @@ def _record(task, task_id: str | None, event: str) -> None:
         delayq.store.journal(int(request.get(HEADER_SHARD)), event, {
             "job": job_id, "task": task.name, "key": request.get(HEADER_KEY) or "",
             "task_id": task_id or "", "retries": request.retries or 0,
+            "due": request.get(HEADER_DUE) or "",
         })
     except (DelayQError, TypeError, ValueError) as exc:
         logger.warning("could not journal %s of delayed job %s: %s", event, job_id, exc)

@@ -10,6 +10,8 @@ Redis Cluster slot::
     <prefix>:{N}:dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
     <prefix>:{N}:journal   STREAM lifecycle events, capped
     <prefix>:{N}:owner     STRING id of the carrier serving the shard, expires with its lease
+    <prefix>:{N}:counts    HASH  task name -> jobs stored (pending or being promoted);
+                           the field "" (never a task name) counts cancels
     <prefix>:meta          HASH  store-wide facts (the shard count it was created with)
     <prefix>:export        HASH  shard -> id of the last journal entry exported (delayq export)
     <prefix>:carriers      ZSET  carrier id -> heartbeat deadline (ms), the live carriers
@@ -37,6 +39,7 @@ class ShardKeys:
     dead: str
     journal: str
     owner: str
+    counts: str
 
 
 class Keyspace:
@@ -62,6 +65,7 @@ class Keyspace:
             dead=f"{tag}:dead",
             journal=f"{tag}:journal",
             owner=f"{tag}:owner",
+            counts=f"{tag}:counts",
         )
 
     def shard(self, n: int) -> ShardKeys:

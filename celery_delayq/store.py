@@ -152,7 +152,8 @@ class Store:
                     args += [call.job_id, call.envelope, *due.script_args(),
                              bykey_member(call.key, call.job_id), call.task, call.key or ""]
                 calls.append((SCRIPTS["schedule"],
-                              [shard.due, shard.jobs, shard.bykey, shard.journal], args))
+                              [shard.due, shard.jobs, shard.bykey, shard.journal, shard.counts],
+                              args))
                 owners.append(chunk)
         with self.unavailable():
             replies = execute(self.client, calls)
@@ -182,7 +183,8 @@ class Store:
         with self.unavailable():
             return SCRIPTS["cancel"].call(
                 self.client,
-                [shard.due, shard.jobs, shard.inflight, shard.bykey, shard.journal],
+                [shard.due, shard.jobs, shard.inflight, shard.bykey, shard.journal,
+                 shard.counts],
                 [kind, value, self._maxlen, by])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
@@ -295,7 +297,8 @@ class Store:
         for shard in self.keys:
             with self.unavailable():
                 code = SCRIPTS["replay"].call(
-                    self.client, [shard.dead, shard.jobs, shard.due, shard.bykey, shard.journal],
+                    self.client,
+                    [shard.dead, shard.jobs, shard.due, shard.bykey, shard.journal, shard.counts],
                     [job_id, envelope, self._maxlen, self.keys.wake_channel, shard.shard])
             if code == -1:
                 raise JobExists(job_id)
@@ -304,9 +307,13 @@ class Store:
         return False
 
     def stats(self) -> list[dict[str, Any]]:
-        """Per-shard counts: pending, overdue, in flight, dead, journal length, next due."""
-        now_ms = int(time.time() * 1000)
+        """Per-shard counts: pending, overdue, in flight, dead, journal length, next due.
+
+        "Overdue" (due but not yet claimed) and ``now_ms`` follow Redis's clock.
+        """
         with self.unavailable():
+            seconds, micros = self.client.time()
+            now_ms = seconds * 1000 + micros // 1000
             pipe = self.client.pipeline(transaction=False)
             for shard in self.keys:
                 pipe.zcard(shard.due)
@@ -323,9 +330,23 @@ class Store:
             rows.append({
                 "shard": shard.shard, "pending": pending, "overdue": overdue,
                 "inflight": inflight, "dead": dead, "journal": journal,
-                "next_due_ms": int(head[0][1]) if head else None,
+                "next_due_ms": int(head[0][1]) if head else None, "now_ms": now_ms,
             })
         return rows
+
+    def counts(self) -> tuple[dict[str, int], int]:
+        """Jobs stored per task name (pending or being promoted), and cancels so far."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.hgetall(shard.counts)
+            per_shard = pipe.execute()
+        tasks: dict[str, int] = defaultdict(int)
+        for counts in per_shard:
+            for task, n in counts.items():
+                tasks[task] += int(n)
+        cancelled = tasks.pop("", 0)
+        return {task: n for task, n in tasks.items() if n}, cancelled
 
     # -- carrier side ------------------------------------------------------------------
 
@@ -349,15 +370,16 @@ class Store:
             for job in jobs:
                 args.extend(job)
             calls.append((SCRIPTS["ack"],
-                          [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal],
+                          [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal,
+                           shard.counts],
                           args))
         if calls:
             execute(self.client, calls)
 
     def recover(self, shards: list[ShardKeys], batch: int) -> int:
         """Return expired leases to the due set; how many were recovered."""
-        calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal], [batch, self._maxlen])
-                 for s in shards]
+        calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal, s.jobs],
+                  [batch, self._maxlen]) for s in shards]
         return sum(execute(self.client, calls))
 
     def heartbeat(self, carrier_id: str, lease_ms: int) -> list[str]:
@@ -391,7 +413,8 @@ class Store:
 
     def dead_letter(self, shard: ShardKeys, job_id: str, reason: str, member: str) -> bool:
         return bool(SCRIPTS["dead"].call(
-            self.client, [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal],
+            self.client,
+            [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal, shard.counts],
             [job_id, reason, member, self._maxlen]))
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:

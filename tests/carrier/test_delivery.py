@@ -82,4 +82,8 @@ def test_reschedule_and_run_now_move_the_due_time(proj, delayq, worker, carrier)
 def test_worker_events_are_journaled_for_delayed_tasks(proj, redis_client, worker, carrier):
     proj.record.apply_delayed(args=("journaled",), delay=0.05).get(timeout=15)
     wait_for(lambda: "succeeded" in journal_events(proj.delayq), what="succeeded event")
-    assert journal_events(proj.delayq) == ["scheduled", "promoted", "started", "succeeded"]
+    events = journal_events(proj.delayq)
+    # "promoted" is journaled by the ack after the whole batch is out: a fast worker may
+    # have started the task by then.
+    assert events[0] == "scheduled" and sorted(events[1:3]) == ["promoted", "started"]
+    assert events[3:] == ["succeeded"]

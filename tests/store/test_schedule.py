@@ -108,3 +108,19 @@ def test_naive_eta_on_apply_async_follows_celery_timezone_rules(proj, delayq):
     naive = datetime.utcnow().replace(microsecond=0) + timedelta(hours=1)
     result = proj.record.apply_async(("x",), eta=naive)
     assert delayq.get(result.id).due.replace(tzinfo=None) == naive
+
+
+def test_counts_follow_jobs_per_task_through_schedule_cancel_and_promotion(proj, delayq):
+    keep = proj.record.apply_delayed_many([{"args": (i,), "delay": 60} for i in range(5)])
+    proj.flaky.apply_delayed(args=("f",), delay=60, job_id="f", key="order:1")
+    proj.record.apply_delayed(args=("f",), delay=60, job_id="f", key="order:1",
+                              if_exists="replace")  # the job changes task
+    assert delayq.store.counts() == ({proj.record.name: 6}, 0)
+    keep[0].cancel()
+    assert delayq.cancel_key("order:1") == 1
+    assert delayq.store.counts() == ({proj.record.name: 4}, 2)
+    delayq.run_now(keep[1].job_id)
+    claims = delayq.store.claim(list(delayq.store.keys), batch=10, lease_ms=30_000)
+    delayq.store.ack({c.shard: [(j.job_id, "", proj.record.name, "", j.due_ms) for j in c.jobs]
+                      for c in claims if c.jobs})
+    assert delayq.store.counts() == ({proj.record.name: 3}, 2)

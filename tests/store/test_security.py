@@ -47,5 +47,6 @@ def test_job_ids_that_look_like_keys_stay_inside_the_store(proj, redis_client, j
     proj.record.apply_delayed(args=("x",), delay=60, job_id=job_id, key=job_id)
     assert proj.delayq.get(job_id).job_id == job_id
     assert set(store_keys(proj.delayq)) <= set(before) | {
-        k for s in proj.delayq.store.keys for k in (s.due, s.jobs, s.bykey, s.journal)}
+        k for s in proj.delayq.store.keys
+        for k in (s.due, s.jobs, s.bykey, s.journal, s.counts)}
     assert proj.delayq.cancel_key(job_id) == 1

@@ -98,3 +98,11 @@ def test_keys_of_one_shard_share_one_cluster_slot():
         assert len({key_slot(k.encode()) for k in keys}) == 1
     slots = {key_slot(s.due.encode()) for s in Keyspace("delayq", 16)}
     assert len(slots) == 16
+
+
+def test_unknown_queue_is_refused_at_the_call_when_queues_are_not_created(app):
+    from celery_delayq.errors import UnknownQueue
+
+    app.conf.task_create_missing_queues = False
+    with pytest.raises(UnknownQueue, match="nowhere"):
+        build(app, queue="nowhere")

@@ -5,6 +5,7 @@ KEYS[2] jobs      HASH  job id -> envelope
 KEYS[3] dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
+KEYS[6] counts    HASH  task name -> jobs stored (pending or being promoted)
 
 ARGV[1] job id
 ARGV[2] reason
@@ -20,9 +21,15 @@ local env = redis.call('HGET', KEYS[2], job_id)
 redis.call('HSET', KEYS[3], job_id, cjson.encode({
   reason = ARGV[2], envelope = env or '', at = tonumber(t[1]) * 1000 + math.floor(t[2] / 1000)}))
 redis.call('HDEL', KEYS[2], job_id)
+local task = ''
+local ok, decoded = pcall(cjson.decode, env or '')
+if ok and type(decoded) == 'table' and type(decoded['t']) == 'string' then
+  task = decoded['t']
+  redis.call('HINCRBY', KEYS[6], task, -1)
+end
 if ARGV[3] ~= '' then redis.call('ZREM', KEYS[4], ARGV[3]) end
 if tonumber(ARGV[4]) > 0 then
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'event', 'dead',
-             'job', job_id, 'reason', ARGV[2])
+             'job', job_id, 'task', task, 'reason', ARGV[2])
 end
 return 1

@@ -5,6 +5,7 @@ KEYS[2] jobs      HASH  job id -> envelope
 KEYS[3] inflight  ZSET  job id -> lease deadline ms
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
+KEYS[6] counts    HASH  task name -> jobs stored; field "" counts cancels
 
 ARGV[1] "id" or "key"
 ARGV[2] the job id, or the business key
@@ -33,9 +34,11 @@ for _, job_id in ipairs(ids) do
       task = decoded['t'] or ''
       key = decoded['y'] or ''
     end
-    if not redis.call('ZSCORE', KEYS[3], job_id) then
-      redis.call('HDEL', KEYS[2], job_id)
+    if not redis.call('ZSCORE', KEYS[3], job_id) and redis.call('HDEL', KEYS[2], job_id) == 1
+        and task ~= '' then
+      redis.call('HINCRBY', KEYS[6], task, -1)
     end
+    redis.call('HINCRBY', KEYS[6], '', 1)
     if key ~= '' then redis.call('ZREM', KEYS[4], key .. '\0' .. job_id) end
     if maxlen > 0 then
       redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', 'event', 'cancelled',

@@ -4,6 +4,7 @@ KEYS[1] due       ZSET  job id -> due ms
 KEYS[2] jobs      HASH  job id -> envelope
 KEYS[3] bykey     ZSET  business-key index
 KEYS[4] journal   STREAM
+KEYS[5] counts    HASH  task name -> jobs stored (pending or being promoted)
 
 ARGV[1] if_exists: "keep" | "replace" | "error"
 ARGV[2] wake channel
@@ -40,10 +41,14 @@ for i = 5, #ARGV, 7 do
     if old then
       code = 2
       local ok, decoded = pcall(cjson.decode, old)
-      if ok and type(decoded) == 'table' and type(decoded['y']) == 'string' then
-        redis.call('ZREM', KEYS[3], decoded['y'] .. '\0' .. job_id)
+      if ok and type(decoded) == 'table' then
+        if type(decoded['y']) == 'string' then
+          redis.call('ZREM', KEYS[3], decoded['y'] .. '\0' .. job_id)
+        end
+        if type(decoded['t']) == 'string' then redis.call('HINCRBY', KEYS[5], decoded['t'], -1) end
       end
     end
+    redis.call('HINCRBY', KEYS[5], ARGV[i + 5], 1)
     redis.call('HSET', KEYS[2], job_id, envelope)
     redis.call('ZADD', KEYS[1], due, job_id)
     if member ~= '' then redis.call('ZADD', KEYS[3], 0, member) end

@@ -5,6 +5,7 @@ KEYS[2] jobs      HASH  job id -> envelope
 KEYS[3] due       ZSET  job id -> due ms
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
+KEYS[6] counts    HASH  task name -> jobs stored (pending or being promoted)
 
 ARGV[1] journal maxlen (0: no journal)
 ARGV[2..] five values per job: job id, bykey member or "", task name, business key or "",
@@ -19,7 +20,9 @@ for i = 2, #ARGV, 5 do
   local job_id = ARGV[i]
   redis.call('ZREM', KEYS[1], job_id)
   if not redis.call('ZSCORE', KEYS[3], job_id) then
-    redis.call('HDEL', KEYS[2], job_id)
+    if redis.call('HDEL', KEYS[2], job_id) == 1 then
+      redis.call('HINCRBY', KEYS[6], ARGV[i + 2], -1)
+    end
     if ARGV[i + 1] ~= '' then redis.call('ZREM', KEYS[4], ARGV[i + 1]) end
   end
   if maxlen > 0 then

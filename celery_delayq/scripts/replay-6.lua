@@ -5,6 +5,7 @@ KEYS[2] jobs      HASH  job id -> envelope
 KEYS[3] due       ZSET  job id -> due ms
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
+KEYS[6] counts    HASH  task name -> jobs stored (pending or being promoted)
 
 ARGV[1] job id
 ARGV[2] envelope to store instead of the dead one, or "" to keep it
@@ -25,13 +26,20 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[2], job_id, env)
 redis.call('ZADD', KEYS[3], now, job_id)
 redis.call('HDEL', KEYS[1], job_id)
+local task = ''
 local ok, decoded = pcall(cjson.decode, env)
-if ok and type(decoded) == 'table' and type(decoded['y']) == 'string' then
-  redis.call('ZADD', KEYS[4], 0, decoded['y'] .. '\0' .. job_id)
+if ok and type(decoded) == 'table' then
+  if type(decoded['y']) == 'string' then
+    redis.call('ZADD', KEYS[4], 0, decoded['y'] .. '\0' .. job_id)
+  end
+  if type(decoded['t']) == 'string' then
+    task = decoded['t']
+    redis.call('HINCRBY', KEYS[6], task, 1)
+  end
 end
 if tonumber(ARGV[3]) > 0 then
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], '*', 'event', 'replayed',
-             'job', job_id, 'due', now)
+             'job', job_id, 'task', task, 'due', now)
 end
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
