@@ -69,12 +69,50 @@ class Call:
     envelope: str
 
 
-def build(app, name: str, args, kwargs, options: dict[str, Any], *,
-          job_id: str | None, key: str | None, max_payload_bytes: int,
-          task_type=None) -> Call:
-    """Resolve an ``apply_async``-style call into a :class:`Call`; raise on bad input."""
-    args = _check_args(args, kwargs)
-    kwargs = dict(kwargs or {})
+@dataclass(frozen=True)
+class Template:
+    """What a call's options resolve to: everything but its arguments and ids."""
+
+    name: str
+    task_id: str | None  # fixed by the caller
+    job_id: str | None  # carried over in a retried task's headers
+    key: str | None
+    fixed: dict[str, Any]  # envelope fields q, x, r, o, h, p
+
+    def call(self, args, kwargs, *, job_id: str | None, key: str | None,
+             max_payload_bytes: int) -> Call:
+        """The stored form of one call with these options; raises on bad arguments."""
+        args = _check_args(args, kwargs)
+        task_id = self.task_id or uuid()
+        job_id = job_id or self.job_id
+        key = key or self.key
+        env: dict[str, Any] = {"t": self.name}
+        if args:
+            env["a"] = args
+        if kwargs:
+            env["k"] = dict(kwargs)
+        if job_id and task_id != job_id:
+            env["i"] = task_id
+        if key:
+            env["y"] = key
+        env.update(self.fixed)
+        encoded = _encode(self.name, env)
+        size = len(encoded.encode())
+        if size > max_payload_bytes:
+            raise PayloadError(
+                f"{self.name} call is {size} bytes encoded, over delayq_max_payload_bytes="
+                f"{max_payload_bytes}; store large data elsewhere and pass a reference"
+            )
+        return Call(job_id=job_id or task_id, task_id=task_id, task=self.name, key=key,
+                    envelope=encoded)
+
+
+def template(app, name: str, options: dict[str, Any], *, task_type=None, args=(),
+             kwargs=None) -> Template:
+    """Resolve ``apply_async`` options as Celery would at call time; raise on bad ones.
+
+    ``args``/``kwargs`` matter only to routers in ``task_routes`` that look at them.
+    """
     options = {k: v for k, v in options.items() if k not in _IGNORED}
     serializer = options.pop("serializer", None) or (
         getattr(task_type, "serializer", None) or app.conf.task_serializer)
@@ -88,18 +126,17 @@ def build(app, name: str, args, kwargs, options: dict[str, Any], *,
         raise PayloadError(f"options {sorted(reserved)} cannot be set: payloads are JSON only")
 
     headers = dict(options.pop("headers", None) or {})
-    job_id = job_id or headers.get(HEADER_JOB)
-    key = key or headers.get(HEADER_KEY)
+    job_id, key = headers.get(HEADER_JOB), headers.get(HEADER_KEY)
     for name_ in DELAYQ_HEADERS:
         headers.pop(name_, None)
-    task_id = options.pop("task_id", None) or uuid()
+    task_id = options.pop("task_id", None)
     if "link" in options:
         options["callbacks"] = maybe_list(options.pop("link"))
     if "link_error" in options:
         options["errbacks"] = maybe_list(options.pop("link_error"))
 
     try:
-        routed = app.amqp.router.route(options, name, args, kwargs, task_type)
+        routed = app.amqp.router.route(options, name, args, kwargs or {}, task_type)
         queue, exchange, routing_key = _resolve_route(app, routed)
     except KeyError as exc:  # celery's QueueNotFound, or a queue missing from task_queues
         raise UnknownQueue(
@@ -115,29 +152,27 @@ def build(app, name: str, args, kwargs, options: dict[str, Any], *,
         message[stamp] = routed.pop(stamp, None)
     properties = {k: v for k, v in routed.items() if k not in _ROUTING and v is not None}
 
-    env: dict[str, Any] = {"t": name}
-    if args:
-        env["a"] = args
-    if kwargs:
-        env["k"] = kwargs
-    if job_id and task_id != job_id:
-        env["i"] = task_id
-    if key:
-        env["y"] = key
-    env["q"] = queue
+    fixed: dict[str, Any] = {"q": queue}
     if exchange or routing_key != queue:
-        env["x"], env["r"] = exchange, routing_key
+        fixed["x"], fixed["r"] = exchange, routing_key
     for short, value in (("o", message), ("h", headers), ("p", properties)):
         if value:
-            env[short] = value
-    encoded = _encode(name, env)
-    size = len(encoded.encode())
-    if size > max_payload_bytes:
-        raise PayloadError(
-            f"{name} call is {size} bytes encoded, over delayq_max_payload_bytes="
-            f"{max_payload_bytes}; store large data elsewhere and pass a reference"
-        )
-    return Call(job_id=job_id or task_id, task_id=task_id, task=name, key=key, envelope=encoded)
+            fixed[short] = value
+    return Template(name=name, task_id=task_id, job_id=job_id, key=key, fixed=fixed)
+
+
+def routes_depend_on_arguments(app) -> bool:
+    """True when ``task_routes`` has routers, which may look at a call's arguments."""
+    return bool(app.amqp.router.routes)
+
+
+def build(app, name: str, args, kwargs, options: dict[str, Any], *,
+          job_id: str | None, key: str | None, max_payload_bytes: int,
+          task_type=None) -> Call:
+    """Resolve an ``apply_async``-style call into a :class:`Call`; raise on bad input."""
+    args = _check_args(args, kwargs)
+    return template(app, name, options, task_type=task_type, args=args, kwargs=kwargs).call(
+        args, kwargs, job_id=job_id, key=key, max_payload_bytes=max_payload_bytes)
 
 
 def _check_args(args, kwargs) -> list:

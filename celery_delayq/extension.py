@@ -12,7 +12,7 @@ from celery.result import AsyncResult
 
 from . import journal, validation
 from .conf import DelayQConfig
-from .envelope import Call, Job, build
+from .envelope import Call, Job, Template, build, routes_depend_on_arguments, template
 from .errors import InvalidOption, JobExists
 from .store import CancelOutcome, ScheduleCode, Store
 from .validation import Due
@@ -110,6 +110,8 @@ class DelayQ:
         validation.if_exists(if_exists)
         if if_exists == "error":
             raise InvalidOption("schedule_many takes if_exists='keep' or 'replace', not 'error'")
+        shared = None if routes_depend_on_arguments(self.app) else template(
+            self.app, name, options, task_type=task_type)  # resolved once for the batch
         prepared = []
         for n, item in enumerate(items):
             unknown = set(item) - _ITEM_FIELDS
@@ -118,7 +120,7 @@ class DelayQ:
                                     f"{', '.join(sorted(_ITEM_FIELDS))}")
             prepared.append(self._prepare(
                 name, item.get("args"), item.get("kwargs"), item.get("delay"), item.get("eta"),
-                item.get("key"), item.get("job_id"), task_type, options))
+                item.get("key"), item.get("job_id"), task_type, options, shared))
         results: list[DelayedResult | None] = [None] * len(prepared)
         direct = []
         for n, (call, due) in enumerate(prepared):
@@ -133,8 +135,8 @@ class DelayQ:
             results[n] = result
         return results  # type: ignore[return-value]
 
-    def _prepare(self, name, args, kwargs, delay, eta, key, job_id, task_type,
-                 options) -> tuple[Call, Due]:
+    def _prepare(self, name, args, kwargs, delay, eta, key, job_id, task_type, options,
+                 shared: Template | None = None) -> tuple[Call, Due]:
         config = self.config
         due = validation.due(delay, eta, config.max_delay)
         if job_id is not None:
@@ -143,8 +145,12 @@ class DelayQ:
             validation.identifier(key, "key", config.max_id_length)
         if options.get("task_id") is not None:
             validation.identifier(options["task_id"], "task_id", config.max_id_length)
-        call = build(self.app, name, args, kwargs, options, job_id=job_id, key=key,
-                     max_payload_bytes=config.max_payload_bytes, task_type=task_type)
+        if shared is None:
+            call = build(self.app, name, args, kwargs, options, job_id=job_id, key=key,
+                         max_payload_bytes=config.max_payload_bytes, task_type=task_type)
+        else:
+            call = shared.call(args, kwargs, job_id=job_id, key=key,
+                               max_payload_bytes=config.max_payload_bytes)
         if call.key is not None and call.key != key:  # carried over from a retried task
             validation.identifier(call.key, "key", config.max_id_length)
         return call, due
