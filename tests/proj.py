@@ -27,6 +27,7 @@ app.conf.update(
     delayq_idle_timeout=1.0,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    worker_redirect_stdouts=False,  # pytest owns stdout; several embedded workers may run
     task_default_queue="celery",
     # Short only where a test re-delivers an acks_late task of a killed worker.
     broker_transport_options={
