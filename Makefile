@@ -16,9 +16,12 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# Second pass: the store and end-to-end suites again with the store on a real Redis Cluster.
+# The Django and Spark suites run in their own processes (each embeds its own Celery worker
+# and JVM); the last pass repeats the store and end-to-end suites on a real Redis Cluster.
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --ignore=tests/django --ignore=tests/spark
+	$(VENV)/bin/pytest tests/django
+	$(VENV)/bin/pytest tests/spark
 	DELAYQ_TEST_STORE=cluster $(VENV)/bin/pytest tests/store tests/carrier
 
 demo: $(STAMP)

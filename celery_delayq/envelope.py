@@ -140,8 +140,9 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
         queue, exchange, routing_key = _resolve_route(app, routed)
     except KeyError as exc:  # celery's QueueNotFound, or a queue missing from task_queues
         raise UnknownQueue(
-            f"{name} routes to queue {exc.args[0] if exc.args else '?'} which is not in "
-            "task_queues; define it or set task_create_missing_queues=True") from exc
+            f"unknown queue: {name} routes to a queue that is not in task_queues "
+            f"({exc.args[0] if exc.args else exc}); define it there or set "
+            "task_create_missing_queues=True") from exc
     message = {k: routed.pop(k) for k in _MESSAGE if k in routed}
     message = {k: v for k, v in message.items()
                if v is not None and v != _MESSAGE_DEFAULTS.get(k)}
