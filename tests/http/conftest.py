@@ -38,6 +38,7 @@ def http_app(redis_server) -> Celery:
         task_default_queue="delayq-http",
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,  # pytest owns stdout; embedded workers share it
     )
     DelayQ(app)
     return app
