@@ -32,15 +32,16 @@ class DelayedResult(AsyncResult):
     """The ``AsyncResult`` of a delayed task, plus its job id, due time and ``cancel()``."""
 
     def __init__(self, id: str, job_id: str, eta: datetime | None, delayq: DelayQ,
-                 **kwargs: Any) -> None:
+                 key: str | None = None, **kwargs: Any) -> None:
         super().__init__(id, app=delayq.app, **kwargs)
         self.job_id = job_id
         self.eta = eta
+        self.key = key
         self._delayq = delayq
 
     def cancel(self) -> bool:
         """True if the job was still pending and is now cancelled; False if too late."""
-        return self._delayq.cancel(self.job_id)
+        return self._delayq.cancel(self.job_id, self.key)
 
 
 class DelayQ:
@@ -175,7 +176,7 @@ class DelayQ:
             if scheduled.code is ScheduleCode.KEPT:
                 task_id = Job.from_envelope(call.job_id, scheduled.existing, None, "", 0).task_id
             due_at = None if scheduled.due_ms < 0 else _from_ms(scheduled.due_ms)
-            results.append(DelayedResult(task_id, call.job_id, due_at, self))
+            results.append(DelayedResult(task_id, call.job_id, due_at, self, key=call.key))
         return results
 
     # -- managing ----------------------------------------------------------------------
