@@ -104,5 +104,5 @@ def test_unknown_queue_is_refused_at_the_call_when_queues_are_not_created(app):
     from celery_delayq.errors import UnknownQueue
 
     app.conf.task_create_missing_queues = False
-    with pytest.raises(UnknownQueue, match="unknown queue: .*nowhere"):
+    with pytest.raises(UnknownQueue, match=r"unknown queue: .*nowhere"):
         build(app, queue="nowhere")
