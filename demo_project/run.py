@@ -56,8 +56,8 @@ class Demo:
             raise SystemExit(f"no Redis answers at {self.redis_url}; start it or unset REDIS_URL")
         directory = self.data / "redis"
         directory.mkdir(parents=True, exist_ok=True)
-        self.redis = RedisServer(parts.port or 6379, appendonly=True,
-                                 directory=str(directory)).start()
+        self.redis = RedisServer(parts.port or 6379, appendonly=True, directory=str(directory),
+                                 own_session=True).start()  # stopped last, by us
         return f"started redis-server at {self.redis_url} (data in {directory})"
 
     def spawn(self, name: str, *argv: str) -> None:

@@ -47,13 +47,16 @@ class RedisServer:
     """One redis-server process on 127.0.0.1; ``with RedisServer() as server: server.url``."""
 
     def __init__(self, port: int | None = None, *, appendonly: bool = False,
-                 directory: str | None = None, extra: tuple[str, ...] = ()) -> None:
+                 directory: str | None = None, extra: tuple[str, ...] = (),
+                 own_session: bool = False) -> None:
+        """``own_session``: keep the server out of the terminal's Ctrl-C (the caller stops it)."""
         self._auto_port = port is None
         self.port = port or free_port()
         self.appendonly = appendonly
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="delayq-redis-")
         self.directory = directory or self._tmp.name
         self.extra = extra
+        self.own_session = own_session
         self.process: subprocess.Popen | None = None
 
     @property
@@ -80,7 +83,8 @@ class RedisServer:
             "--appendonly", "yes" if self.appendonly else "no", *self.extra,
         ]
         with open(os.path.join(self.directory, "redis.log"), "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=self.own_session)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
         try:
