@@ -69,6 +69,7 @@ class Carrier:
         self._stopping = threading.Event()
         self._queues: dict[str, tuple[Any, int]] = {}
         self._declared: set[str] = set()  # queues declared on the current connection
+        self._retry_each = True  # retry each publish (when not batched)
         self._producer = None
         self._pubsub = None
         shard_lease_ms = int((shard_lease or config.shard_lease_seconds) * 1000)
@@ -139,8 +140,13 @@ class Carrier:
                          "; ".join(dead[:3]), "; ..." if len(dead) > 3 else "")
 
     def _publish_batch(self):
-        """kombu's publish batch (one pipeline on Redis, kombu >= 5.7), else no batching."""
+        """kombu's publish batch (one pipeline on Redis, kombu >= 5.7), else no batching.
+
+        Publishes inside a batch only buffer commands, so they need no per-message retry:
+        a failed flush fails the batch, which is then not acknowledged.
+        """
         batch = getattr(self.producer, "batch", None)
+        self._retry_each = batch is None or not self.producer.supports_batch_publish
         if batch is None:
             return contextlib.nullcontext()
         return batch(max_size=self.batch * self.store.keys.shards)
@@ -164,7 +170,7 @@ class Carrier:
         self.producer.publish(
             message.body, exchange=message.exchange, routing_key=message.routing_key,
             serializer="json", headers=message.headers, declare=declare,
-            delivery_mode=delivery_mode, retry=True, retry_policy=_PUBLISH_RETRY,
+            delivery_mode=delivery_mode, retry=self._retry_each, retry_policy=_PUBLISH_RETRY,
             **message.properties,
         )
         self._declared.add(queue.name)

@@ -108,7 +108,7 @@ def test_broker_outage_while_publishing_loses_nothing_and_logs_once(
         broker.stop()
         with caplog.at_level(logging.INFO, logger="celery_delayq.carrier"):
             carrier, thread = run_carrier(app)
-            time.sleep(4)  # publishing fails; claimed jobs stay leased
+            time.sleep(8)  # publishing fails (after kombu's own ~6 s of connect retries)
             broker.start()
             wait_for(lambda: settled(DelayQ.of(app)), timeout=60, what="delivery after outage")
             carrier.stop()
