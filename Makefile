@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test lint demo bench clean
+.PHONY: venv test lint demo bench clean docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.lateness
+
+# The documentation site, offline, any warning an error: docs/_build/site/index.html
+docs: $(STAMP)
+	$(PY) docs/build.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache bench/results/*.json
