@@ -35,6 +35,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("countdown_threshold", 0.0, float,
             "DelayedTask.apply_async sends countdown/eta longer than this many seconds through "
             "the store; shorter ones go to the broker as native Celery ETA."),
+    Setting("route_send_task", True, bool,
+            "app.send_task (plain tasks, unregistered tasks, signatures) sends countdown/eta "
+            "longer than delayq_countdown_threshold through the store as well."),
     Setting("claim_batch", 500, int, "Most jobs a carrier claims from one shard per round trip."),
     Setting("lease_seconds", 30.0, float,
             "How long a claimed job may stay unacknowledged before another carrier recovers it."),
@@ -98,6 +101,7 @@ class DelayQConfig:
     max_delay: float
     max_id_length: int
     countdown_threshold: float
+    route_send_task: bool
     claim_batch: int
     lease_seconds: float
     shard_lease_seconds: float

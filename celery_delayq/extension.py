@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from celery.result import AsyncResult
+from celery.utils.time import maybe_make_aware
 
 from . import journal, validation
 from .conf import DelayQConfig
@@ -58,6 +59,7 @@ class DelayQ:
                 existing.app = app
                 existing._interceptors = []
                 setattr(app, _ATTR, existing)
+                existing._route_send_task()
                 journal.connect()
             return existing
 
@@ -178,6 +180,40 @@ class DelayQ:
             due_at = None if scheduled.due_ms < 0 else _from_ms(scheduled.due_ms)
             results.append(DelayedResult(task_id, call.job_id, due_at, self, key=call.key))
         return results
+
+    def store_delay(self, countdown: float | None,
+                    eta: datetime | str | None) -> dict[str, Any] | None:
+        """``{"delay": s}`` or ``{"eta": dt}`` when a Celery-style countdown/eta should go
+        through the store (longer than ``delayq_countdown_threshold``), else None."""
+        if countdown is None and eta is None:
+            return None
+        threshold = self.config.countdown_threshold
+        if eta is not None:
+            if isinstance(eta, str):
+                eta = datetime.fromisoformat(eta)
+            eta = maybe_make_aware(eta, self.app.timezone)  # naive: Celery's timezone rules
+            seconds = (eta - self.app.now()).total_seconds()
+            return {"eta": eta} if seconds > threshold else None
+        return {"delay": countdown} if countdown > threshold else None
+
+    def _route_send_task(self) -> None:
+        """Send ``app.send_task(..., countdown=|eta=)`` through the store too.
+
+        This covers plain tasks, tasks not registered in this process and signatures,
+        which never reach ``DelayedTask.apply_async`` (``delayq_route_send_task``).
+        """
+        send_task = self.app.send_task
+
+        def send_task_via_store(name, args=None, kwargs=None, countdown=None, eta=None,
+                                **options):
+            delay = None
+            if self.config.route_send_task:
+                delay = self.store_delay(countdown, eta)
+            if delay is None:
+                return send_task(name, args, kwargs, countdown=countdown, eta=eta, **options)
+            return self.schedule(name, args, kwargs, if_exists="replace", **delay, **options)
+
+        self.app.send_task = send_task_via_store
 
     # -- managing ----------------------------------------------------------------------
 

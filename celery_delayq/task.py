@@ -7,7 +7,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Task
-from celery.utils.time import maybe_make_aware
 
 from .extension import DelayedResult, DelayQ
 
@@ -55,7 +54,9 @@ class DelayedTask(Task):
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None,
                     link_error=None, shadow=None, **options):
-        delay = self._store_delay(options.get("countdown"), options.get("eta"))
+        delay = None
+        if not self.app.conf.task_always_eager:
+            delay = DelayQ.of(self.app).store_delay(options.get("countdown"), options.get("eta"))
         if delay is None:
             return super().apply_async(args, kwargs, task_id=task_id, producer=producer,
                                        link=link, link_error=link_error, shadow=shadow,
@@ -67,16 +68,3 @@ class DelayedTask(Task):
                 options[name] = value
         # A retry (or a second apply_async with the same task id) replaces the stored call.
         return self.apply_delayed(args, kwargs, if_exists="replace", **delay, **options)
-
-    def _store_delay(self, countdown, eta) -> dict[str, Any] | None:
-        """``{"delay": ...}`` or ``{"eta": ...}`` when the store should take the call."""
-        if self.app.conf.task_always_eager or (countdown is None and eta is None):
-            return None
-        threshold = DelayQ.of(self.app).config.countdown_threshold
-        if eta is not None:
-            if isinstance(eta, str):
-                eta = datetime.fromisoformat(eta)
-            eta = maybe_make_aware(eta, self.app.timezone)
-            seconds = (eta - self.app.now()).total_seconds()
-            return {"eta": eta} if seconds > threshold else None
-        return {"delay": countdown} if countdown > threshold else None

@@ -72,6 +72,13 @@ def slow(self, label, seconds=3.0):
     return label
 
 
+@app.task(bind=True)
+def plain(self, label):
+    """A task without DelayedTask: its countdown reaches the store through send_task."""
+    _record(self, label)
+    return label
+
+
 def runs() -> list[dict]:
     """Every recorded run, in order."""
     return [json.loads(raw) for raw in _runs.lrange(RUNS, 0, -1)]

@@ -1,0 +1,53 @@
+"""countdown/eta that bypass DelayedTask (send_task, plain tasks, signatures) reach the store."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+
+def test_plain_task_countdown_is_stored(proj, delayq):
+    result = proj.plain.apply_async(("x",), countdown=600)
+    job = delayq.get(result.id)
+    assert (job.task, job.args) == (proj.plain.name, ["x"])
+
+
+def test_send_task_of_an_unregistered_task_is_stored(proj, delayq):
+    eta = datetime.now(timezone.utc) + timedelta(minutes=5)
+    result = proj.app.send_task("elsewhere.remind", args=(42,), eta=eta, queue="reminders")
+    job = delayq.get(result.id)
+    assert (job.task, job.args, job.queue) == ("elsewhere.remind", [42], "reminders")
+    assert abs((job.due - eta).total_seconds()) < 0.002
+
+
+def test_signature_countdown_is_stored(proj, delayq):
+    result = proj.app.signature("elsewhere.remind", args=(7,)).apply_async(countdown=60)
+    assert delayq.get(result.id).args == [7]
+
+
+@pytest.fixture
+def configure(delayq):
+    """Change some of the app's delayq settings for one test."""
+    original = delayq.config
+
+    def change(**settings):
+        delayq.__dict__["config"] = dataclasses.replace(original, **settings)
+
+    yield change
+    delayq.__dict__["config"] = original
+
+
+def test_short_countdowns_stay_native_below_the_threshold(proj, delayq, configure):
+    configure(countdown_threshold=120.0)
+    result = proj.app.send_task("elsewhere.remind", args=(1,), countdown=60,
+                                queue="native-only")
+    assert delayq.get(result.id) is None
+
+
+def test_routing_send_task_can_be_turned_off(proj, delayq, configure):
+    configure(route_send_task=False)
+    result = proj.app.send_task("elsewhere.remind", args=(1,), countdown=600,
+                                queue="native-only")
+    assert delayq.get(result.id) is None
