@@ -1,0 +1,136 @@
+"""The documentation: the site builds with no warnings, the configuration page is complete,
+and every Python example of the quickstart and the migration guide runs against a real Redis
+(the quickstart's with a real worker and carrier, started with the commands it shows)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from celery_delayq.conf import SETTINGS
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+
+def _load_build():
+    spec = importlib.util.spec_from_file_location("docs_build", DOCS / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _load_build()
+
+
+def test_site_builds_with_no_warnings(tmp_path):
+    missing = [m for m in ("mkdocs", "material") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed: pip install -e '.[docs]'")
+    assert build.build(tmp_path) == 0, "mkdocs build --strict failed (see the log above)"
+    site = tmp_path / "site"
+    pages = {p.name for p in site.glob("*.html")}
+    expected = {f"{p.stem}.html" for p in DOCS.glob("*.md")} | {"configuration.html"}
+    assert expected <= pages
+    index = (site / "index.html").read_text()
+    assert "fonts.googleapis.com" not in index  # offline: no web fonts
+    assert "delayq_countdown_threshold" in (site / "configuration.html").read_text()
+
+
+def test_configuration_page_lists_every_setting_with_its_default():
+    page = build.configuration_page()
+    rows = {m.group(1): line for line in page.splitlines()
+            if (m := re.match(r"\| `delayq_(\w+)` \|", line))}
+    assert set(rows) == {s.name for s in SETTINGS}
+    for setting in SETTINGS:
+        cells = [c.strip() for c in rows[setting.name].strip("|").split(" | ")]
+        assert cells[1] == f"`CELERY_DELAYQ_{setting.name.upper()}`"
+        assert cells[2] == f"`{build.format_default(setting)}`"
+        assert setting.doc.replace("|", "\\|") in cells[4]
+    assert "| `delayq_shards` | `CELERY_DELAYQ_SHARDS` | `8` | int |" in page
+    assert "`10, 60, 300, 1800, 7200`" in page  # http_retry_schedule
+    assert "| `delayq_redis_url` | `CELERY_DELAYQ_REDIS_URL` | `none` |" in page
+
+
+def python_examples(page: str) -> list[tuple[str, str]]:
+    """``(file name, code)`` of every python block; each names its file in its first line."""
+    text = (DOCS / page).read_text()
+    examples = []
+    for code in re.findall(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
+        first = code.splitlines()[0]
+        match = re.match(r"# (\w+\.py):", first)
+        assert match, f"{page}: a python example must start with '# name.py: ...': {first!r}"
+        examples.append((match.group(1), code))
+    return examples
+
+
+def example_env(redis_url: str) -> dict[str, str]:
+    """The environment of a reader running the examples: REDIS_URL, no Django settings
+    (pytest-django sets DJANGO_SETTINGS_MODULE, and a worker would then set up Django)."""
+    env = dict(os.environ, REDIS_URL=redis_url)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+@pytest.fixture
+def redis_db(redis_server):
+    """A database of the session's Redis that only this test uses, emptied around it."""
+    url = f"{redis_server.url}/7"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+def _run_examples(page: str, directory: Path, env: dict[str, str]) -> dict[str, str]:
+    examples = python_examples(page)
+    assert examples, f"{page} has no python examples"
+    for name, code in examples:
+        (directory / name).write_text(code)
+    outputs = {}
+    for name, _code in examples:
+        done = subprocess.run([sys.executable, name], cwd=directory, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"{page}: {name} failed:\n{done.stdout}{done.stderr}"
+        outputs[name] = done.stdout
+    return outputs
+
+
+def test_quickstart_examples_schedule_run_and_cancel(redis_db, tmp_path):
+    page = (DOCS / "quickstart.md").read_text()
+    commands = ["celery -A proj worker --loglevel INFO", "celery -A proj delayq carrier"]
+    for command in commands:
+        assert command in page
+    env = example_env(redis_db)
+    started = []
+    try:
+        for command in commands:
+            argv = [sys.executable, "-m", *command.split()]
+            log = open(tmp_path / f"{command.split()[3]}.log", "w")  # noqa: SIM115
+            started.append((subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT,
+                                              start_new_session=True), log))
+        outputs = _run_examples("quickstart.md", tmp_path, env)
+    finally:
+        for process, log in started:
+            os.killpg(process.pid, signal.SIGKILL)  # the worker and its pool children
+            process.wait(10)
+            log.close()
+    assert outputs["delay.py"].splitlines()[-1] == "order 42 closed"
+
+
+def test_migrating_examples_route_delayed_calls_through_the_store(redis_db, tmp_path):
+    _run_examples("migrating.md", tmp_path, example_env(redis_db))
+    client = redis.Redis.from_url(redis_db)
+    # The call under the threshold went to the broker as a native ETA message.
+    assert client.llen("celery") == 1
+    client.close()
