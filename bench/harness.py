@@ -48,9 +48,11 @@ def celery_argv(*args: str, profile_to: Path | None = None) -> list[str]:
 class Cluster:
     """``with Cluster(WorkerSetup()) as cluster: cluster.app ...``"""
 
-    def __init__(self, worker: WorkerSetup, *, profile_carrier: Path | None = None) -> None:
+    def __init__(self, worker: WorkerSetup, *, profile_carrier: Path | None = None,
+                 carrier: bool = True) -> None:
         self.worker = worker
         self.profile_carrier = profile_carrier
+        self.carrier = carrier
         self.redis = RedisServer()
         self._logs = tempfile.TemporaryDirectory(prefix="delayq-bench-")
         self._processes: dict[str, subprocess.Popen] = {}
@@ -67,9 +69,10 @@ class Cluster:
             if self.redis.url != app.REDIS_URL:
                 raise RuntimeError("bench.app was imported before the bench's Redis started")
             self.app = app
-            self._spawn("worker", celery_argv(*self.worker.argv()))
-            self._spawn("carrier", celery_argv("delayq", "carrier", "-l", "WARNING",
-                                               profile_to=self.profile_carrier))
+            self.start_worker()
+            if self.carrier:
+                self._spawn("carrier", celery_argv("delayq", "carrier", "-l", "WARNING",
+                                                   profile_to=self.profile_carrier))
         except BaseException:
             self.close()
             raise
@@ -77,6 +80,17 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def start_worker(self) -> int:
+        """Start the Celery worker; its pid (the parent of the pool's children)."""
+        self._spawn("worker", celery_argv(*self.worker.argv()))
+        return self._processes["worker"].pid
+
+    def stop_worker(self) -> None:
+        """Stop the worker's whole process group (warm shutdown, then SIGKILL)."""
+        process = self._processes.pop("worker", None)
+        if process is not None:
+            _stop_group(process)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -141,3 +155,23 @@ def wait_until(predicate, timeout: float, what: str, on_poll=None,
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def machine_facts(client) -> dict:
+    """CPU, versions and the load average: the context every result file records."""
+    import platform
+    from importlib import metadata
+
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
+        "python": platform.python_version(),
+        "redis_server": client.info("server")["redis_version"],
+        **{name: metadata.version(name) for name in ("celery", "kombu", "redis")},
+        "loadavg_1m_3m_15m": list(os.getloadavg()),
+    }

@@ -173,3 +173,47 @@ def purge(ctx: ModuleType, queue: str) -> int:
     """Drop every message of ``queue`` from the broker; how many there were."""
     with ctx.app.connection_for_write() as connection:
         return connection.default_channel.queue_purge(queue) or 0
+
+
+# -- in-process apps on a bare Redis (memory, flat cost) ---------------------------------
+
+def standalone_app(url: str, db: int, *, journal_maxlen: int = 100_000, delayed: bool = True):
+    """A Celery app on ``{url}/{db}`` with one task, ``shop.close_unpaid_order(order_id)``.
+
+    ``delayed``: the task is a :class:`~celery_delayq.DelayedTask` (``apply_delayed``);
+    otherwise a plain task for Celery's native ``apply_async(countdown=...)``.
+    Returns ``(app, task)``; nothing runs the task, so everything scheduled stays pending.
+    """
+    from celery import Celery
+
+    from celery_delayq import DelayedTask, DelayQ
+
+    app = Celery(f"bench{db}{'d' if delayed else 'n'}", broker=f"{url}/{db}",
+                 set_as_current=False)
+    app.conf.update(delayq_journal_maxlen=journal_maxlen, task_ignore_result=True,
+                    broker_connection_retry_on_startup=True)
+    options = {"base": DelayedTask} if delayed else {}
+
+    @app.task(name="shop.close_unpaid_order", **options)
+    def close_unpaid_order(order_id):
+        return order_id
+
+    if delayed:
+        DelayQ(app).store.stats()  # the store's meta key exists before any baseline
+    return app, close_unpaid_order
+
+
+def native_fill(app, task, count: int, countdown: float = 3600,
+                progress: Callable[[int], None] | None = None) -> float:
+    """``count`` ``apply_async(countdown=...)`` calls through one producer; calls/s."""
+    started = time.perf_counter()
+    with app.producer_or_acquire() as producer:
+        for n in range(count):
+            task.apply_async((n,), countdown=countdown, producer=producer)
+            if progress is not None and n % 10_000 == 0:
+                progress(n)
+    return count / (time.perf_counter() - started)
+
+
+def used_memory(client) -> int:
+    return int(client.info("memory")["used_memory"])
