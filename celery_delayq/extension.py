@@ -58,6 +58,7 @@ class DelayQ:
                 existing = super().__new__(cls)
                 existing.app = app
                 existing._interceptors = []
+                existing._clock = None
                 setattr(app, _ATTR, existing)
                 existing._route_send_task()
                 journal.connect()
@@ -142,6 +143,8 @@ class DelayQ:
                  shared: Template | None = None) -> tuple[Call, Due]:
         config = self.config
         due = validation.due(delay, eta, config.max_delay)
+        if self._clock is not None:
+            due = self._clock(due)
         if job_id is not None:
             validation.identifier(job_id, "job_id", config.max_id_length)
         if key is not None:
@@ -157,6 +160,14 @@ class DelayQ:
         if call.key is not None and call.key != key:  # carried over from a retried task
             validation.identifier(call.key, "key", config.max_id_length)
         return call, due
+
+    def set_clock(self, clock: Callable[[Due], Due] | None) -> None:
+        """Let ``clock`` adjust every call's due time before anything else sees it.
+
+        The pytest plugin's test clock uses it to count relative delays from a moved clock;
+        ``None`` removes it.
+        """
+        self._clock = clock
 
     def add_interceptor(self, interceptor: Interceptor) -> None:
         """Let ``interceptor(delayq, call, due, if_exists)`` take over validated calls.

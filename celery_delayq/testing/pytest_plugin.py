@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import uuid
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -33,7 +32,7 @@ from celery.utils.imports import symbol_by_name
 
 from ..envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, Job, decode, to_message
 from ..errors import DelayQError, PayloadError
-from ..extension import DelayedResult, DelayQ
+from ..extension import DelayQ
 from ..keys import ShardKeys, bykey_member
 from ..store import Claimed
 from ..validation import Due
@@ -125,12 +124,11 @@ class DelayQTester:
         conf.update(delayq_redis_url=self.redis_url, delayq_prefix=self.prefix)
         self.delayq = DelayQ.of(self.app)
         _reload(self.delayq)
-        _install_clock(self.delayq)
-        _ACTIVE[self.delayq] = self
+        self.delayq.set_clock(self._on_test_clock)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _ACTIVE.pop(self.delayq, None)
+        self.delayq.set_clock(None)
         try:
             client = self.delayq.store.client
             stale = list(client.scan_iter(f"{self.prefix}:*"))
@@ -145,6 +143,12 @@ class DelayQTester:
     def now(self) -> datetime:
         """The test clock: Redis's time plus everything advanced so far."""
         return datetime.fromtimestamp(self._now_ms() / 1000, timezone.utc)
+
+    def _on_test_clock(self, due: Due) -> Due:
+        """A relative delay counts from the test clock (once it was moved)."""
+        if self._offset_ms == 0 or due.delay_ms is None:
+            return due  # the store's own clock is the test clock
+        return Due(at_ms=self._now_ms() + due.delay_ms, delay_ms=None)
 
     def pending(self, task: str | None = None, key: str | None = None) -> list[Job]:
         """Pending jobs in due order, optionally of one task and/or business key."""
@@ -276,27 +280,6 @@ class DelayQTester:
             state, result = info.state, info.retval
         return Run(job.job_id, env["t"], list(args), dict(kwargs), env.get("y"),
                    datetime.fromtimestamp(job.due_ms / 1000, timezone.utc), state, result)
-
-
-# -- the test clock's hook into scheduling ------------------------------------------------
-
-_ACTIVE: weakref.WeakKeyDictionary[DelayQ, DelayQTester] = weakref.WeakKeyDictionary()
-_CLOCKED: weakref.WeakSet[DelayQ] = weakref.WeakSet()
-
-
-def _install_clock(delayq: DelayQ) -> None:
-    """Once per DelayQ: relative delays count from the active tester's clock."""
-    if delayq not in _CLOCKED:
-        delayq.add_interceptor(_on_test_clock)
-        _CLOCKED.add(delayq)
-
-
-def _on_test_clock(delayq: DelayQ, call, due: Due, if_exists: str) -> DelayedResult | None:
-    tester = _ACTIVE.get(delayq)
-    if tester is None or tester._offset_ms == 0 or due.delay_ms is None:
-        return None  # the store's own clock is the test clock
-    at_ms = tester._now_ms() + due.delay_ms
-    return delayq.submit([(call, Due(at_ms=at_ms, delay_ms=None))], if_exists)[0]
 
 
 def _reload(delayq: DelayQ) -> None:
