@@ -18,6 +18,7 @@ from django.utils.timesince import timesince, timeuntil
 from celery_delayq import DelayQError
 
 from . import operations
+from .chart import pending_chart
 from .models import DelayedTask, State
 
 logger = logging.getLogger("celery_delayq.contrib.django.admin")
@@ -71,6 +72,14 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     readonly_fields = ("state_badge", "due_in", "pretty_args", "pretty_kwargs", "timeline")
 
     # -- read-only pages ---------------------------------------------------------------
+
+    def changelist_view(self, request, extra_context=None):
+        """The changelist, with a chart of the listed rows' pending work in the next 24 h."""
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None) or {}
+        if "cl" in context:  # not a redirect or an action's own page
+            context["delayq_chart"] = pending_chart(context["cl"].queryset)
+        return response
 
     def has_add_permission(self, request):
         return False
