@@ -4,6 +4,7 @@ and every Python example of the quickstart and the migration guide runs against 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -119,10 +120,16 @@ def test_quickstart_examples_schedule_run_and_cancel(redis_db, tmp_path):
             started.append((subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log,
                                               stderr=subprocess.STDOUT,
                                               start_new_session=True), log))
-        outputs = _run_examples("quickstart.md", tmp_path, env)
+        try:
+            outputs = _run_examples("quickstart.md", tmp_path, env)
+        except AssertionError as exc:
+            logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}"
+                           for p in sorted(tmp_path.glob("*.log")))
+            raise AssertionError(f"{exc}\nworker and carrier logs:{logs}") from None
     finally:
         for process, log in started:
-            os.killpg(process.pid, signal.SIGKILL)  # the worker and its pool children
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # the worker and its pool children
             process.wait(10)
             log.close()
     assert outputs["delay.py"].splitlines()[-1] == "order 42 closed"
