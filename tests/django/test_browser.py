@@ -1,4 +1,4 @@
-"""A real headless Chromium cancels a pending order timeout from the admin of a live server."""
+"""Headless Chromium sees the pending-work chart and cancels an order timeout in the admin."""
 
 from __future__ import annotations
 
@@ -68,6 +68,13 @@ def test_support_user_filters_order_timeouts_and_cancels_one_in_the_browser(
     browser.find_element(By.LINK_TEXT, "shop.tasks.close_unpaid_order").click()
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
     assert len(rows) == 3, "filtered to the three pending order timeouts"
+    chart = browser.find_element(By.CSS_SELECTOR, "svg.delayq-chart")
+    assert chart.is_displayed() and chart.size["height"] > 100
+    bars = chart.find_elements(By.CSS_SELECTOR, "rect.bar")
+    assert all(bar.is_displayed() and bar.size["height"] > 0 for bar in bars)
+    assert sum(int(bar.get_attribute("data-count")) for bar in bars) == 3
+    assert {bar.get_attribute("data-task") for bar in bars} == {
+        "shop.tasks.close_unpaid_order"}, "the chart follows the list's filters"
     browser.save_screenshot(str(tmp_path / "filtered.png"))
 
     pk = DelayedTask.objects.get(job_id=f"order:{doomed.pk}:close").pk
@@ -88,7 +95,16 @@ def test_support_user_filters_order_timeouts_and_cancels_one_in_the_browser(
     assert not DelayedTask.objects.get(job_id=f"order:{doomed.pk}:close").events.filter(
         event__in=["promoted", "started"]).exists()
 
+    for hours, task, count in [(2, "close_unpaid_order", 3), (3, "close_unpaid_order", 6),
+                               (3, "check_refund_status", 1), (4, "close_unpaid_order", 2)]:
+        for n in range(count):  # a wave of pending work for the chart in the screenshot
+            shop_delayq.schedule(f"shop.tasks.{task}", args=(900 + n,), key=f"wave:{900 + n}",
+                                 delay=hours * 3600 + n * 60, job_id=f"wave:{hours}:{task}:{n}")
+    sync.run_once()
+    browser.set_window_size(1280, 1200)
     browser.get(f"{live_server.url}/admin/delayq/delayedtask/?o=-3")
+    bars = browser.find_elements(By.CSS_SELECTOR, "svg.delayq-chart rect.bar")
+    assert sum(int(bar.get_attribute("data-count")) for bar in bars) >= 12
     shot = tmp_path / "changelist.png"
     browser.save_screenshot(str(shot))
     if os.environ.get("DELAYQ_UPDATE_SCREENSHOT"):  # refresh the README's picture

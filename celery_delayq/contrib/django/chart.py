@@ -28,7 +28,7 @@ EMPTY_MESSAGE = "No pending tasks due in the next 24 hours."
 TITLE = "Pending delayed tasks per hour, next 24 hours"
 
 WIDTH, PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_HEIGHT = 760, 44, 10, 16, 140
-LEGEND_ROW, CHAR_WIDTH = 18, 6.4
+AXIS_HEIGHT, LEGEND_ROW, CHAR_WIDTH = 54, 18, 6.4
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def render_svg(hours: Sequence[datetime], series: Mapping[str, Sequence[int]], *
                for i, task in enumerate(series)}
     legend, legend_height = _legend(colours)
     axis_y = PLOT_TOP + PLOT_HEIGHT
-    height = axis_y + 40 + legend_height
+    height = axis_y + AXIS_HEIGHT + legend_height
     parts = [f'<title id="delayq-chart-title">{escape(title)}</title>',
              f'<desc id="delayq-chart-desc">{escape(_summary(hours, series, tz_name))}</desc>',
              "<style>.delayq-chart text{fill:var(--body-fg,#333);font:11px sans-serif}"
@@ -193,21 +193,22 @@ def _bars(hours: Sequence[datetime], series: Mapping[str, Sequence[int]],
 
 
 def _x_axis(hours: Sequence[datetime], tz_name: str) -> list[str]:
+    """Hour labels every third clock hour, the date under the first hour and each midnight."""
     axis_y = PLOT_TOP + PLOT_HEIGHT
     slot = (WIDTH - PLOT_LEFT - PLOT_RIGHT) / max(len(hours), 1)
     parts = [f'<line x1="{PLOT_LEFT}" x2="{WIDTH - PLOT_RIGHT}" y1="{axis_y}" y2="{axis_y}" '
              f'stroke="#888"/>']
     for i, hour in enumerate(hours):
         x = PLOT_LEFT + (i + 0.5) * slot
-        if hour.hour % 3 == 0 or i == 0:
+        if i == 0 or (hour.hour % 3 == 0 and i >= 2):  # no label crowding the first one
             parts.append(f'<text class="hour" x="{x:.1f}" y="{axis_y + 14}" '
                          f'text-anchor="middle">{hour:%H:%M}</text>')
-        if hour.hour == 0 or i == 0:
+        if i == 0 or (hour.hour == 0 and i >= 3):
             parts.append(f'<text class="day" x="{x:.1f}" y="{axis_y + 27}" '
                          f'text-anchor="middle">{hour:%a %d %b}</text>')
-    if tz_name:
-        parts.append(f'<text x="{WIDTH - PLOT_RIGHT}" y="{axis_y + 27}" text-anchor="end">'
-                     f'times in {escape(tz_name)}</text>')
+    caption = f"hour due, times in {tz_name}" if tz_name else "hour due"
+    parts.append(f'<text class="caption" x="{(PLOT_LEFT + WIDTH - PLOT_RIGHT) / 2}" '
+                 f'y="{axis_y + 42}" text-anchor="middle">{escape(caption)}</text>')
     return parts
 
 
@@ -218,7 +219,7 @@ def _legend(colours: Mapping[str, str]) -> tuple[list[str], int]:
         width = 18 + len(task) * CHAR_WIDTH + 16
         if x + width > WIDTH - PLOT_RIGHT and x > PLOT_LEFT:
             x, row = PLOT_LEFT, row + 1
-        y = PLOT_TOP + PLOT_HEIGHT + 40 + row * LEGEND_ROW
+        y = PLOT_TOP + PLOT_HEIGHT + AXIS_HEIGHT + row * LEGEND_ROW
         parts.append(f'<g class="legend-item"><rect x="{x:.1f}" y="{y}" width="12" height="12" '
                      f'fill="{colour}"/><text x="{x + 18:.1f}" y="{y + 10}">{escape(task)}'
                      f'</text></g>')
