@@ -1,8 +1,9 @@
 """The carrier: promotes due jobs from the store into ordinary Celery queues.
 
-``run()`` loops ``run_once()`` = recover expired leases -> claim due jobs -> publish them
-through one pooled kombu producer -> ack, then sleeps until the earliest due time it
-knows or until a wake message says a new job became a shard's head.
+``run()`` loops ``run_once()`` = balance shard leases and recover expired job leases ->
+claim due jobs -> publish them through one pooled kombu producer -> ack, then sleeps until
+the earliest due time it knows or until a wake message says a new job became a shard's
+head.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -46,8 +47,6 @@ class CarrierStats:
     promoted: int = 0
     dead: int = 0
     recovered: int = 0
-    batches: int = 0
-    lateness_ms: list[float] = field(default_factory=list)  # of the last batch
 
 
 class Carrier:
@@ -205,8 +204,6 @@ class Carrier:
             self.metrics.observe_promoted(lateness)
         lateness.sort()
         self.stats.promoted += len(lateness)
-        self.stats.batches += 1
-        self.stats.lateness_ms = lateness
         logger.info("promoted %d jobs; lateness p50 %.1f ms, max %.1f ms", len(lateness),
                     lateness[len(lateness) // 2], lateness[-1])
 
@@ -227,6 +224,7 @@ class Carrier:
         failures = 0
         while not self._stopping.is_set():
             try:
+                self._subscribe()  # before claiming, so no wake can slip between the two
                 sleep = self.run_once()
                 if failures:
                     logger.info("carrier recovered after %d failed attempts", failures)
@@ -252,9 +250,7 @@ class Carrier:
 
     def _wait(self, seconds: float) -> None:
         """Sleep up to ``seconds``, returning early on a wake message or a stop."""
-        if self._pubsub is None:
-            self._pubsub = self.store.pubsub()
-            self._pubsub.subscribe(self.store.keys.wake_channel)
+        self._subscribe()
         deadline = time.monotonic() + seconds
         while not self._stopping.is_set():
             left = deadline - time.monotonic()
@@ -264,6 +260,11 @@ class Carrier:
                 while self._pubsub.get_message(timeout=0) is not None:
                     pass  # several wakes mean one more look
                 return
+
+    def _subscribe(self) -> None:
+        if self._pubsub is None:
+            self._pubsub = self.store.pubsub()
+            self._pubsub.subscribe(self.store.keys.wake_channel)
 
     def _reset_connections(self) -> None:
         if self._pubsub is not None:

@@ -132,14 +132,18 @@ def test_skewed_producer_and_carrier_clocks_follow_redis_time(proj, delayq, redi
     carrier = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tests.proj", "delayq", "carrier"],
         cwd=ROOT, env=carrier_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    def redis_ms() -> int:
         seconds, micros = redis_client.time()
-        redis_now_ms = seconds * 1000 + micros // 1000
+        return seconds * 1000 + micros // 1000
+
+    try:
+        before = redis_ms()
         subprocess.run(
             [sys.executable, "-c", "from tests.proj import record\n"
              "record.apply_delayed_many([{'args': (i,), 'delay': 2, 'job_id': f'skew-{i}'} "
              "for i in range(20)], queue='parked')"],
             cwd=ROOT, env=dict(env, DELAYQ_TEST_CLOCK_SKEW="30"), check=True)
+        after = redis_ms()
         due = [delayq.get(f"skew-{i}").due.timestamp() * 1000 for i in range(20)]
         wait_for(lambda: redis_client.llen("parked") == 20, timeout=20, what="skewed delivery")
     finally:
@@ -150,11 +154,13 @@ def test_skewed_producer_and_carrier_clocks_follow_redis_time(proj, delayq, redi
         for entry_id, fields in delayq.store.client.xrange(shard.journal):
             if fields["event"] == "promoted":
                 promoted[fields["job"]] = int(entry_id.split("-")[0]) - int(fields["due"])
-    print(f"\nproducer +30s, carrier -30s: due offset from Redis now "
-          f"{min(due) - redis_now_ms:.0f}..{max(due) - redis_now_ms:.0f} ms, "
-          f"promotion lateness {min(promoted.values())}..{max(promoted.values())} ms")
-    assert all(2000 <= d - redis_now_ms <= 3000 for d in due)
-    assert len(promoted) == 20 and all(0 <= late <= 1000 for late in promoted.values())
+    print(f"\nproducer +30s, carrier -30s: due - Redis time of the call "
+          f"{min(due) - before:.0f}..{max(due) - before:.0f} ms (call took {after - before} ms),"
+          f" promotion lateness {min(promoted.values())}..{max(promoted.values())} ms")
+    # due = Redis time during the call + 2 s: neither clock's 30 s shows up
+    assert all(before + 2000 <= d <= after + 2000 for d in due)
+    # promoted on Redis time: not 30 s early or late (a loaded machine may add seconds)
+    assert len(promoted) == 20 and all(0 <= late <= 5000 for late in promoted.values())
 
 
 def test_worker_killed_mid_task_with_acks_late_runs_it_again(proj, delayq, redis_client, spawn):
