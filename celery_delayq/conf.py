@@ -119,7 +119,9 @@ class DelayQConfig:
         conf = app.conf
         values: dict[str, Any] = {}
         for setting in SETTINGS:
-            raw = conf.get(f"delayq_{setting.name}", setting.default)
+            raw = conf.get(f"delayq_{setting.name}")
+            if raw is None:  # unset, or set to None: the default
+                raw = setting.default
             values[setting.name] = _coerce(setting, raw)
         if not values["redis_url"]:
             values["redis_url"] = _broker_redis_url(app)

@@ -50,3 +50,9 @@ def test_passwords_never_appear_in_redacted_urls():
     assert redact("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
     assert redact("rediss://user:s3cret@h/0") == "rediss://user:***@h/0"
     assert redact("redis://h/0") == "redis://h/0"
+
+
+def test_a_setting_set_to_none_takes_its_default():
+    config = DelayQConfig.from_app(make_app(celery={"broker": "redis://h"}, delayq_prefix=None,
+                                            delayq_shards=None))
+    assert (config.prefix, config.shards) == ("delayq", 8)
