@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from kombu.exceptions import OperationalError
+from kombu.exceptions import KombuError
 
 from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, decode, to_message
 from .errors import PayloadError, StoreUnavailable
@@ -230,7 +230,7 @@ class Carrier:
                     logger.info("carrier recovered after %d failed attempts", failures)
                 failures = 0
                 self._wait(sleep)
-            except (StoreUnavailable, redis.RedisError, OperationalError, OSError) as exc:
+            except (StoreUnavailable, redis.RedisError, KombuError, OSError) as exc:
                 if failures == 0:
                     logger.error("carrier paused: %s; retrying with backoff", exc)
                 failures += 1

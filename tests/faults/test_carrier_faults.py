@@ -179,3 +179,22 @@ def test_carrier_survives_its_redis_connections_being_killed(proj, redis_client,
     second = schedule_due_now(proj, 50, prefix="after")
     wait_for(lambda: all_delivered(redis_client), what="jobs after the kill")
     assert {h["delayq_job"] for h in parked_messages(redis_client)} == first | second
+
+
+def test_connections_killed_while_the_carrier_publishes_lose_nothing(
+        proj, redis_client, carrier):
+    jobs = schedule_due_now(proj, 30_000, prefix="flow")
+    kills = 0
+    while kills < 5 and not all_delivered(redis_client):
+        time.sleep(0.1)
+        kills += 1
+        redis_client.client_kill_filter(_type="normal", skipme=True)
+        redis_client.client_kill_filter(_type="pubsub")
+    wait_for(lambda: all_delivered(redis_client), timeout=60, what="every job delivered")
+    headers = parked_messages(redis_client)
+    delivered = [h["delayq_job"] for h in headers]
+    print(f"\njobs={len(jobs)} connection-kills={kills} lost={len(jobs - set(delivered))} "
+          f"duplicates={len(delivered) - len(set(delivered))}")
+    assert kills > 1, "the carrier finished before the connections could be killed"
+    assert set(delivered) == jobs
+    assert len({(h["delayq_job"], h["id"]) for h in headers}) == len(jobs)
