@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +113,7 @@ class Carrier:
         acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]] = defaultdict(list)
         lateness: list[float] = []
         dead: list[str] = []
-        with self._publish_batch():  # one broker round trip per batch where kombu can
+        with self._released_on_failure(claims), self._publish_batch():
             for claim in claims:
                 for job in claim.jobs:
                     sent = self._publish(claim.shard, job.job_id, job.envelope, job.due_ms, dead)
@@ -137,6 +138,22 @@ class Carrier:
             logger.error("dead-lettered %d jobs (%s%s); list them with `celery delayq ls "
                          "--dead`, replay with `celery delayq replay JOB_ID`", len(dead),
                          "; ".join(dead[:3]), "; ..." if len(dead) > 3 else "")
+
+    @contextlib.contextmanager
+    def _released_on_failure(self, claims: list[ShardClaim]) -> Iterator[None]:
+        """If publishing fails, give the batch back at once instead of after its lease.
+
+        Part of it may have reached the broker: those jobs run twice (same task id).
+        """
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(StoreUnavailable, redis.RedisError):
+                with self.store.unavailable():
+                    released = self.store.release(
+                        {c.shard: [j.job_id for j in c.jobs] for c in claims})
+                logger.warning("gave %d claimed jobs back after a failed publish", released)
+            raise
 
     def _publish_batch(self):
         """kombu's publish batch (one pipeline on Redis, kombu >= 5.7), else no batching.

@@ -382,6 +382,12 @@ class Store:
                   [batch, self._maxlen]) for s in shards]
         return sum(execute(self.client, calls))
 
+    def release(self, claimed: dict[ShardKeys, list[str]]) -> int:
+        """Return claimed jobs a carrier could not publish to the due set, due now."""
+        calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal, s.jobs],
+                  [len(ids), self._maxlen, *ids]) for s, ids in claimed.items() if ids]
+        return sum(execute(self.client, calls)) if calls else 0
+
     def heartbeat(self, carrier_id: str, lease_ms: int) -> list[str]:
         """Register a live carrier until its lease ends; returns the live carrier ids."""
         seconds, micros = self.client.time()

@@ -1,4 +1,5 @@
---[[ recover: return jobs whose lease expired (their carrier died) to the due set.
+--[[ recover: return claimed jobs to the due set: those whose lease expired (their carrier
+died), or the given ones (their carrier could not publish them).
 
 KEYS[1] inflight  ZSET  job id -> lease deadline ms
 KEYS[2] due       ZSET  job id -> due ms
@@ -7,22 +8,30 @@ KEYS[4] jobs      HASH  job id -> envelope (for the task name in the journal)
 
 ARGV[1] batch size
 ARGV[2] journal maxlen (0: no journal)
+ARGV[3..] job ids to return now whatever their lease (none: the expired ones)
 
 A recovered job is due now; a job scheduled again while in flight keeps its new due time.
-Returns the number of jobs recovered.
+Returns the number of jobs returned to the due set.
 ]]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])
+local ids = {}
+for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then
+  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])
+end
 local maxlen = tonumber(ARGV[2])
+local recovered = 0
 for _, job_id in ipairs(ids) do
-  redis.call('ZREM', KEYS[1], job_id)
-  redis.call('ZADD', KEYS[2], 'NX', now, job_id)
-  if maxlen > 0 then
-    local ok, decoded = pcall(cjson.decode, redis.call('HGET', KEYS[4], job_id) or '')
-    local task = ok and type(decoded) == 'table' and decoded['t'] or ''
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'event', 'recovered',
-               'job', job_id, 'task', task, 'due', now)
+  if redis.call('ZREM', KEYS[1], job_id) == 1 then
+    recovered = recovered + 1
+    redis.call('ZADD', KEYS[2], 'NX', now, job_id)
+    if maxlen > 0 then
+      local ok, decoded = pcall(cjson.decode, redis.call('HGET', KEYS[4], job_id) or '')
+      local task = ok and type(decoded) == 'table' and decoded['t'] or ''
+      redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'event', 'recovered',
+                 'job', job_id, 'task', task, 'due', now)
+    end
   end
 end
-return #ids
+return recovered
