@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test lint demo bench clean docs
+.PHONY: venv test lint demo bench bench-full clean docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,22 @@ test: lint
 demo: $(STAMP)
 	$(PY) -m demo_project.run
 
-bench: $(STAMP)
+# Benchmarks (docs/performance.md): matplotlib and psutil come from the `bench` extra.
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench.lateness
+	$(PY) -m bench.memory
+	$(PY) -m bench.worker_rss
+	$(PY) -m bench.flat_cost --pending 1000000
+	$(PY) -m bench.lateness_load
+
+# The 10,000,000-pending flat-cost run (~4 GB of Redis memory, ~15 min).
+bench-full: $(BENCH_STAMP)
+	$(PY) -m bench.flat_cost --pending 10000000
 
 # The documentation site, offline, any warning an error: docs/_build/site/index.html
 docs: $(STAMP)

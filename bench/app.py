@@ -27,6 +27,9 @@ app.conf.update(
     task_default_queue="celery",
     task_ignore_result=True,
     worker_hijack_root_logger=False,
+    # native_probe.apply_async(countdown=...) must stay Celery's own ETA (the comparison arm):
+    # by default DelayQ routes send_task's countdown/eta through the store too.
+    delayq_route_send_task=False,
     # "0" turns off the worker's started/succeeded journal events (two XADDs per task).
     delayq_worker_events=os.environ.get("DELAYQ_BENCH_WORKER_EVENTS", "1") != "0",
 )

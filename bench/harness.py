@@ -86,6 +86,10 @@ class Cluster:
         self._spawn("worker", celery_argv(*self.worker.argv()))
         return self._processes["worker"].pid
 
+    def pid(self, name: str) -> int:
+        """Process id of the running ``"worker"`` or ``"carrier"``."""
+        return self._processes[name].pid
+
     def stop_worker(self) -> None:
         """Stop the worker's whole process group (warm shutdown, then SIGKILL)."""
         process = self._processes.pop("worker", None)
