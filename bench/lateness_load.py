@@ -74,6 +74,7 @@ def plot(result: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rates = [int(rate) for rate in result["summary"]]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -89,6 +90,7 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xticks(rates, [f"{r:,}" for r in rates])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("due jobs per second")
         ax.set_title(f"{pct} lateness")
         ax.grid(True, which="both", alpha=0.3)
@@ -122,7 +124,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         opts.out = RESULTS / ("lateness_vs_load-quick.json" if opts.quick
                               else "lateness_vs_load.json")
     if opts.png is None:
-        opts.png = PNG.with_name("lateness_vs_load-quick.png") if opts.quick else PNG
+        opts.png = RESULTS / "lateness_vs_load-quick.png" if opts.quick else PNG
     return opts
 
 
