@@ -2,13 +2,19 @@
 
 The store's scripts journal scheduled / rescheduled / cancelled / promoted / dead
 themselves; a worker adds what happens to a promoted task through Celery's signals,
-recognising it by the ``delayq_job`` header the carrier sets.
+recognising it by the ``delayq_job`` header the carrier sets. ``started`` is written
+before the task runs (with anything waiting), so even a worker killed mid-task leaves it
+in the journal; outcomes wait in a per-process outbox written in one pipeline every few
+milliseconds, so they cost the task no Redis round trip of its own.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from collections import defaultdict
+from typing import Any
 
 from celery import signals
 from celery import states as celery_states
@@ -23,7 +29,58 @@ _OUTCOMES = {
     celery_states.FAILURE: "failed",
     celery_states.RETRY: "retried",
 }
+_FLUSH_EVERY = 0.05  # longest an event waits in the outbox, seconds
+_FLUSH_AT = 200  # events that make the outbox flush at once
 _connected = threading.Event()
+
+
+class _Outbox:
+    """Worker events of this process waiting to be written, flushed by a daemon thread."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a child starts its own thread
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._due = threading.Event()
+        self._events: list[tuple[Any, tuple[int, str, dict[str, Any]]]] = []
+        self._thread: threading.Thread | None = None
+
+    def put(self, delayq, entry: tuple[int, str, dict[str, Any]], now: bool = False) -> None:
+        """Queue an event; ``now`` writes it (and anything waiting) before returning."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="delayq-journal",
+                                                daemon=True)
+                self._thread.start()
+            self._events.append((delayq, entry))
+            if len(self._events) >= _FLUSH_AT:
+                self._due.set()
+        if now:
+            self.flush()
+
+    def _run(self) -> None:
+        while True:
+            self._due.wait(_FLUSH_EVERY)
+            self._due.clear()
+            self.flush()
+
+    def flush(self, **_: Any) -> None:
+        """Write every waiting event (also called when a worker process shuts down)."""
+        with self._lock:
+            events, self._events = self._events, []
+        by_delayq: dict[Any, list[tuple[int, str, dict[str, Any]]]] = defaultdict(list)
+        for delayq, entry in events:
+            by_delayq[delayq].append(entry)
+        for delayq, entries in by_delayq.items():
+            try:
+                delayq.store.journal_many(entries)
+            except DelayQError as exc:
+                logger.warning("could not journal %d worker events: %s", len(entries), exc)
+
+
+_outbox = _Outbox()
 
 
 def connect() -> None:
@@ -31,7 +88,14 @@ def connect() -> None:
     if not _connected.is_set():
         signals.task_prerun.connect(_on_prerun, weak=False)
         signals.task_postrun.connect(_on_postrun, weak=False)
+        signals.worker_process_shutdown.connect(_outbox.flush, weak=False)
+        signals.worker_shutdown.connect(_outbox.flush, weak=False)
         _connected.set()
+
+
+def flush() -> None:
+    """Write the waiting worker events now."""
+    _outbox.flush()
 
 
 def _on_prerun(sender=None, task_id=None, task=None, **_) -> None:
@@ -55,10 +119,13 @@ def _record(task, task_id: str | None, event: str) -> None:
     if delayq is None or not delayq.config.worker_events:
         return
     try:
-        delayq.store.journal(int(request.get(HEADER_SHARD)), event, {
-            "job": job_id, "task": task.name, "key": request.get(HEADER_KEY) or "",
-            "task_id": task_id or "", "retries": request.retries or 0,
-            "due": request.get(HEADER_DUE) or "",
-        })
-    except (DelayQError, TypeError, ValueError) as exc:
-        logger.warning("could not journal %s of delayed job %s: %s", event, job_id, exc)
+        shard = int(request.get(HEADER_SHARD))
+    except (TypeError, ValueError):
+        logger.warning("delayed job %s has no valid %s header; %s not journaled", job_id,
+                       HEADER_SHARD, event)
+        return
+    _outbox.put(delayq, (shard, event, {
+        "job": job_id, "task": task.name, "key": request.get(HEADER_KEY) or "",
+        "task_id": task_id or "", "retries": request.retries or 0,
+        "due": request.get(HEADER_DUE) or "",
+    }), now=event == "started")

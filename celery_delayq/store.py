@@ -441,8 +441,15 @@ class Store:
 
     def journal(self, shard: int, event: str, fields: dict[str, Any]) -> None:
         """Append one event to a shard's journal (worker-side events)."""
-        if self._maxlen <= 0:
+        self.journal_many([(shard, event, fields)])
+
+    def journal_many(self, entries: list[tuple[int, str, dict[str, Any]]]) -> None:
+        """Append ``(shard, event, fields)`` entries to the journals in one round trip."""
+        if self._maxlen <= 0 or not entries:
             return
         with self.unavailable():
-            self.client.xadd(self.keys.shard(shard).journal, {"event": event, **fields},
-                             maxlen=self._maxlen, approximate=True)
+            pipe = self.client.pipeline(transaction=False)
+            for shard, event, fields in entries:
+                pipe.xadd(self.keys.shard(shard).journal, {"event": event, **fields},
+                          maxlen=self._maxlen, approximate=True)
+            pipe.execute()

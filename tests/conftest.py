@@ -63,6 +63,9 @@ def redis_client(redis_server):
     """
     import redis
 
+    from celery_delayq import journal
+
+    journal.flush()  # a worker's events of the previous test must not land in this one
     client = redis.Redis.from_url(f"{redis_server.url}/0", decode_responses=True)
     stale = [k for k in client.scan_iter(count=1000)
              if not k.startswith(("_kombu", "unacked"))]

@@ -35,6 +35,9 @@ def shop_delayq(shop_app, shop_redis):
 @pytest.fixture
 def shop_redis(redis_server):
     """A client of the shop's Redis database, emptied (but for kombu's keys) per test."""
+    from celery_delayq import journal
+
+    journal.flush()  # the session worker's events of the previous test stay out of this one
     client = redis.Redis.from_url(f"{redis_server.url}/1", decode_responses=True)
     stale = [k for k in client.scan_iter(count=1000)
              if not k.startswith(("_kombu", "unacked"))]

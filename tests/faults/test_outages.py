@@ -182,7 +182,8 @@ def test_worker_killed_mid_task_with_acks_late_runs_it_again(proj, delayq, redis
         for name in env_visibility:
             os.environ.pop(name)
     starts = [r for r in proj.runs() if r["label"] == "late"]
-    events = journal_events(delayq)
+    events = wait_for(lambda: "succeeded" in journal_events(delayq) and journal_events(delayq),
+                      what="the worker's events")
     print(f"\nruns={len(starts)} journal={events}")
     assert len(starts) == 2 and {r["task_id"] for r in starts} == {result.id}
     assert events.count("started") == 2 and events.count("succeeded") == 1
