@@ -20,7 +20,6 @@ Also reported: Redis ``used_memory`` per job at N. Run ``python -m bench.flat_co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -35,6 +34,7 @@ from celery_delayq.testing.redis_server import RedisServer
 
 from . import workload
 from .harness import ROOT, machine_facts
+from .output import say, write_result
 from .stats import cell, summarise, table
 
 RESULTS = ROOT / "bench" / "results"
@@ -42,16 +42,12 @@ SMALL = 10_000
 _FILL_CHUNK = 10_000
 _BATCH = 1_000
 _LEASE_MS = 300_000
-_T0 = time.monotonic()
 OPS = ("schedule_one", "schedule_batched", "cancel", "claim_ack")
 LABELS = {"schedule_one": "schedule, one call at a time",
           "schedule_batched": "schedule, batched (1,000 per call)",
           "cancel": "cancel(job_id), one call at a time",
           "claim_ack": "claim + ack (carrier path, no publish)"}
 
-
-def say(message: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", flush=True)
 
 
 class Store:
@@ -250,9 +246,7 @@ def main(argv: list[str] | None = None) -> int:
               "at_pending": at_n,
               "command": " ".join(["python -m bench.flat_cost", *sys.argv[1:]]),
               "summary": summary, "repetitions": reps}
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(result, indent=2) + "\n")
-    say(f"wrote {opts.out}")
+    write_result(opts.out, result)
     return 0
 
 

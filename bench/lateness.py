@@ -17,7 +17,6 @@ Run ``python -m bench.lateness --help``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -28,6 +27,7 @@ from types import ModuleType
 
 from . import workload
 from .harness import ROOT, Cluster, WorkerSetup
+from .output import say, write_result
 from .stats import PERCENTILES, cell, summarise, table
 from .workload import Load
 
@@ -35,11 +35,7 @@ RESULTS = ROOT / "bench" / "results"
 _WARMUP_TASKS = 300
 _LEAD_MARGIN = 1.0  # seconds between the expected end of scheduling and the first due job
 _DRAIN_TIMEOUT = 300.0
-_T0 = time.monotonic()
 
-
-def say(message: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", flush=True)
 
 
 # -- one arm at a time -------------------------------------------------------------------
@@ -267,9 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{facts['nproc']} CPUs ({facts['cpu']}), Redis {facts['redis_server']}, "
           f"Python {facts['python']}, Celery {facts['celery']}, {facts['worker']}; "
           f"medians of {opts.repeat} [min..max]")
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(result, indent=2) + "\n")
-    say(f"wrote {opts.out}")
+    write_result(opts.out, result)
     return 0
 
 

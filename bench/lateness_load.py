@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from .harness import ROOT, Cluster, WorkerSetup
-from .lateness import RESULTS, Bench, machine, say
+from .lateness import RESULTS, Bench, machine
+from .output import say, write_result
 from .stats import cell, summarise, table
 from .workload import Load
 
@@ -138,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             say("interrupted; every process stopped")
             return 130
-        opts.out.parent.mkdir(parents=True, exist_ok=True)
-        opts.out.write_text(json.dumps(result, indent=2) + "\n")
-        say(f"wrote {opts.out}")
+        write_result(opts.out, result)
     print()
     print(report(result))
     plot(result, opts.png)

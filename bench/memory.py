@@ -15,7 +15,6 @@ Figure: growth of Redis ``used_memory`` ÷ jobs. Run ``python -m bench.memory --
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,11 +26,11 @@ from celery_delayq.testing.redis_server import RedisServer
 
 from . import workload
 from .harness import ROOT, machine_facts
+from .output import say, write_result
 from .stats import cell, summarise, table
 
 RESULTS = ROOT / "bench" / "results"
 _CHUNK = 10_000
-_T0 = time.monotonic()
 
 #: arm name -> (journal on, business key); "native" is Celery's own countdown.
 ARMS = {
@@ -41,9 +40,6 @@ ARMS = {
     "delayq, journal off, no key": (False, False),
 }
 
-
-def say(message: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", flush=True)
 
 
 def delayq_arm(url: str, db: int, jobs: int, journal: bool, key: bool) -> dict:
@@ -149,9 +145,7 @@ def main(argv: list[str] | None = None) -> int:
               "parameters": {"jobs": opts.jobs, "repeat": opts.repeat, "shards": 8},
               "command": " ".join(["python -m bench.memory", *sys.argv[1:]]),
               "summary": summary, "repetitions": reps}
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(result, indent=2) + "\n")
-    say(f"wrote {opts.out}")
+    write_result(opts.out, result)
     return 0
 
 

@@ -17,7 +17,6 @@ summed over the worker's whole process tree, before and after; plus the broker's
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,16 +27,13 @@ import psutil
 
 from . import workload
 from .harness import ROOT, Cluster, WorkerSetup, machine_facts, wait_until
+from .output import say, write_result
 from .stats import cell, summarise, table
 
 RESULTS = ROOT / "bench" / "results"
 _CHUNK = 10_000
 _SETTLE_TIMEOUT = 60.0
-_T0 = time.monotonic()
 
-
-def say(message: str) -> None:
-    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", flush=True)
 
 
 def tree_memory(pid: int) -> dict[str, float]:
@@ -204,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                              "worker": facts["worker"]},
               "command": " ".join(["python -m bench.worker_rss", *sys.argv[1:]]),
               "summary": summary, "repetitions": reps}
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(result, indent=2) + "\n")
-    say(f"wrote {opts.out}")
+    write_result(opts.out, result)
     return 0
 
 
