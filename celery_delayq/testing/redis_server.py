@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -37,10 +38,28 @@ def binary(name: str = "redis-server") -> str:
     return str(path)
 
 
-def free_port() -> int:
+_CLUSTER_BUS_OFFSET = 10_000  # a cluster node also listens on its port + 10000
+
+
+def free_port(cluster_node: bool = False) -> int:
+    """A free loopback port; for a cluster node, one whose bus port is free too."""
+    if not cluster_node:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    while True:
+        port = random.randint(20_000, 65_535 - _CLUSTER_BUS_OFFSET)
+        if _bindable(port) and _bindable(port + _CLUSTER_BUS_OFFSET):
+            return port
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class RedisServer:
@@ -48,10 +67,12 @@ class RedisServer:
 
     def __init__(self, port: int | None = None, *, appendonly: bool = False,
                  directory: str | None = None, extra: tuple[str, ...] = (),
-                 own_session: bool = False) -> None:
-        """``own_session``: keep the server out of the terminal's Ctrl-C (the caller stops it)."""
+                 own_session: bool = False, cluster_node: bool = False) -> None:
+        """``own_session``: keep the server out of the terminal's Ctrl-C (the caller stops it).
+        ``cluster_node``: pick a port whose cluster bus port (port + 10000) is usable too."""
         self._auto_port = port is None
-        self.port = port or free_port()
+        self.cluster_node = cluster_node
+        self.port = port or free_port(cluster_node)
         self.appendonly = appendonly
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="delayq-redis-")
         self.directory = directory or self._tmp.name
@@ -70,7 +91,7 @@ class RedisServer:
                 return self
             if not self._auto_port:
                 break
-            self.port = free_port()  # another process took the port meanwhile
+            self.port = free_port(self.cluster_node)  # another process took the port
         with open(os.path.join(self.directory, "redis.log")) as log:
             tail = log.read()[-2000:]
         raise RuntimeError(f"redis-server did not start on port {self.port}:\n{tail}")
@@ -129,7 +150,8 @@ class RedisClusterServer:
 
     def __init__(self, masters: int = 3) -> None:
         self.nodes = [RedisServer(extra=("--cluster-enabled", "yes", "--cluster-config-file",
-                                         "nodes.conf", "--cluster-node-timeout", "2000"))
+                                         "nodes.conf", "--cluster-node-timeout", "2000"),
+                                  cluster_node=True)
                       for _ in range(masters)]
 
     @property
