@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="demo_project.settings",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                         os.environ.get("PYTHONPATH")])))
+    env.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(50))  # one key for all processes
     data = DATA
     port = opts.port
     if opts.smoke:

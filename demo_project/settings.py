@@ -6,13 +6,16 @@ import tempfile
 from pathlib import Path
 
 import django
+from django.core.management.utils import get_random_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent
 if str(BASE_DIR) not in sys.path:  # the demo app is importable as ``shop``
     sys.path.append(str(BASE_DIR))
 
 # Only for this local demo: runserver on loopback, never deployed.
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-secret")
+# Never in code: from the environment, else a random key for this process (the demo's
+# sessions last as long as its server).
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or get_random_secret_key()
 DEBUG = os.environ.get("DEMO_DEBUG", "1") == "1"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 
