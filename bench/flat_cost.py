@@ -29,7 +29,7 @@ from pathlib import Path
 import redis
 
 from celery_delayq import DelayQ
-from celery_delayq.keys import bykey_member
+from celery_delayq.store import Promoted
 from celery_delayq.testing.redis_server import RedisServer
 
 from . import workload
@@ -135,8 +135,8 @@ class Store:
             started = time.perf_counter()
             claims = self.delayq.store.claim(shards, batch, _LEASE_MS)
             claim_s += time.perf_counter() - started
-            acks = {c.shard: [(j.job_id, bykey_member(None, j.job_id), task, "", j.due_ms)
-                              for j in c.jobs] for c in claims if c.jobs}
+            acks = {c.shard: [Promoted(j.job_id, task, None, j.due_ms) for j in c.jobs]
+                    for c in claims if c.jobs}
             got = sum(len(jobs) for jobs in acks.values())
             if not got:
                 raise RuntimeError(f"{self.name}: claimed {claimed} of {count} due jobs")

@@ -24,13 +24,13 @@ from typing import Any
 import redis
 from kombu.exceptions import KombuError
 
-from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, decode, to_message
+from .envelope import decode, to_message
 from .errors import PayloadError, StoreUnavailable
 from .extension import DelayQ
-from .keys import ShardKeys, bykey_member
+from .keys import ShardKeys
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
-from .store import ShardClaim
+from .store import Claimed, Promoted, ShardClaim
 
 logger = logging.getLogger("celery_delayq.carrier")
 
@@ -110,18 +110,16 @@ class Carrier:
                             self._next_maintenance - time.monotonic()))
 
     def _promote(self, claims: list[ShardClaim], claimed_at: float) -> None:
-        acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]] = defaultdict(list)
+        acks: dict[ShardKeys, list[Promoted]] = defaultdict(list)
         lateness: list[float] = []
         dead: list[str] = []
         with self._released_on_failure(claims), self._publish_batch():
             for claim in claims:
                 for job in claim.jobs:
-                    sent = self._publish(claim.shard, job.job_id, job.envelope, job.due_ms, dead)
+                    sent = self._publish(claim.shard, job, dead)
                     if sent is None:
                         continue
-                    task, key = sent
-                    acks[claim.shard].append(
-                        (job.job_id, bykey_member(key, job.job_id), task, key or "", job.due_ms))
+                    acks[claim.shard].append(sent)
                     redis_now = claim.now_ms + (time.monotonic() - claimed_at) * 1000
                     lateness.append(redis_now - job.due_ms)
         # Reached only when every message is with the broker; otherwise leases expire and
@@ -167,20 +165,18 @@ class Carrier:
             return contextlib.nullcontext()
         return batch(max_size=self.batch * self.store.keys.shards)
 
-    def _publish(self, shard: ShardKeys, job_id: str, raw: str | None, due_ms: int,
-                 dead: list[str]) -> tuple[str, str | None] | None:
+    def _publish(self, shard: ShardKeys, job: Claimed, dead: list[str]) -> Promoted | None:
         """Publish one claimed job; dead-letter it (noted in ``dead``) when it cannot be."""
+        raw = job.envelope
         try:
             if raw is not None and len(raw) > self._max_payload:
                 raise PayloadError("envelope over delayq_max_payload_bytes")
             env = decode(raw)
             queue, delivery_mode = self._queue(env["q"])
-            headers = {HEADER_JOB: job_id, HEADER_SHARD: shard.shard, HEADER_DUE: due_ms}
-            if env.get("y"):
-                headers[HEADER_KEY] = env["y"]
-            message = to_message(self.app, job_id, env, headers, size=len(raw))
+            message = to_message(self.app, job.job_id, env, shard=shard.shard,
+                                 due_ms=job.due_ms, size=len(raw))
         except (PayloadError, KeyError, TypeError, ValueError) as exc:
-            dead.append(self._dead_letter(shard, job_id, raw, exc))
+            dead.append(self._dead_letter(shard, job.job_id, raw, exc))
             return None
         declare = [] if queue.name in self._declared else [queue]
         self.producer.publish(
@@ -190,7 +186,7 @@ class Carrier:
             **message.properties,
         )
         self._declared.add(queue.name)
-        return env["t"], env.get("y")
+        return Promoted(job.job_id, env["t"], env.get("y"), job.due_ms)
 
     def _queue(self, name: str) -> tuple[Any, int]:
         """The kombu queue of a name and its delivery mode, resolved once."""
@@ -209,11 +205,11 @@ class Carrier:
                      exc: Exception) -> str:
         """Move a job to the dead letters; returns "job id: reason" for the batch log."""
         reason = str(exc.args[0]) if exc.args else type(exc).__name__
-        member = ""
+        key = None
         with contextlib.suppress(PayloadError):
-            member = bykey_member(decode(raw).get("y"), job_id)
+            key = decode(raw).get("y")
         with self.store.unavailable():
-            self.store.dead_letter(shard, job_id, reason, member)
+            self.store.dead_letter(shard, job_id, reason, key)
         return f"{job_id}: {reason}"
 
     def _log_batch(self, lateness: list[float]) -> None:

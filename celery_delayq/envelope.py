@@ -263,9 +263,10 @@ def decode(raw: str | bytes | None) -> dict[str, Any]:
     return env
 
 
-def to_message(app, job_id: str, env: dict[str, Any], headers: dict[str, Any],
+def to_message(app, job_id: str, env: dict[str, Any], *, shard: int, due_ms: int,
                size: int = 0) -> Message:
-    """Rebuild the message ``apply_async`` would have sent, with ``eta`` cleared.
+    """Rebuild the message ``apply_async`` would have sent, with ``eta`` cleared and the
+    ``delayq_*`` headers that tell a worker (and a retry) which job it runs.
 
     ``size`` is the stored envelope's length: small calls get a plain ``repr`` for the
     ``argsrepr``/``kwargsrepr`` headers (JSON data is short and safe to repr), large
@@ -281,7 +282,9 @@ def to_message(app, job_id: str, env: dict[str, Any], headers: dict[str, Any],
     msg_headers, properties, body, _ = app.amqp.create_task_message(
         task_id, env["t"], args, kwargs, **options)
     msg_headers.update(env.get("h", {}))
-    msg_headers.update(headers)
+    msg_headers.update({HEADER_JOB: job_id, HEADER_SHARD: shard, HEADER_DUE: due_ms})
+    if env.get("y"):
+        msg_headers[HEADER_KEY] = env["y"]
     properties.update(env.get("p", {}))
     if options.get("expires"):
         left = datetime.fromisoformat(options["expires"]).timestamp() - time.time()

@@ -70,7 +70,7 @@ class DelayQ:
     @classmethod
     def of(cls, app: Celery) -> DelayQ:
         """The app's DelayQ, created on first use."""
-        return cls(app)
+        return getattr(app, _ATTR, None) or cls(app)  # no lock once it exists (hot path)
 
     @classmethod
     def lookup(cls, app: Celery) -> DelayQ | None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -65,6 +65,15 @@ class Claimed:
     job_id: str
     due_ms: int
     envelope: str | None
+
+
+class Promoted(NamedTuple):
+    """A claimed job that reached the broker, as ``ack`` journals it."""
+
+    job_id: str
+    task: str
+    key: str | None
+    due_ms: int
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,11 @@ class Store:
                 f"{self.config.redis_retries} retries ({exc}); check that it runs and that "
                 "delayq_redis_url points at it"
             ) from exc
+
+    def now_ms(self) -> int:
+        """Redis's clock, in ms: the clock every due time follows."""
+        seconds, micros = self.client.time()
+        return seconds * 1000 + micros // 1000
 
     def pubsub(self):
         return self.client.pubsub(ignore_subscribe_messages=True)
@@ -312,8 +326,7 @@ class Store:
         "Overdue" (due but not yet claimed) and ``now_ms`` follow Redis's clock.
         """
         with self.unavailable():
-            seconds, micros = self.client.time()
-            now_ms = seconds * 1000 + micros // 1000
+            now_ms = self.now_ms()
             pipe = self.client.pipeline(transaction=False)
             for shard in self.keys:
                 pipe.zcard(shard.due)
@@ -362,13 +375,14 @@ class Store:
             claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs))
         return claims
 
-    def ack(self, acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]]) -> None:
-        """Forget published jobs: per shard (job id, bykey member, task, key, due ms)."""
+    def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:
+        """Forget jobs that reached the broker, per shard, and journal them as promoted."""
         calls = []
         for shard, jobs in acks.items():
             args: list[Any] = [self._maxlen]
             for job in jobs:
-                args.extend(job)
+                args += [job.job_id, bykey_member(job.key, job.job_id), job.task,
+                         job.key or "", job.due_ms]
             calls.append((SCRIPTS["ack"],
                           [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal,
                            shard.counts],
@@ -390,8 +404,7 @@ class Store:
 
     def heartbeat(self, carrier_id: str, lease_ms: int) -> list[str]:
         """Register a live carrier until its lease ends; returns the live carrier ids."""
-        seconds, micros = self.client.time()
-        now_ms = seconds * 1000 + micros // 1000
+        now_ms = self.now_ms()
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(self.keys.carriers, {carrier_id: now_ms + lease_ms})
         pipe.zremrangebyscore(self.keys.carriers, "-inf", now_ms)
@@ -417,11 +430,13 @@ class Store:
         self.hold(shards, carrier_id, 0, keep=False)
         self.client.zrem(self.keys.carriers, carrier_id)
 
-    def dead_letter(self, shard: ShardKeys, job_id: str, reason: str, member: str) -> bool:
+    def dead_letter(self, shard: ShardKeys, job_id: str, reason: str,
+                    key: str | None) -> bool:
+        """Move a claimed job that cannot be published to the dead letters."""
         return bool(SCRIPTS["dead"].call(
             self.client,
             [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal, shard.counts],
-            [job_id, reason, member, self._maxlen]))
+            [job_id, reason, bykey_member(key, job_id), self._maxlen]))
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
         """Dead-letter a call that is no longer in the store (e.g. a task out of retries).
@@ -438,6 +453,31 @@ class Store:
                 pipe.xadd(shard.journal, {"event": "dead", "job": job_id, "reason": reason},
                           maxlen=self._maxlen, approximate=True)
             pipe.execute()
+
+    def held(self, jobs: list[tuple[str, str | None]]) -> list[bool]:
+        """For each (job id, business key): is the job stored, live or dead-lettered?"""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for job_id, key in jobs:
+                shard = self.keys.shard_for(job_id, key)
+                pipe.hexists(shard.jobs, job_id)
+                pipe.hexists(shard.dead, job_id)
+            found = pipe.execute()
+        return [bool(found[2 * n] or found[2 * n + 1]) for n in range(len(jobs))]
+
+    def envelopes(self, shard: ShardKeys, job_ids: list[str]) -> dict[str, str | None]:
+        """The stored envelopes of jobs of one shard (None where a job is gone)."""
+        if not job_ids:
+            return {}
+        with self.unavailable():
+            return dict(zip(job_ids, self.client.hmget(shard.jobs, job_ids), strict=True))
+
+    def read_journal(self, shard: ShardKeys, after: str | None = None, until: str = "+",
+                     count: int | None = None) -> list[tuple[str, dict[str, str]]]:
+        """Journal entries of a shard after the entry id ``after`` (all when None)."""
+        with self.unavailable():
+            return self.client.xrange(shard.journal, f"({after}" if after else "-", until,
+                                      count=count)
 
     def journal(self, shard: int, event: str, fields: dict[str, Any]) -> None:
         """Append one event to a shard's journal (worker-side events)."""

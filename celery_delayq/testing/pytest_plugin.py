@@ -30,11 +30,11 @@ from celery import Celery
 from celery.app.trace import build_tracer
 from celery.utils.imports import symbol_by_name
 
-from ..envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, Job, decode, to_message
+from ..envelope import Job, decode, to_message
 from ..errors import DelayQError, PayloadError
 from ..extension import DelayQ
-from ..keys import ShardKeys, bykey_member
-from ..store import Claimed
+from ..keys import ShardKeys
+from ..store import Claimed, Promoted
 from ..validation import Due
 from .redis_server import RedisServer
 
@@ -165,7 +165,7 @@ class DelayQTester:
         entries = []
         store = self.delayq.store
         for shard in store.keys:
-            entries.extend(store.client.xrange(shard.journal))
+            entries.extend(store.read_journal(shard))
         entries.sort(key=lambda entry: tuple(int(p) for p in entry[0].split("-")))
         return [fields["job"] for _, fields in entries if fields.get("event") == "cancelled"
                 and (task is None or fields.get("task") == task)]
@@ -194,7 +194,7 @@ class DelayQTester:
             if head is None or head[0] > target_ms:
                 break
             due_ms, job_id, _ = head
-            redis_ms = self._redis_ms()
+            redis_ms = self.delayq.store.now_ms()
             self._offset_ms = max(self._offset_ms, due_ms - redis_ms)
             batch = self._promote(job_id if due_ms > redis_ms else None)
             ran.extend(batch)
@@ -205,7 +205,7 @@ class DelayQTester:
             if len(ran) > MAX_RUNS:
                 raise DelayQError(f"advance ran more than {MAX_RUNS} tasks; does a task keep "
                                   "scheduling itself with a short delay?")
-        self._offset_ms = max(self._offset_ms, target_ms - self._redis_ms())
+        self._offset_ms = max(self._offset_ms, target_ms - self.delayq.store.now_ms())
         return ran
 
     def run_due(self, propagate: bool = True) -> list[Run]:
@@ -214,12 +214,8 @@ class DelayQTester:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _redis_ms(self) -> int:
-        seconds, micros = self.delayq.store.client.time()
-        return seconds * 1000 + micros // 1000
-
     def _now_ms(self) -> int:
-        return self._redis_ms() + self._offset_ms
+        return self.delayq.store.now_ms() + self._offset_ms
 
     def _earliest(self) -> tuple[int, str, ShardKeys] | None:
         """(due ms, job id, shard) of the first pending job of the store."""
@@ -238,28 +234,24 @@ class DelayQTester:
             store.reschedule(job_id, Due(at_ms=None, delay_ms=0))
         claims = store.claim(list(store.keys), store.config.claim_batch, _LEASE_MS)
         jobs: list[tuple[ShardKeys, Claimed, dict[str, Any]]] = []
-        acks: dict[ShardKeys, list[tuple[str, str, str, str, int]]] = {}
+        acks: dict[ShardKeys, list[Promoted]] = {}
         for claim in claims:
             for job in claim.jobs:
                 try:
                     env = decode(job.envelope)
                 except PayloadError as exc:
-                    store.dead_letter(claim.shard, job.job_id, str(exc), "")
+                    store.dead_letter(claim.shard, job.job_id, str(exc), None)
                     continue
                 jobs.append((claim.shard, job, env))
                 acks.setdefault(claim.shard, []).append(
-                    (job.job_id, bykey_member(env.get("y"), job.job_id), env["t"],
-                     env.get("y") or "", job.due_ms))
+                    Promoted(job.job_id, env["t"], env.get("y"), job.due_ms))
         store.ack(acks)  # promoted, as the carrier would before a worker runs them
         jobs.sort(key=lambda item: item[1].due_ms)
         return [self._run(shard, job, env) for shard, job, env in jobs]
 
     def _run(self, shard: ShardKeys, job: Claimed, env: dict[str, Any]) -> Run:
         """Run one promoted job in this process, as a worker runs the published message."""
-        headers = {HEADER_JOB: job.job_id, HEADER_SHARD: shard.shard, HEADER_DUE: job.due_ms}
-        if env.get("y"):
-            headers[HEADER_KEY] = env["y"]
-        message = to_message(self.app, job.job_id, env, headers)
+        message = to_message(self.app, job.job_id, env, shard=shard.shard, due_ms=job.due_ms)
         try:
             task = self.app.tasks[env["t"]]
         except KeyError:

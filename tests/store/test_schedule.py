@@ -8,6 +8,7 @@ import pytest
 
 from celery_delayq import DelayQ, JobExists
 from celery_delayq.errors import ConfigurationError
+from celery_delayq.store import Promoted
 
 
 def test_relative_delay_is_counted_from_redis_time(proj, redis_client):
@@ -121,6 +122,6 @@ def test_counts_follow_jobs_per_task_through_schedule_cancel_and_promotion(proj,
     assert delayq.store.counts() == ({proj.record.name: 4}, 2)
     delayq.run_now(keep[1].job_id)
     claims = delayq.store.claim(list(delayq.store.keys), batch=10, lease_ms=30_000)
-    delayq.store.ack({c.shard: [(j.job_id, "", proj.record.name, "", j.due_ms) for j in c.jobs]
-                      for c in claims if c.jobs})
+    delayq.store.ack({c.shard: [Promoted(j.job_id, proj.record.name, None, j.due_ms)
+                                for j in c.jobs] for c in claims if c.jobs})
     assert delayq.store.counts() == ({proj.record.name: 3}, 2)

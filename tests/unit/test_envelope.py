@@ -47,7 +47,7 @@ def test_message_rebuilt_at_promotion_is_celery_protocol_2_without_eta(app):
     call = build(app, kwargs={"reason": "unpaid"}, priority=5, headers={"tenant": "acme"},
                  expires=3600, job_id="order:42:close")
     env = envelope.decode(call.envelope)
-    msg = envelope.to_message(app, call.job_id, env, {envelope.HEADER_JOB: call.job_id})
+    msg = envelope.to_message(app, call.job_id, env, shard=3, due_ms=1000)
     args, kwargs, embed = msg.body
     assert (args, kwargs) == ([42], {"reason": "unpaid"})
     assert embed == {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -62,7 +62,7 @@ def test_message_rebuilt_at_promotion_is_celery_protocol_2_without_eta(app):
 def test_link_callbacks_survive_the_round_trip(app):
     callback = app.signature("unit.after", args=(1,))
     env = envelope.decode(build(app, link=callback).envelope)
-    msg = envelope.to_message(app, "j", env, {})
+    msg = envelope.to_message(app, "j", env, shard=0, due_ms=0)
     assert msg.body[2]["callbacks"][0]["task"] == "unit.after"
 
 

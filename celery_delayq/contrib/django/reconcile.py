@@ -40,17 +40,9 @@ def reconcile(delayq: DelayQ | None = None, missing: bool = False) -> PushReport
 
 
 def _absent(delayq: DelayQ, rows: list[DelayedTask]) -> list[DelayedTask]:
-    store = delayq.store
     absent = []
     for start in range(0, len(rows), _CHUNK):
         chunk = rows[start:start + _CHUNK]
-        with store.unavailable():
-            pipe = store.client.pipeline(transaction=False)
-            for row in chunk:
-                shard = store.keys.shard_for(row.job_id, row.key or None)
-                pipe.hexists(shard.jobs, row.job_id)
-                pipe.hexists(shard.dead, row.job_id)
-            found = pipe.execute()
-        absent.extend(row for n, row in enumerate(chunk)
-                      if not found[2 * n] and not found[2 * n + 1])
+        held = delayq.store.held([(row.job_id, row.key or None) for row in chunk])
+        absent.extend(row for row, there in zip(chunk, held, strict=True) if not there)
     return absent

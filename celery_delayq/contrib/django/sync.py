@@ -74,10 +74,7 @@ class JournalSync:
         """Seconds between now and the newest journal entry not yet applied (0 if none)."""
         oldest = None
         for shard in self.store.keys:
-            cursor = self._cursor(shard)
-            with self.store.unavailable():
-                entries = self.store.client.xrange(shard.journal, min=f"({cursor.last_id}",
-                                                   count=1)
+            entries = self.store.read_journal(shard, self._cursor(shard).last_id, count=1)
             if entries:
                 at = int(entries[0][0].split("-")[0]) / 1000
                 oldest = at if oldest is None else min(oldest, at)
@@ -92,15 +89,12 @@ class JournalSync:
 
     def _apply_batch(self, shard: ShardKeys) -> int:
         cursor = self._cursor(shard)
-        client = self.store.client
-        with self.store.unavailable():
-            entries = client.xrange(shard.journal, min=f"({cursor.last_id}", count=self.batch)
-            if not entries:
-                return 0
-            wanted = sorted({f["job"] for _, f in entries
-                             if f.get("event") in _ENVELOPE_EVENTS and f.get("job")})
-            envelopes = dict(zip(wanted, client.hmget(shard.jobs, wanted), strict=True)) \
-                if wanted else {}
+        entries = self.store.read_journal(shard, cursor.last_id, count=self.batch)
+        if not entries:
+            return 0
+        wanted = sorted({f["job"] for _, f in entries
+                         if f.get("event") in _ENVELOPE_EVENTS and f.get("job")})
+        envelopes = self.store.envelopes(shard, wanted)
         with transaction.atomic():
             locked = JournalCursor.objects.select_for_update().get(pk=cursor.pk)
             if locked.last_id != cursor.last_id:  # another sync moved it meanwhile
