@@ -2,15 +2,25 @@
 
 ``build`` resolves what ``apply_async`` would resolve at call time (task id, routing
 through ``task_routes``, parent and root ids, absolute ``expires``) and keeps only what
-cannot be re-derived, as compact JSON. At promotion ``to_message`` asks Celery's own
+cannot be re-derived. At promotion ``to_message`` asks Celery's own
 ``create_task_message`` for the protocol-2 message, so an unmodified worker runs it.
 
-Envelope fields (absent when empty)::
+The stored text is three lines of compact JSON (which never holds a raw newline)::
 
-    t task name        a args          k kwargs        i task id (when not the job id)
-    y business key     q queue name    x exchange      r routing key (when not q)
+    {"t":"shop.close_unpaid_order","y":"order:42"}    the fields below
+    [42]                                              args, "" when there are none
+    {"reason":"unpaid"}                               kwargs, "" when there are none
+
+Fields of the first line (absent when empty)::
+
+    t task name        i task id (when not the job id)             y business key
+    q queue name (absent: the app's task_default_queue)   x exchange    r routing key
     o message options (expires, link callbacks, retries, time limits, parent ids, ...)
     h custom headers   p publish properties (priority, delivery_mode, ...)
+
+Arguments sit on lines of their own so the direct promotion script can put them into a
+message body verbatim: Lua's cjson would round numbers to 14 digits and turn ``[]`` into
+``{}`` if it decoded and re-encoded them.
 """
 
 from __future__ import annotations
@@ -87,16 +97,13 @@ class Template:
         job_id = job_id or self.job_id
         key = key or self.key
         env: dict[str, Any] = {"t": self.name}
-        if args:
-            env["a"] = args
-        if kwargs:
-            env["k"] = dict(kwargs)
         if job_id and task_id != job_id:
             env["i"] = task_id
         if key:
             env["y"] = key
         env.update(self.fixed)
-        encoded = _encode(self.name, env)
+        env["a"], env["k"] = args, dict(kwargs) if kwargs else {}
+        encoded = encode(env)
         size = len(encoded.encode())
         if size > max_payload_bytes:
             raise PayloadError(
@@ -186,13 +193,18 @@ def _check_args(args, kwargs) -> list:
     return list(args)
 
 
-def _encode(name: str, env: dict[str, Any]) -> str:
+def encode(env: dict[str, Any]) -> str:
+    """The stored text of an envelope (see the module docstring); the inverse of
+    :func:`decode`."""
+    fields = {k: v for k, v in env.items() if k not in ("a", "k")}
     try:
-        return json_dumps(env, **_COMPACT)
+        return "\n".join((json_dumps(fields, **_COMPACT),
+                          json_dumps(env["a"], **_COMPACT) if env.get("a") else "",
+                          json_dumps(env["k"], **_COMPACT) if env.get("k") else ""))
     except (TypeError, ValueError) as exc:
         raise PayloadError(
-            f"arguments or options of {name} are not JSON-serialisable ({exc}); pass plain "
-            "data (str, int, float, bool, None, list, dict, datetime, UUID, Decimal)"
+            f"arguments or options of {env.get('t')} are not JSON-serialisable ({exc}); pass "
+            "plain data (str, int, float, bool, None, list, dict, datetime, UUID, Decimal)"
         ) from exc
 
 
@@ -247,17 +259,24 @@ class Message(NamedTuple):
 
 
 def decode(raw: str | bytes | None) -> dict[str, Any]:
-    """Parse a stored envelope; :class:`PayloadError` says why it is unusable."""
+    """Parse a stored envelope into its fields plus ``a`` (args) and ``k`` (kwargs);
+    :class:`PayloadError` says why it is unusable."""
     if raw is None:
         raise PayloadError("envelope missing")
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    fields, args, kwargs = [*raw.split("\n", 2), "", ""][:3]
     try:
-        env = json_loads(raw)
+        env = json_loads(fields)
+        args = json_loads(args) if args else []
+        kwargs = json_loads(kwargs) if kwargs else {}
     except ValueError as exc:
         raise PayloadError(f"envelope is not valid JSON: {exc}") from exc
     if not isinstance(env, dict) or not isinstance(env.get("t"), str) or not env["t"]:
         raise PayloadError("envelope has no task name")
-    if not isinstance(env.get("a", []), list) or not isinstance(env.get("k", {}), dict):
+    if not isinstance(args, list) or not isinstance(kwargs, dict) or {"a", "k"} & env.keys():
         raise PayloadError("envelope args/kwargs have the wrong type")
+    env["a"], env["k"] = args, kwargs
     if _RESERVED & set(env.get("p", {})):
         raise PayloadError("envelope sets a content type; only JSON payloads are published")
     return env

@@ -29,7 +29,7 @@ for _, job_id in ipairs(ids) do
   if redis.call('ZREM', KEYS[1], job_id) == 1 then
     local env = redis.call('HGET', KEYS[2], job_id)
     local task, key = '', ''
-    local ok, decoded = pcall(cjson.decode, env or '')
+    local ok, decoded = pcall(cjson.decode, string.match(env or '', '^[^\n]*'))
     if ok and type(decoded) == 'table' then
       task = decoded['t'] or ''
       key = decoded['y'] or ''

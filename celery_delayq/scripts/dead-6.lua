@@ -22,7 +22,7 @@ redis.call('HSET', KEYS[3], job_id, cjson.encode({
   reason = ARGV[2], envelope = env or '', at = tonumber(t[1]) * 1000 + math.floor(t[2] / 1000)}))
 redis.call('HDEL', KEYS[2], job_id)
 local task = ''
-local ok, decoded = pcall(cjson.decode, env or '')
+local ok, decoded = pcall(cjson.decode, string.match(env or '', '^[^\n]*'))
 if ok and type(decoded) == 'table' and type(decoded['t']) == 'string' then
   task = decoded['t']
   redis.call('HINCRBY', KEYS[6], task, -1)

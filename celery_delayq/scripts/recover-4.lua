@@ -27,7 +27,8 @@ for _, job_id in ipairs(ids) do
     recovered = recovered + 1
     redis.call('ZADD', KEYS[2], 'NX', now, job_id)
     if maxlen > 0 then
-      local ok, decoded = pcall(cjson.decode, redis.call('HGET', KEYS[4], job_id) or '')
+      local ok, decoded = pcall(cjson.decode, string.match(
+        redis.call('HGET', KEYS[4], job_id) or '', '^[^\n]*'))
       local task = ok and type(decoded) == 'table' and decoded['t'] or ''
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'event', 'recovered',
                  'job', job_id, 'task', task, 'due', now)

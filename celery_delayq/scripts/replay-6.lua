@@ -27,7 +27,7 @@ redis.call('HSET', KEYS[2], job_id, env)
 redis.call('ZADD', KEYS[3], now, job_id)
 redis.call('HDEL', KEYS[1], job_id)
 local task = ''
-local ok, decoded = pcall(cjson.decode, env)
+local ok, decoded = pcall(cjson.decode, string.match(env, '^[^\n]*'))
 if ok and type(decoded) == 'table' then
   if type(decoded['y']) == 'string' then
     redis.call('ZADD', KEYS[4], 0, decoded['y'] .. '\0' .. job_id)

@@ -23,7 +23,8 @@ if ARGV[2] ~= '' then due = tonumber(ARGV[2]) end
 redis.call('ZADD', KEYS[1], 'XX', due, job_id)
 if tonumber(ARGV[6]) > 0 then
   local task, key = '', ''
-  local ok, decoded = pcall(cjson.decode, redis.call('HGET', KEYS[2], job_id) or '')
+  local ok, decoded = pcall(cjson.decode, string.match(
+      redis.call('HGET', KEYS[2], job_id) or '', '^[^\n]*'))
   if ok and type(decoded) == 'table' then
     task = decoded['t'] or ''
     key = decoded['y'] or ''

@@ -11,7 +11,7 @@ ARGV[2] wake channel
 ARGV[3] shard number (published on the wake channel)
 ARGV[4] journal maxlen (0: no journal)
 ARGV[5..] seven values per job:
-          job id, envelope (JSON text),
+          job id, envelope (three lines of JSON, see envelope.py),
           absolute due ms or "" (then the delay below counts from Redis's clock, TIME),
           delay ms, bykey member ("<key>\0<job id>") or "", task name, business key or ""
 
@@ -40,7 +40,7 @@ for i = 5, #ARGV, 7 do
   else
     if old then
       code = 2
-      local ok, decoded = pcall(cjson.decode, old)
+      local ok, decoded = pcall(cjson.decode, string.match(old, '^[^\n]*'))
       if ok and type(decoded) == 'table' then
         if type(decoded['y']) == 'string' then
           redis.call('ZREM', KEYS[3], decoded['y'] .. '\0' .. job_id)

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 
+from celery_delayq import envelope
 from tests.conftest import finish, wait_for
 
 PARKED = "parked"
@@ -105,10 +106,10 @@ def test_sigterm_finishes_the_batch_and_exits_zero(proj, redis_client, spawn):
 PLANTED = {
     "{not json": "envelope is not valid JSON",
     '{"t": ""}': "envelope has no task name",
-    '{"t": "x", "a": 1, "q": "parked"}': "envelope args/kwargs have the wrong type",
+    '{"t": "x", "q": "parked"}\n1\n': "envelope args/kwargs have the wrong type",
     '{"t": "x", "q": "parked", "p": {"content_type": "application/x-python-serialize"}}':
         "envelope sets a content type; only JSON payloads are published",
-    '{"t": "x", "q": "parked", "a": ["' + "x" * 300_000 + '"]}':
+    '{"t": "x", "q": "parked"}\n["' + "x" * 300_000 + '"]\n':
         "envelope over delayq_max_payload_bytes",
 }
 
@@ -133,7 +134,7 @@ def test_planted_bad_envelopes_are_dead_lettered_listed_and_replayable(
     assert len(listed.splitlines()) == 100 and "bad-" in listed  # --limit defaults to 100
     assert delayq.get("bad-3").state == "dead"
 
-    fixed = json.dumps({"t": proj.record.name, "a": ["fixed"], "q": PARKED})
+    fixed = envelope.encode({"t": proj.record.name, "a": ["fixed"], "q": PARKED})
     assert delayq.store.replay("bad-3", envelope=fixed) is True
     wait_for(lambda: any(h["delayq_job"] == "bad-3" for h in parked_messages(redis_client)),
              what="the replayed job")

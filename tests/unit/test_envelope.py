@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from celery import Celery
 from kombu import Exchange, Queue
@@ -32,14 +30,15 @@ def build(app, name="unit.plain", args=(42,), kwargs=None, **options):
 
 def test_small_call_is_stored_compactly(app):
     call = build(app, key="order:42")
-    assert json.loads(call.envelope) == {"t": "unit.plain", "a": [42], "y": "order:42",
-                                         "q": "celery"}
+    assert call.envelope == '{"t":"unit.plain","y":"order:42","q":"celery"}\n[42]\n'
+    assert envelope.decode(call.envelope) == {"t": "unit.plain", "a": [42], "k": {},
+                                              "y": "order:42", "q": "celery"}
     assert call.job_id == call.task_id
 
 
 def test_routing_is_resolved_at_schedule_time(app):
-    assert json.loads(build(app, "unit.routed").envelope)["q"] == "refunds"
-    env = json.loads(build(app, queue="topical").envelope)
+    assert envelope.decode(build(app, "unit.routed").envelope)["q"] == "refunds"
+    env = envelope.decode(build(app, queue="topical").envelope)
     assert (env["q"], env["x"], env["r"]) == ("topical", "events", "shop.#")
 
 
@@ -83,8 +82,10 @@ def test_pickle_serializer_is_refused(app):
         build(app, serializer="pickle")
 
 
-@pytest.mark.parametrize("raw", [None, "{not json", "[]", '{"t": ""}', '{"t": "x", "a": 1}',
-                                 '{"t": "x", "q": "celery", "p": {"content_type": "pickle"}}'])
+@pytest.mark.parametrize("raw", [
+    None, "{not json", "[]", '{"t": ""}', '{"t": "x", "a": [1]}', '{"t": "x"}\n1\n',
+    '{"t": "x"}\n[]\n[]', '{"t": "x"}\n[1]\n{"k": 1', '{"t": "x", "p": {"content_type": "pickle"}}',
+])
 def test_unusable_envelopes_are_reported_not_published(raw):
     with pytest.raises(PayloadError):
         envelope.decode(raw)
