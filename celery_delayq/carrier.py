@@ -3,7 +3,8 @@
 ``run()`` loops ``run_once()`` = balance shard leases and recover expired job leases ->
 claim due jobs -> publish them through one pooled kombu producer -> ack, then sleeps until
 the earliest due time it knows or until a wake message says a new job became a shard's
-head.
+head. With ``delayq_direct_promotion`` the claim script itself pushes plain jobs onto the
+broker's queue lists, and only the rest go through kombu.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import KombuError
 
-from .envelope import decode, to_message
-from .errors import PayloadError, StoreUnavailable
+from .conf import redact
+from .envelope import ORIGIN, decode, to_message
+from .errors import ConfigurationError, PayloadError, StoreUnavailable
 from .extension import DelayQ
-from .keys import ShardKeys
+from .keys import ShardKeys, broker_queue
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
-from .store import Claimed, Promoted, ShardClaim
+from .store import Claimed, DirectRoutes, Promoted, ShardClaim
 
 logger = logging.getLogger("celery_delayq.carrier")
 
@@ -55,7 +58,7 @@ class Carrier:
 
     def __init__(self, app, *, batch: int | None = None, lease: float | None = None,
                  shard_lease: float | None = None, idle_timeout: float | None = None,
-                 metrics: CarrierMetrics | None = None) -> None:
+                 direct: bool | None = None, metrics: CarrierMetrics | None = None) -> None:
         self.app = app
         self.delayq = DelayQ.of(app)
         config = self.delayq.config
@@ -64,6 +67,11 @@ class Carrier:
         self._max_payload = config.max_payload_bytes
         self.lease_ms = int((lease or config.lease_seconds) * 1000)
         self.idle_timeout = idle_timeout or config.idle_timeout
+        self.direct = config.direct_promotion if direct is None else direct
+        if self.direct and config.cluster:
+            raise ConfigurationError(
+                "direct promotion needs the store on the broker's Redis; a Redis Cluster "
+                "store cannot push to broker queues")
         self.stats = CarrierStats()
         self.metrics = metrics
         self._stopping = threading.Event()
@@ -78,6 +86,7 @@ class Carrier:
         self._maintain_every = min(_MAINTAIN_EVERY, shard_lease_ms / 3000)
         self._next_maintenance = 0.0
         self._shards: list[ShardKeys] = []
+        self._direct: DirectRoutes | None = None
 
     # -- one iteration -----------------------------------------------------------------
 
@@ -86,6 +95,8 @@ class Carrier:
         recovered = 0
         if time.monotonic() >= self._next_maintenance:
             with self.store.unavailable():
+                if self._direct is None and self.direct:
+                    self._direct = self._direct_routes()
                 self._shards = self.ownership.balance()
                 recovered = self.store.recover(self._shards, self.batch)
             self._next_maintenance = time.monotonic() + self._maintain_every
@@ -96,12 +107,13 @@ class Carrier:
                 logger.warning("recovered %d jobs whose carrier lease expired", recovered)
         started = time.monotonic()
         with self.store.unavailable():
-            claims = self.store.claim(self._shards, self.batch, self.lease_ms)
+            claims = self.store.claim(self._shards, self.batch, self.lease_ms, self._direct)
         claimed_at = time.monotonic()
+        taken = [len(c.jobs) + len(c.promoted) for c in claims]
         if self.metrics:
-            self.metrics.observe_claim(sum(len(c.jobs) for c in claims), claimed_at - started)
+            self.metrics.observe_claim(sum(taken), claimed_at - started)
         self._promote(claims, claimed_at)
-        if recovered or any(len(c.jobs) >= self.batch for c in claims):
+        if recovered or any(n >= self.batch for n in taken):
             return 0.0
         waits = [c.next_due_ms - c.now_ms for c in claims if c.next_due_ms is not None]
         sleep = min(waits, default=self.idle_timeout * 1000) / 1000
@@ -111,7 +123,7 @@ class Carrier:
 
     def _promote(self, claims: list[ShardClaim], claimed_at: float) -> None:
         acks: dict[ShardKeys, list[Promoted]] = defaultdict(list)
-        lateness: list[float] = []
+        lateness: list[float] = [c.now_ms - due for c in claims for due in c.promoted]
         dead: list[str] = []
         with self._released_on_failure(claims), self._publish_batch():
             for claim in claims:
@@ -187,6 +199,27 @@ class Carrier:
         )
         self._declared.add(queue.name)
         return Promoted(job.job_id, env["t"], env.get("y"), job.due_ms)
+
+    def _direct_routes(self) -> DirectRoutes:
+        """The queues direct promotion pushes to, once the broker is known to be the store."""
+        with self.app.connection_for_write() as connection:
+            same = connection.transport.driver_type == "redis" and _same_database(
+                connection.default_channel.client, self.store.client)
+            options = connection.transport_options
+        if not same:
+            raise ConfigurationError(
+                "delayq_direct_promotion needs the delay store on the broker's Redis server "
+                f"and database; the broker is {redact(self.app.conf.broker_url or '')}, the "
+                f"store {redact(self.delayq.config.redis_url)}. Point delayq_redis_url at the "
+                "broker or turn delayq_direct_promotion off.")
+        prefix = options.get("global_keyprefix", "")
+        names = [name for name, queue in self.app.amqp.queues.items() if not queue.expires]
+        routes = DirectRoutes(
+            lists=[broker_queue(prefix, name) for name in names],
+            queues=[(name, maybe_delivery_mode(self._queue(name)[1])) for name in names],
+            origin=ORIGIN, repr_max=self.app.amqp.argsrepr_maxsize)
+        logger.info("direct promotion into %s", ", ".join(names))
+        return routes
 
     def _queue(self, name: str) -> tuple[Any, int]:
         """The kombu queue of a name and its delivery mode, resolved once."""
@@ -296,3 +329,11 @@ class Carrier:
         except StoreUnavailable as exc:
             logger.warning("could not release shard leases (they expire): %s", exc)
         self._reset_connections()
+
+
+def _same_database(broker: redis.Redis, store: redis.Redis) -> bool:
+    """True when two clients reach the same Redis server (by run id) and database."""
+    def where(client: redis.Redis) -> tuple[str, int]:
+        return (client.info("server")["run_id"],
+                int(client.connection_pool.connection_kwargs.get("db") or 0))
+    return where(broker) == where(store)

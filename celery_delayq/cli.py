@@ -39,14 +39,17 @@ def delayq() -> None:
               help="Seconds a carrier's hold on a shard lasts without renewal.")
 @click.option("--idle-timeout", type=float, default=None,
               help="Longest sleep without looking at Redis, seconds.")
+@click.option("--direct/--no-direct", default=None,
+              help="Push plain jobs onto the broker's queue lists inside the claim script "
+                   "(default: delayq_direct_promotion).")
 @click.option("--metrics-port", type=int, default=None,
               help="Serve Prometheus metrics on this port (needs celery-delayq[metrics]).")
 @click.option("-l", "--loglevel", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def carrier(ctx: click.Context, batch: int | None, lease: float | None,
-            shard_lease: float | None, idle_timeout: float | None, metrics_port: int | None,
-            loglevel: str) -> None:
+            shard_lease: float | None, idle_timeout: float | None, direct: bool | None,
+            metrics_port: int | None, loglevel: str) -> None:
     """Promote due jobs into their Celery queues (run one or more beside beat)."""
     logging.basicConfig(level=loglevel.upper(),
                         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
@@ -58,7 +61,7 @@ def carrier(ctx: click.Context, batch: int | None, lease: float | None,
             logging.getLogger("celery_delayq.carrier").info(
                 "metrics on http://0.0.0.0:%d/metrics", metrics_port)
         Carrier(ctx.obj.app, batch=batch, lease=lease, shard_lease=shard_lease,
-                idle_timeout=idle_timeout, metrics=metrics).run()
+                idle_timeout=idle_timeout, direct=direct, metrics=metrics).run()
     except DelayQError as exc:
         _fail(exc)
 

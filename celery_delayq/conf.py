@@ -38,6 +38,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("route_send_task", True, bool,
             "app.send_task (plain tasks, unregistered tasks, signatures) sends countdown/eta "
             "longer than delayq_countdown_threshold through the store as well."),
+    Setting("direct_promotion", False, bool,
+            "With the store on the broker's Redis (same server and database), the carrier's "
+            "claim script pushes plain jobs (no options, headers or exchange) straight onto "
+            "their queue's list: no kombu publish, exactly once. Other jobs go through kombu."),
     Setting("claim_batch", 500, int, "Most jobs a carrier claims from one shard per round trip."),
     Setting("lease_seconds", 30.0, float,
             "How long a claimed job may stay unacknowledged before another carrier recovers it."),
@@ -102,6 +106,7 @@ class DelayQConfig:
     max_id_length: int
     countdown_threshold: float
     route_send_task: bool
+    direct_promotion: bool
     claim_batch: int
     lease_seconds: float
     shard_lease_seconds: float

@@ -64,7 +64,7 @@ _ROUTING = frozenset({"queue", "exchange", "routing_key", "exchange_type"})
 # Properties a caller may not set: the payload is always JSON.
 _RESERVED = frozenset({"content_type", "content_encoding", "serializer"})
 _JSON = "json"
-_ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
+ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
 _COMPACT = {"separators": (",", ":")}
 
 
@@ -297,7 +297,7 @@ def to_message(app, job_id: str, env: dict[str, Any], *, shard: int, due_ms: int
     if size and size * 4 < app.amqp.argsrepr_maxsize:
         options.setdefault("argsrepr", repr(args))
         options.setdefault("kwargsrepr", repr(kwargs))
-    options.setdefault("origin", _ORIGIN)
+    options.setdefault("origin", ORIGIN)
     msg_headers, properties, body, _ = app.amqp.create_task_message(
         task_id, env["t"], args, kwargs, **options)
     msg_headers.update(env.get("h", {}))

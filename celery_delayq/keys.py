@@ -16,6 +16,9 @@ Redis Cluster slot::
     <prefix>:export        HASH  shard -> id of the last journal entry exported (delayq export)
     <prefix>:carriers      ZSET  carrier id -> heartbeat deadline (ms), the live carriers
     <prefix>:wake          pub/sub channel: a shard number, when a new job became its head
+
+Direct promotion also pushes onto the broker's queue lists, named as kombu's Redis
+transport names them (:func:`broker_queue`).
 """
 
 from __future__ import annotations
@@ -82,3 +85,8 @@ class Keyspace:
 def bykey_member(key: str | None, job_id: str) -> str:
     """The ``bykey`` index member of a job, or ``""`` when it has no business key."""
     return f"{key}{KEY_SEP}{job_id}" if key else ""
+
+
+def broker_queue(global_keyprefix: str, queue: str) -> str:
+    """The list kombu's Redis transport keeps a queue's messages of priority 0 in."""
+    return f"{global_keyprefix}{queue}"

@@ -81,7 +81,18 @@ class ShardClaim:
     shard: ShardKeys
     now_ms: int
     next_due_ms: int | None
-    jobs: list[Claimed]
+    jobs: list[Claimed]  # claimed: the carrier publishes them, then acks
+    promoted: list[int]  # due ms of the jobs the claim script pushed to the broker itself
+
+
+@dataclass(frozen=True)
+class DirectRoutes:
+    """The broker queues the claim script may push plain jobs to (direct promotion)."""
+
+    lists: list[str]  # the broker's list of each queue
+    queues: list[tuple[str, int]]  # (queue name, delivery mode) of each list
+    origin: str  # the origin header
+    repr_max: int  # longest argsrepr / kwargsrepr header
 
 
 class Store:
@@ -363,16 +374,25 @@ class Store:
 
     # -- carrier side ------------------------------------------------------------------
 
-    def claim(self, shards: list[ShardKeys], batch: int, lease_ms: int) -> list[ShardClaim]:
-        """Claim up to ``batch`` due jobs on each shard, in one round trip."""
-        calls = [(SCRIPTS["claim_due"], [s.due, s.inflight, s.jobs], [batch, lease_ms])
+    def claim(self, shards: list[ShardKeys], batch: int, lease_ms: int,
+              direct: DirectRoutes | None = None) -> list[ShardClaim]:
+        """Claim up to ``batch`` due jobs on each shard, in one round trip; with ``direct``,
+        plain jobs for those queues are pushed to the broker by the script instead."""
+        lists, routes, origin, repr_max = [], [], "", 0
+        if direct is not None:
+            lists, origin, repr_max = direct.lists, direct.origin, direct.repr_max
+            routes = [value for route in direct.queues for value in route]
+        calls = [(SCRIPTS["claim_due"],
+                  [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, *lists],
+                  [batch, lease_ms, self._maxlen, s.shard, origin, repr_max, *routes])
                  for s in shards]
         claims = []
         for shard, reply in zip(shards, execute(self.client, calls), strict=True):
-            now_ms, next_due, rest = reply[0], reply[1], reply[2:]
+            now_ms, next_due, promoted, rest = reply[0], reply[1], reply[2], reply[3:]
             jobs = [Claimed(rest[i], int(float(rest[i + 1])), rest[i + 2])
                     for i in range(0, len(rest), 3)]
-            claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs))
+            claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs,
+                                     promoted))
         return claims
 
     def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:

@@ -94,12 +94,19 @@ def journal_events(delayq) -> list[str]:
     return [fields["event"] for _, fields in entries]
 
 
+#: The carrier's two ways into the broker; a cluster store has only kombu.
+PROMOTIONS = ["kombu"] if CLUSTER else ["kombu", "direct"]
+
+
 @pytest.fixture
-def carrier(app):
-    """A carrier serving in a background thread for the test's duration."""
+def carrier(app, request):
+    """A carrier serving in a background thread for the test's duration.
+
+    Parametrize it indirectly with "direct" for direct promotion (default: kombu).
+    """
     from celery_delayq.carrier import Carrier
 
-    carrier = Carrier(app)
+    carrier = Carrier(app, direct=getattr(request, "param", "kombu") == "direct")
     thread = threading.Thread(target=carrier.run, name="carrier", daemon=True)
     thread.start()
     yield carrier

@@ -1,8 +1,8 @@
 """The Lua scripts of the store, loaded once from the ``.lua`` files beside this module.
 
-A file ``name-N.lua`` is the script ``name`` taking exactly ``N`` keys; its header
-documents each ``KEYS[i]`` and ``ARGV[i]``. Scripts are called by SHA and loaded into
-Redis on the first ``NOSCRIPT`` (a restarted Redis forgets them).
+A file ``name-N.lua`` is the script ``name`` taking exactly ``N`` keys (``name-N+.lua``:
+at least ``N``); its header documents each ``KEYS[i]`` and ``ARGV[i]``. Scripts are called
+by SHA and loaded into Redis on the first ``NOSCRIPT`` (a restarted Redis forgets them).
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from typing import Any
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-_FILE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)\.lua$")
+_FILE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)(?P<more>\+?)\.lua$")
 
 
 @dataclass(frozen=True)
 class Script:
     name: str
-    numkeys: int
+    numkeys: int  # the least number of keys it takes
+    variadic: bool  # takes more keys than numkeys
     source: str
     sha: str
 
@@ -31,19 +32,20 @@ class Script:
         """Run the script on ``client`` (loading it first if Redis does not know it)."""
         self.check(keys)
         try:
-            return client.evalsha(self.sha, self.numkeys, *keys, *args)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             client.script_load(self.source)
-            return client.evalsha(self.sha, self.numkeys, *keys, *args)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
 
     def queue(self, pipe, keys: list[str], args: list[Any]) -> None:
         """Add a call to a pipeline; :func:`execute` loads missing scripts."""
         self.check(keys)
-        pipe.evalsha(self.sha, self.numkeys, *keys, *args)
+        pipe.evalsha(self.sha, len(keys), *keys, *args)
 
     def check(self, keys: list[str]) -> None:
-        if len(keys) != self.numkeys:
-            raise TypeError(f"script {self.name} takes {self.numkeys} keys, got {len(keys)}")
+        if len(keys) < self.numkeys or (len(keys) > self.numkeys and not self.variadic):
+            raise TypeError(f"script {self.name} takes {self.numkeys}{'+' if self.variadic else ''}"
+                            f" keys, got {len(keys)}")
 
 
 def _load() -> dict[str, Script]:
@@ -55,6 +57,7 @@ def _load() -> dict[str, Script]:
             scripts[match["name"]] = Script(
                 name=match["name"],
                 numkeys=int(match["keys"]),
+                variadic=bool(match["more"]),
                 source=source,
                 sha=hashlib.sha1(source.encode()).hexdigest(),
             )

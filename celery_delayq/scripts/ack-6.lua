@@ -26,9 +26,10 @@ for i = 2, #ARGV, 5 do
     if ARGV[i + 1] ~= '' then redis.call('ZREM', KEYS[4], ARGV[i + 1]) end
   end
   if maxlen > 0 then
-    redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', 'event', 'promoted',
+    redis.call('XADD', KEYS[5], '*', 'event', 'promoted',
                'job', job_id, 'task', ARGV[i + 2], 'key', ARGV[i + 3], 'due', ARGV[i + 4])
   end
   n = n + 1
 end
+if maxlen > 0 then redis.call('XTRIM', KEYS[5], 'MAXLEN', '~', maxlen) end  -- once per batch
 return n

@@ -53,7 +53,7 @@ for i = 5, #ARGV, 7 do
     redis.call('ZADD', KEYS[1], due, job_id)
     if member ~= '' then redis.call('ZADD', KEYS[3], 0, member) end
     if maxlen > 0 then
-      redis.call('XADD', KEYS[4], 'MAXLEN', '~', maxlen, '*', 'event',
+      redis.call('XADD', KEYS[4], '*', 'event',
                  code == 1 and 'scheduled' or 'rescheduled', 'job', job_id,
                  'task', ARGV[i + 5], 'key', ARGV[i + 6], 'due', due)
     end
@@ -63,6 +63,7 @@ for i = 5, #ARGV, 7 do
     written[job_id] = true
   end
 end
+if maxlen > 0 then redis.call('XTRIM', KEYS[4], 'MAXLEN', '~', maxlen) end  -- once per batch
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)
 if head[1] and written[head[1]] then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return out

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from tests.conftest import journal_events, wait_for
+import pytest
+
+from tests.conftest import PROMOTIONS, journal_events, wait_for
+
+pytestmark = pytest.mark.parametrize("carrier", PROMOTIONS, indirect=True)
 
 
 def test_delayed_tasks_run_once_each_and_never_early(proj, worker, carrier):

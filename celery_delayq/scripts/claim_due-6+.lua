@@ -1,0 +1,167 @@
+--[[ claim_due: take up to a batch of due jobs of one shard, earliest first.
+
+A job is either claimed, moved from due to inflight under a lease (the carrier publishes
+it through kombu, then acks it), or, with direct promotion, pushed here and now onto its
+queue's list in the broker (the same Redis) as the message apply_async would send, and
+forgotten as ack forgets it: exactly once, with no round trip per job.
+
+Direct promotion takes a job whose envelope's first line holds only the fields t, i, y
+and q (no options, headers, properties or exchange) and whose queue is one of those
+passed. Args and kwargs go into the body verbatim: cjson never re-encodes user data.
+
+KEYS[1]   due       ZSET  job id -> due ms
+KEYS[2]   inflight  ZSET  job id -> lease deadline ms
+KEYS[3]   jobs      HASH  job id -> envelope
+KEYS[4]   bykey     ZSET  business-key index
+KEYS[5]   journal   STREAM
+KEYS[6]   counts    HASH  task name -> jobs stored (pending or being promoted)
+KEYS[7..] the broker's message list of each queue open to direct promotion (none: off)
+
+ARGV[1]   batch size
+ARGV[2]   lease in ms
+ARGV[3]   journal maxlen (0: no journal)
+ARGV[4]   shard number (the delayq_shard header)
+ARGV[5]   origin header (the promoting carrier)
+ARGV[6]   longest argsrepr / kwargsrepr header, in bytes
+ARGV[7..] two values per KEYS[7..], in the same order: queue name, delivery mode
+
+Returns {now ms, next due ms or -1, {due ms of each job promoted directly},
+         id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs.
+The next due time is that of the earliest job left on the due set.
+]]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
+local maxlen = tonumber(ARGV[3])
+local repr_max = tonumber(ARGV[6])
+
+local routes = {}
+for n = 7, #KEYS do
+  routes[ARGV[2 * n - 7]] = {index = n, mode = tonumber(ARGV[2 * n - 6])}
+end
+
+local function repr(text)
+  if #text <= repr_max then return text end
+  local cut = repr_max - 3
+  while cut > 0 and string.byte(text, cut + 1) >= 128 and string.byte(text, cut + 1) < 192 do
+    cut = cut - 1  -- never split a UTF-8 sequence
+  end
+  return string.sub(text, 1, cut) .. '...'
+end
+
+-- What a job's first line says, when it is open to direct promotion: its fields and the
+-- parts of its message that depend on them alone; false when it is not.
+local origin = cjson.encode(ARGV[5])
+local function route(line)
+  local ok, fields = pcall(cjson.decode, line)
+  if not ok or type(fields) ~= 'table' or type(fields['t']) ~= 'string' then return false end
+  for name, value in pairs(fields) do
+    if type(value) ~= 'string' or not (name == 't' or name == 'i' or name == 'y'
+                                       or name == 'q') then
+      return false
+    end
+  end
+  local queue = routes[fields['q']]
+  if not queue then return false end
+  return {
+    fields = fields, index = queue.index,
+    id = fields['i'] and cjson.encode(fields['i']),
+    task = cjson.encode(fields['t']),
+    key = fields['y'] and (',"delayq_key":' .. cjson.encode(fields['y'])) or '',
+    properties = ',"reply_to":"","delivery_mode":' .. queue.mode
+      .. ',"delivery_info":{"exchange":"","routing_key":' .. cjson.encode(fields['q'])
+      .. '},"priority":0,"delivery_tag":',
+  }
+end
+
+-- The route of a job open to direct promotion and its raw args and kwargs, else nil.
+local routed = {}  -- first line -> route (the jobs of a batch share a few first lines)
+local function plain(env)
+  if not env or next(routes) == nil then return nil end
+  local nl1 = string.find(env, '\n', 1, true)
+  local nl2 = nl1 and string.find(env, '\n', nl1 + 1, true)
+  if not nl2 then return nil end
+  local line = string.sub(env, 1, nl1 - 1)
+  local r = routed[line]
+  if r == nil then
+    r = route(line)
+    routed[line] = r
+  end
+  if not r then return nil end
+  return r, string.sub(env, nl1 + 1, nl2 - 1), string.sub(env, nl2 + 1)
+end
+
+-- The kombu Redis transport's message for Celery's protocol 2, as apply_async sends it
+-- (Celery's headers and properties; the body is JSON text, not base64).
+local function message(job_id, due, r, args, kwargs)
+  local job = cjson.encode(job_id)
+  local id = r.id or job
+  if args == '' then args = '[]' end
+  if kwargs == '' then kwargs = '{}' end
+  return '{"body":' .. cjson.encode('[' .. args .. ',' .. kwargs
+      .. ',{"callbacks":null,"errbacks":null,"chain":null,"chord":null}]')
+    .. ',"content-encoding":"utf-8","content-type":"application/json","headers":{'
+    .. '"lang":"py","task":' .. r.task .. ',"id":' .. id
+    .. ',"shadow":null,"eta":null,"expires":null,"group":null,"group_index":null,'
+    .. '"retries":0,"timelimit":[null,null],"root_id":' .. id .. ',"parent_id":null,'
+    .. '"argsrepr":' .. cjson.encode(repr(args)) .. ',"kwargsrepr":'
+    .. cjson.encode(repr(kwargs)) .. ',"origin":' .. origin .. ',"ignore_result":false,'
+    .. '"replaced_task_nesting":0,"stamped_headers":null,"stamps":{},"delayq_job":' .. job
+    .. ',"delayq_shard":' .. ARGV[4] .. ',"delayq_due":' .. due .. r.key
+    .. '},"properties":{"correlation_id":' .. id .. r.properties
+    .. '"' .. string.sub(job, 2, -2) .. '@' .. now_us .. '"}}'
+end
+
+-- Runs redis.call(command, key, ...) with many values, a thousand at a time.
+local function each_chunk(command, key, values)
+  for first = 1, #values, 1000 do
+    redis.call(command, key, unpack(values, first, math.min(first + 999, #values)))
+  end
+end
+
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[1])
+local direct = {}
+local out = {now, -1, direct}
+local deadline = now + tonumber(ARGV[2])
+local pushed, forgotten, unkeyed, per_task = {}, {}, {}, {}
+if #ids > 0 then
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids / 2 - 1)
+  local names, envelopes = {}, {}
+  for i = 1, #ids, 2 do names[#names + 1] = ids[i] end
+  for first = 1, #names, 1000 do
+    local chunk = redis.call('HMGET', KEYS[3], unpack(names, first, math.min(first + 999, #names)))
+    for k = 1, #chunk do envelopes[first + k - 1] = chunk[k] end
+  end
+  for n, job_id in ipairs(names) do
+    local due, env = ids[2 * n], envelopes[n]
+    local r, args, kwargs = plain(env)
+    if r then
+      local fields = r.fields
+      local queue = r.index
+      pushed[queue] = pushed[queue] or {}
+      table.insert(pushed[queue], message(job_id, due, r, args, kwargs))
+      forgotten[#forgotten + 1] = job_id
+      per_task[fields['t']] = (per_task[fields['t']] or 0) + 1
+      local key = fields['y'] or ''
+      if key ~= '' then unkeyed[#unkeyed + 1] = key .. '\0' .. job_id end
+      if maxlen > 0 then
+        redis.call('XADD', KEYS[5], '*', 'event', 'promoted',
+                   'job', job_id, 'task', fields['t'], 'key', key, 'due', due)
+      end
+      direct[#direct + 1] = tonumber(due)
+    else
+      redis.call('ZADD', KEYS[2], deadline, job_id)
+      out[#out + 1] = job_id
+      out[#out + 1] = due
+      out[#out + 1] = env
+    end
+  end
+end
+for index, messages in pairs(pushed) do each_chunk('LPUSH', KEYS[index], messages) end
+each_chunk('HDEL', KEYS[3], forgotten)
+each_chunk('ZREM', KEYS[4], unkeyed)
+for task, n in pairs(per_task) do redis.call('HINCRBY', KEYS[6], task, -n) end
+if #direct > 0 and maxlen > 0 then redis.call('XTRIM', KEYS[5], 'MAXLEN', '~', maxlen) end
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if head[2] then out[2] = tonumber(head[2]) end
+return out

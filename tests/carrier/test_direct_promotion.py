@@ -1,0 +1,130 @@
+"""Direct promotion: the claim script pushes the message kombu would publish, exactly once."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from celery_delayq import envelope
+from celery_delayq.carrier import Carrier
+from celery_delayq.errors import ConfigurationError
+from tests.conftest import CLUSTER, journal_events
+
+pytestmark = pytest.mark.skipif(CLUSTER, reason="a cluster store has no direct promotion")
+
+PARKED = "parked.direct"  # no worker consumes it
+DUE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def promote_once(app, *, direct: bool) -> Carrier:
+    carrier = Carrier(app, direct=direct)
+    carrier.run_once()
+    carrier.close()  # hands the shards back for the next carrier
+    return carrier
+
+
+def parked(redis_client) -> list[dict]:
+    """The messages on the parked queue's list, oldest first."""
+    return [json.loads(raw) for raw in reversed(redis_client.lrange(PARKED, 0, -1))]
+
+
+def comparable(message: dict) -> tuple[dict, tuple[str, str]]:
+    """A message as a worker reads it, without what differs per publish; and its reprs."""
+    properties = dict(message["properties"])
+    properties.pop("delivery_tag")
+    body = message["body"]
+    if properties.pop("body_encoding", None) == "base64":
+        body = base64.b64decode(body).decode()
+    headers = dict(message["headers"])
+    reprs = headers.pop("argsrepr"), headers.pop("kwargsrepr")
+    return {**message, "headers": headers, "properties": properties,
+            "body": json.loads(body)}, reprs
+
+
+@pytest.mark.parametrize(("args", "kwargs", "options"), [
+    ((), None, {}),
+    ((42, "x", [], {}, 12345678901234567, 0.30000000000000004, "é ☃", None, True), None, {}),
+    (("nested",), {"empty": [], "also": {}, "deep": [[{"a": []}]]}, {"key": "order:42"}),
+    (("own task id",), None, {"task_id": "t-1", "key": "refund:9"}),
+])
+def test_direct_message_is_the_message_kombu_publishes(proj, app, redis_client, args, kwargs,
+                                                         options):
+    messages = []
+    for direct in (False, True):
+        proj.record.apply_delayed(args=args, kwargs=kwargs, eta=DUE, queue=PARKED,
+                                  job_id="same", **{"task_id": "same", **options})
+        promote_once(app, direct=direct)
+        messages.append(parked(redis_client)[-1])
+    (published, (argsrepr, kwargsrepr)), (pushed, reprs) = map(comparable, messages)
+    assert "body_encoding" in messages[0]["properties"], "the first went through kombu"
+    assert "body_encoding" not in messages[1]["properties"], "the second was pushed directly"
+    assert pushed == published
+    assert pushed["body"][:2] == [list(args), kwargs or {}]
+    # Celery writes Python reprs; the script writes the arguments' JSON text
+    assert (argsrepr, kwargsrepr) == (repr(list(args)), repr(kwargs or {}))
+    assert [json.loads(text) for text in reprs] == [list(args), kwargs or {}]
+
+
+def test_direct_promotion_forgets_each_job_once_and_journals_it(
+        proj, app, delayq, redis_client):
+    for i in range(300):
+        proj.record.apply_delayed(args=(i,), eta=DUE, queue=PARKED, key=f"order:{i % 7}")
+    carrier = promote_once(app, direct=True)
+    promote_once(app, direct=True)
+
+    assert sorted(m["body"] for m in parked(redis_client)) == sorted(
+        f'[[{i}],{{}},{{"callbacks":null,"errbacks":null,"chain":null,"chord":null}}]'
+        for i in range(300))
+    assert carrier.stats.promoted == 300
+    assert delayq.pending(limit=1000) == [] and delayq.pending(key="order:3") == []
+    assert sum(s["inflight"] for s in delayq.store.stats()) == 0
+    assert delayq.store.counts() == ({}, 0)
+    assert journal_events(delayq).count("promoted") == 300
+
+
+def test_jobs_with_options_still_go_through_kombu(proj, app, redis_client):
+    callback = proj.record.si("after")
+    proj.record.apply_delayed(args=("plain",), eta=DUE, queue=PARKED)
+    proj.record.apply_delayed(args=("expiring",), eta=DUE, queue=PARKED, expires=3600)
+    proj.record.apply_delayed(args=("linked",), eta=DUE, queue=PARKED, link=callback)
+    proj.record.apply_delayed(args=("tagged",), eta=DUE, queue=PARKED, headers={"tenant": "a"})
+    promote_once(app, direct=True)
+
+    by_label = {comparable(m)[0]["body"][0][0]: m for m in parked(redis_client)}
+    assert by_label.keys() == {"plain", "expiring", "linked", "tagged"}
+    assert "body_encoding" not in by_label["plain"]["properties"]
+    for label in ("expiring", "linked", "tagged"):
+        assert by_label[label]["properties"]["body_encoding"] == "base64", label
+    assert by_label["expiring"]["headers"]["expires"]
+    assert by_label["linked"]["body"]
+    assert by_label["tagged"]["headers"]["tenant"] == "a"
+
+
+def test_long_arguments_get_a_truncated_repr_that_is_still_valid_utf8(
+        proj, app, delayq, redis_client):
+    shard = delayq.store.keys.shard_for("long")
+    text = "é" * 2000  # raw UTF-8: two bytes per character
+    raw = envelope.encode({"t": proj.record.name, "q": PARKED, "a": ["x"]}).replace(
+        '["x"]', json.dumps([text], ensure_ascii=False))
+    redis_client.hset(shard.jobs, "long", raw.encode())
+    redis_client.zadd(shard.due, {"long": 0})
+    promote_once(app, direct=True)
+
+    (message,) = parked(redis_client)
+    argsrepr = message["headers"]["argsrepr"]
+    assert argsrepr.endswith("...") and len(argsrepr.encode()) <= app.amqp.argsrepr_maxsize
+    assert json.loads(message["body"])[0] == [text]
+
+
+def test_direct_promotion_refuses_a_broker_on_another_database(proj, app, redis_client):
+    app.conf.broker_url = app.conf.broker_url.rsplit("/", 1)[0] + "/1"
+    try:
+        proj.record.apply_delayed(args=("x",), eta=DUE, queue=PARKED)
+        with pytest.raises(ConfigurationError, match="needs the delay store on the broker's"):
+            promote_once(app, direct=True)
+    finally:
+        app.conf.broker_url = app.conf.broker_url.rsplit("/", 1)[0] + "/0"
+    assert proj.delayq.pending()[0].args == ["x"], "nothing was lost"
