@@ -71,8 +71,7 @@ class Cluster:
             self.app = app
             self.start_worker()
             if self.carrier:
-                self._spawn("carrier", celery_argv("delayq", "carrier", "-l", "WARNING",
-                                                   profile_to=self.profile_carrier))
+                self.start_carrier()
         except BaseException:
             self.close()
             raise
@@ -86,13 +85,18 @@ class Cluster:
         self._spawn("worker", celery_argv(*self.worker.argv()))
         return self._processes["worker"].pid
 
+    def start_carrier(self, *options: str) -> None:
+        """Start the carrier; ``options`` (e.g. ``--direct``) go to ``delayq carrier``."""
+        self._spawn("carrier", celery_argv("delayq", "carrier", "-l", "WARNING", *options,
+                                           profile_to=self.profile_carrier))
+
     def pid(self, name: str) -> int:
         """Process id of the running ``"worker"`` or ``"carrier"``."""
         return self._processes[name].pid
 
-    def stop_worker(self) -> None:
-        """Stop the worker's whole process group (warm shutdown, then SIGKILL)."""
-        process = self._processes.pop("worker", None)
+    def stop(self, name: str) -> None:
+        """Stop the ``"worker"`` or ``"carrier"`` (whole process group: SIGTERM, SIGKILL)."""
+        process = self._processes.pop(name, None)
         if process is not None:
             _stop_group(process)
 
@@ -119,9 +123,7 @@ class Cluster:
     def close(self) -> None:
         """Stop the carrier and worker (SIGTERM, then SIGKILL), then Redis."""
         for name in ("carrier", "worker"):
-            process = self._processes.pop(name, None)
-            if process is not None:
-                _stop_group(process)
+            self.stop(name)
         self.redis.close()
         self._logs.cleanup()
         if self._old_sigterm is not None:

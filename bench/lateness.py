@@ -9,7 +9,9 @@ carrier``) serve every arm of the run. Per repetition:
 * **native**: ``apply_async(countdown=...)`` of a plain task with the same load; worker
   start lateness against the due time the producer computed.
 * **promotion**: jobs all due at one instant (scheduled with ``apply_delayed_many``)
-  into a queue no worker reads; jobs/s from due time to the last ``promoted`` event.
+  into a queue no worker reads; jobs/s from due time to the last ``promoted`` event,
+  once through kombu and once with the carrier restarted with ``--direct`` (the claim
+  script pushes to the broker's list itself).
 
 Run ``python -m bench.lateness --help``.
 """
@@ -43,10 +45,11 @@ _DRAIN_TIMEOUT = 300.0
 class Bench:
     """The arms of one benchmark run against one :class:`Cluster`."""
 
-    def __init__(self, cluster: Cluster, load: Load) -> None:
+    def __init__(self, cluster: Cluster, load: Load, promotion_tasks: int) -> None:
         self.cluster = cluster
         self.ctx: ModuleType = cluster.app
         self.load = load
+        self.promotion_tasks = promotion_tasks
         self.rates = {"delayq": 1000.0, "native": 1000.0}  # schedule calls/s, from warm-up
         self._runs = 0
 
@@ -97,12 +100,30 @@ class Bench:
             f"p99 {lateness['p99']:.1f} ms, max {lateness['max']:.1f} ms")
         return result
 
-    def promotion(self) -> dict:
-        """Carrier throughput: ``tasks`` jobs due at one instant, into an unread queue."""
-        ctx, tasks = self.ctx, self.load.tasks
+    def promotion(self, direct: bool = False) -> dict:
+        """Carrier throughput: jobs due at one instant, into an unread queue; ``direct``
+        restarts the carrier with ``--direct`` for the duration."""
+        if direct:
+            self._restart_carrier("--direct")
+        try:
+            return self._promotion("promotion, direct" if direct else "promotion")
+        finally:
+            if direct:
+                self._restart_carrier()
+
+    def _restart_carrier(self, *options: str) -> None:
+        """A new carrier, back once it serves every shard (the old one hands them over)."""
+        self.cluster.stop("carrier")
+        self.cluster.start_carrier(*options)
+        store = self.ctx.delayq.store
+        workload.wait_until(lambda: all(store.owners()), 60, "the carrier to take the shards",
+                            self.cluster.check_alive)
+
+    def _promotion(self, arm: str) -> dict:
+        ctx, tasks = self.ctx, self.promotion_tasks
         marks = workload.journal_marks(ctx)
         eta = workload.eta_after(2.0 + tasks / 20_000)
-        say(f"promotion: {tasks:,} jobs due at one instant (apply_delayed_many)")
+        say(f"{arm}: {tasks:,} jobs due at one instant (apply_delayed_many)")
         started = time.perf_counter()
         results = ctx.delayed_probe.apply_delayed_many(
             [{"args": ("bench:runs:sink",), "eta": eta} for _ in range(tasks)],
@@ -115,7 +136,7 @@ class Bench:
         purged = workload.purge(ctx, ctx.SINK_QUEUE)
         due_ms = min(due for _, due in events)
         span_s = max(1, max(at for at, _ in events) - due_ms) / 1000
-        say(f"promotion: {len(events):,} promoted in {span_s * 1000:.0f} ms after due "
+        say(f"{arm}: {len(events):,} promoted in {span_s * 1000:.0f} ms after due "
             f"({len(events) / span_s:,.0f}/s); {purged:,} messages purged")
         return {"tasks": tasks, "promoted": len(events), "schedule_many_per_s": many_per_s,
                 "promotion_per_s": len(events) / span_s,
@@ -128,6 +149,7 @@ def repetition(bench: Bench, n: int) -> dict:
     result: dict = {"loadavg_1m_before": os.getloadavg()[0]}
     result.update({arm: getattr(bench, arm)() for arm in order})
     result["promotion"] = bench.promotion()
+    result["promotion_direct"] = bench.promotion(direct=True)
     result["ratios"] = ratios(result)
     result["loadavg_1m_after"] = os.getloadavg()[0]
     say(f"load average (1 min) {result['loadavg_1m_before']:.2f} before, "
@@ -148,7 +170,7 @@ def ratios(rep: dict) -> dict:
 
 # -- report ------------------------------------------------------------------------------
 
-def report(summary: dict, repeats: int, load: Load) -> str:
+def report(summary: dict, repeats: int, promotion_tasks: int) -> str:
     many = repeats > 1
     pcts = [name for name, _ in PERCENTILES] + ["max"]
 
@@ -171,8 +193,10 @@ def report(summary: dict, repeats: int, load: Load) -> str:
          cell(summary.get("ratios.worker_start_per_s"), 2, many)],
         ["schedule, batched (apply_delayed_many)",
          cell(summary.get("promotion.schedule_many_per_s"), 0, many), "-", ""],
-        [f"promotion, {load.tasks:,} due at once", cell(
+        [f"promotion through kombu, {promotion_tasks:,} due at once", cell(
             summary.get("promotion.promotion_per_s"), 0, many), "-", ""],
+        [f"promotion, direct (--direct), {promotion_tasks:,} due at once", cell(
+            summary.get("promotion_direct.promotion_per_s"), 0, many), "-", ""],
     ]
     throughput = table(["jobs/s", "delayq", "native", "ratio"], rows)
     return f"{lateness}\n\n{throughput}"
@@ -205,6 +229,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000, help="jobs per arm")
     parser.add_argument("--window", type=float, default=5.0, help="seconds the due times span")
+    parser.add_argument("--promotion-tasks", type=int, default=50_000,
+                        help="jobs due at one instant in each promotion arm")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 2,000 tasks, 1 repetition")
@@ -218,7 +244,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="run the carrier under pyinstrument, text report to TXT")
     opts = parser.parse_args(argv)
     if opts.quick:
-        opts.tasks, opts.repeat = 2_000, 1
+        opts.tasks, opts.repeat, opts.promotion_tasks = 2_000, 1, 5_000
     if opts.no_worker_events:
         os.environ["DELAYQ_BENCH_WORKER_EVENTS"] = "0"
     if opts.out is None:
@@ -232,7 +258,7 @@ def run(opts: argparse.Namespace) -> dict:
     with Cluster(setup, profile_carrier=opts.profile_carrier) as cluster:
         say(f"redis-server at {cluster.redis.url}; worker ({setup.pool}, "
             f"{setup.concurrency}) and carrier started")
-        bench = Bench(cluster, load)
+        bench = Bench(cluster, load, opts.promotion_tasks)
         bench.warm_up()
         reps = []
         for n in range(opts.repeat):
@@ -243,6 +269,7 @@ def run(opts: argparse.Namespace) -> dict:
     return {
         "benchmark": "lateness", "machine": facts,
         "parameters": {"tasks": load.tasks, "window_s": load.window, "repeat": opts.repeat,
+                       "promotion_tasks": opts.promotion_tasks,
                        "pool": setup.pool, "concurrency": setup.concurrency,
                        "worker_events": not opts.no_worker_events},
         "command": " ".join(["python -m bench.lateness", *sys.argv[1:]]),
@@ -258,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         say("interrupted; every process stopped")
         return 130
     print()
-    print(report(result["summary"], opts.repeat, Load(opts.tasks, opts.window)))
+    print(report(result["summary"], opts.repeat, opts.promotion_tasks))
     facts = result["machine"]
     print(f"\n{facts['nproc']} CPUs ({facts['cpu']}), Redis {facts['redis_server']}, "
           f"Python {facts['python']}, Celery {facts['celery']}, {facts['worker']}; "

@@ -37,7 +37,7 @@ def run(opts: argparse.Namespace) -> dict:
     per_rate: dict[str, list[dict]] = {str(rate): [] for rate in opts.rates}
     with Cluster(setup) as cluster:
         say(f"redis-server at {cluster.redis.url}; worker and carrier started")
-        bench = Bench(cluster, Load(max(opts.rates) * opts.window, opts.window))
+        bench = Bench(cluster, Load(max(opts.rates) * opts.window, opts.window), 0)
         bench.warm_up()
         for n in range(opts.repeat):
             for rate in opts.rates:

@@ -75,7 +75,7 @@ class Arms:
 
     def fresh_worker(self) -> int:
         """Stop the worker, empty Redis, start a worker and wait until it ran a probe."""
-        self.cluster.stop_worker()
+        self.cluster.stop("worker")
         self.client.flushdb()
         pid = self.cluster.start_worker()
         self.probe()
@@ -134,7 +134,7 @@ def repetition(arms: Arms, n: int) -> dict:
     result["ratio_native_over_delayq_pss"] = (
         result["native"]["after"]["pss_mib"] / result["delayq"]["after"]["pss_mib"])
     result["loadavg_1m_after"] = os.getloadavg()[0]
-    arms.cluster.stop_worker()  # lets go of the reserved ETA messages before the next flush
+    arms.cluster.stop("worker")  # lets go of the reserved ETA messages before the next flush
     return result
 
 

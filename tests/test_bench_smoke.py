@@ -39,6 +39,9 @@ def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
     assert rep["delayq"]["promotion_lateness_ms"]["n"] == tasks
     assert rep["delayq"]["promotion_lateness_ms"]["min"] >= 0, "promoted before due"
     assert rep["delayq"]["worker_lateness_ms"]["min"] >= 0, "ran before due"
-    assert rep["promotion"]["promoted"] == tasks
+    for arm in ("promotion", "promotion_direct"):
+        assert rep[arm]["promoted"] == result["parameters"]["promotion_tasks"], arm
+        assert rep[arm]["lateness_ms"]["min"] >= 0, f"{arm}: promoted before due"
     assert set(result["summary"]) >= {"delayq.schedule_per_s", "native.schedule_per_s",
-                                      "promotion.promotion_per_s"}
+                                      "promotion.promotion_per_s",
+                                      "promotion_direct.promotion_per_s"}
