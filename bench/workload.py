@@ -142,17 +142,17 @@ def promoted(ctx: ModuleType, marks: dict[int, str], job_ids: Iterable[str]
     The event time is the stream entry id, stamped by Redis when the carrier's ``ack``
     script ran: after the job's publish, so it bounds publish time from above.
     """
-    wanted, client, found = set(job_ids), ctx.delayq.store.client, []
-    for shard in ctx.delayq.store.keys:
-        start = f"({marks[shard.shard]}"
+    wanted, store, found = set(job_ids), ctx.delayq.store, []
+    for shard in store.keys:
+        after = marks[shard.shard]
         while True:
-            entries = client.xrange(shard.journal, min=start, count=_JOURNAL_CHUNK)
+            entries = store.read_journal(shard, after, count=_JOURNAL_CHUNK)
             for entry_id, fields in entries:
                 if fields.get("event") == "promoted" and fields.get("job") in wanted:
                     found.append((int(entry_id.split("-")[0]), int(fields["due"])))
             if len(entries) < _JOURNAL_CHUNK:
                 break
-            start = f"({entries[-1][0]}"
+            after = entries[-1][0]
     return found
 
 

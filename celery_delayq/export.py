@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError, InvalidOption
+from .keys import unpack_id
 from .store import Store
 
 FORMATS = ("parquet", "jsonl")
@@ -121,7 +122,8 @@ def row(shard: int, entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
     extra = {k: v for k, v in fields.items() if k not in _KNOWN}
     return {
         "id": entry_id, "shard": shard, "ts_ms": ms, "event": fields.get("event"),
-        "job": fields.get("job"), "task": fields.get("task") or None,
+        "job": unpack_id(fields["job"]) if fields.get("job") else None,
+        "task": fields.get("task") or None,
         "key": fields.get("key") or None, "due_ms": _int(fields.get("due")),
         "task_id": fields.get("task_id") or None, "by": fields.get("by") or None,
         "reason": fields.get("reason") or None, "retries": _int(fields.get("retries")),

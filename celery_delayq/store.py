@@ -25,7 +25,7 @@ from redis.retry import Retry
 from .conf import DelayQConfig, redact
 from .envelope import Call, Job
 from .errors import ConfigurationError, JobExists, PayloadError, StoreUnavailable
-from .keys import Keyspace, ShardKeys, bykey_member
+from .keys import Keyspace, ShardKeys, bykey_member, pack_id, unpack_id
 from .scripts import SCRIPTS, execute
 from .validation import Due
 
@@ -174,8 +174,9 @@ class Store:
                 args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen]
                 for index in chunk:
                     call, due = items[index]
-                    args += [call.job_id, call.envelope, *due.script_args(),
-                             bykey_member(call.key, call.job_id), call.task, call.key or ""]
+                    stored = pack_id(call.job_id)
+                    args += [stored, call.envelope, *due.script_args(),
+                             bykey_member(call.key, stored), call.task, call.key or ""]
                 calls.append((SCRIPTS["schedule"],
                               [shard.due, shard.jobs, shard.bykey, shard.journal, shard.counts],
                               args))
@@ -210,7 +211,7 @@ class Store:
                 self.client,
                 [shard.due, shard.jobs, shard.inflight, shard.bykey, shard.journal,
                  shard.counts],
-                [kind, value, self._maxlen, by])
+                [kind, pack_id(value) if kind == "id" else value, self._maxlen, by])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
         """Move a pending job to a new due time; returns it (ms) or None if not pending."""
@@ -218,7 +219,7 @@ class Store:
             with self.unavailable():
                 ok, due_ms = SCRIPTS["reschedule"].call(
                     self.client, [shard.due, shard.jobs, shard.journal],
-                    [job_id, *due.script_args(), self.keys.wake_channel, shard.shard,
+                    [pack_id(job_id), *due.script_args(), self.keys.wake_channel, shard.shard,
                      self._maxlen])
             if ok:
                 return due_ms
@@ -235,22 +236,24 @@ class Store:
         """Shards whose job hash holds ``job_id``, the id's own shard first."""
         own = self.keys.shard_for(job_id)
         order = [own, *(s for s in self.keys if s is not own)]
+        stored = pack_id(job_id)
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
             for shard in order:
-                pipe.hexists(shard.jobs, job_id)
+                pipe.hexists(shard.jobs, stored)
             found = pipe.execute()
         return [shard for shard, hit in zip(order, found, strict=True) if hit]
 
     def get(self, job_id: str, key: str | None = None) -> Job | None:
         """The stored job, pending (``scheduled``), being promoted (``claimed``) or ``dead``."""
         shards = [self.keys.shard_for(job_id, key)] if key else list(self.keys)
+        stored = pack_id(job_id)
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
             for shard in shards:
-                pipe.hget(shard.jobs, job_id)
-                pipe.zscore(shard.due, job_id)
-                pipe.hget(shard.dead, job_id)
+                pipe.hget(shard.jobs, stored)
+                pipe.zscore(shard.due, stored)
+                pipe.hget(shard.dead, stored)
             replies = pipe.execute()
         for i, shard in enumerate(shards):
             raw, due_ms, dead = replies[3 * i:3 * i + 3]
@@ -296,11 +299,12 @@ class Store:
                  task: str | None) -> list[Job]:
         if not scored:
             return []
-        raws = self.client.hmget(shard.jobs, [job_id for job_id, _ in scored])
+        raws = self.client.hmget(shard.jobs, [stored for stored, _ in scored])
         jobs = []
-        for (job_id, due_ms), raw in zip(scored, raws, strict=True):
+        for (stored, due_ms), raw in zip(scored, raws, strict=True):
             try:
-                job = Job.from_envelope(job_id, raw, due_ms, "scheduled", shard.shard)
+                job = Job.from_envelope(unpack_id(stored), raw, due_ms, "scheduled",
+                                        shard.shard)
             except PayloadError:
                 continue  # unreadable: the carrier dead-letters it when due
             if task is None or job.task == task:
@@ -312,8 +316,9 @@ class Store:
         entries = []
         with self.unavailable():
             for shard in self.keys:
-                for job_id, raw in self.client.hscan_iter(shard.dead, count=_SCAN_CHUNK):
-                    entries.append({"job_id": job_id, "shard": shard.shard, **json.loads(raw)})
+                for stored, raw in self.client.hscan_iter(shard.dead, count=_SCAN_CHUNK):
+                    entries.append({"job_id": unpack_id(stored), "shard": shard.shard,
+                                    **json.loads(raw)})
         entries.sort(key=lambda e: e["at"], reverse=True)
         return entries[:limit]
 
@@ -324,7 +329,8 @@ class Store:
                 code = SCRIPTS["replay"].call(
                     self.client,
                     [shard.dead, shard.jobs, shard.due, shard.bykey, shard.journal, shard.counts],
-                    [job_id, envelope, self._maxlen, self.keys.wake_channel, shard.shard])
+                    [pack_id(job_id), envelope, self._maxlen, self.keys.wake_channel,
+                     shard.shard])
             if code == -1:
                 raise JobExists(job_id)
             if code == 1:
@@ -358,6 +364,16 @@ class Store:
             })
         return rows
 
+    def earliest(self) -> tuple[int, str, ShardKeys] | None:
+        """(due ms, job id, shard) of the first pending job, or None."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.zrange(shard.due, 0, 0, withscores=True)
+            heads = [(int(head[0][1]), unpack_id(head[0][0]), shard)
+                     for shard, head in zip(self.keys, pipe.execute(), strict=True) if head]
+        return min(heads, key=lambda head: head[0], default=None)
+
     def counts(self) -> tuple[dict[str, int], int]:
         """Jobs stored per task name (pending or being promoted), and cancels so far."""
         with self.unavailable():
@@ -389,7 +405,7 @@ class Store:
         claims = []
         for shard, reply in zip(shards, execute(self.client, calls), strict=True):
             now_ms, next_due, promoted, rest = reply[0], reply[1], reply[2], reply[3:]
-            jobs = [Claimed(rest[i], int(float(rest[i + 1])), rest[i + 2])
+            jobs = [Claimed(unpack_id(rest[i]), int(float(rest[i + 1])), rest[i + 2])
                     for i in range(0, len(rest), 3)]
             claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs,
                                      promoted))
@@ -401,8 +417,9 @@ class Store:
         for shard, jobs in acks.items():
             args: list[Any] = [self._maxlen]
             for job in jobs:
-                args += [job.job_id, bykey_member(job.key, job.job_id), job.task,
-                         job.key or "", job.due_ms]
+                stored = pack_id(job.job_id)
+                args += [stored, bykey_member(job.key, stored), job.task, job.key or "",
+                         job.due_ms]
             calls.append((SCRIPTS["ack"],
                           [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal,
                            shard.counts],
@@ -419,7 +436,8 @@ class Store:
     def release(self, claimed: dict[ShardKeys, list[str]]) -> int:
         """Return claimed jobs a carrier could not publish to the due set, due now."""
         calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal, s.jobs],
-                  [len(ids), self._maxlen, *ids]) for s, ids in claimed.items() if ids]
+                  [len(ids), self._maxlen, *map(pack_id, ids)])
+                 for s, ids in claimed.items() if ids]
         return sum(execute(self.client, calls)) if calls else 0
 
     def heartbeat(self, carrier_id: str, lease_ms: int) -> list[str]:
@@ -456,7 +474,7 @@ class Store:
         return bool(SCRIPTS["dead"].call(
             self.client,
             [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal, shard.counts],
-            [job_id, reason, bykey_member(key, job_id), self._maxlen]))
+            [pack_id(job_id), reason, bykey_member(key, pack_id(job_id)), self._maxlen]))
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
         """Dead-letter a call that is no longer in the store (e.g. a task out of retries).
@@ -464,13 +482,14 @@ class Store:
         It is then listed by :meth:`dead` and put back by :meth:`replay` like any dead job.
         """
         shard = self.keys.shard_for(job_id, key)
+        stored = pack_id(job_id)
         entry = json.dumps({"reason": reason, "envelope": envelope,
                             "at": int(time.time() * 1000)})
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
-            pipe.hset(shard.dead, job_id, entry)
+            pipe.hset(shard.dead, stored, entry)
             if self._maxlen > 0:
-                pipe.xadd(shard.journal, {"event": "dead", "job": job_id, "reason": reason},
+                pipe.xadd(shard.journal, {"event": "dead", "job": stored, "reason": reason},
                           maxlen=self._maxlen, approximate=True)
             pipe.execute()
 
@@ -480,8 +499,8 @@ class Store:
             pipe = self.client.pipeline(transaction=False)
             for job_id, key in jobs:
                 shard = self.keys.shard_for(job_id, key)
-                pipe.hexists(shard.jobs, job_id)
-                pipe.hexists(shard.dead, job_id)
+                pipe.hexists(shard.jobs, pack_id(job_id))
+                pipe.hexists(shard.dead, pack_id(job_id))
             found = pipe.execute()
         return [bool(found[2 * n] or found[2 * n + 1]) for n in range(len(jobs))]
 
@@ -490,14 +509,19 @@ class Store:
         if not job_ids:
             return {}
         with self.unavailable():
-            return dict(zip(job_ids, self.client.hmget(shard.jobs, job_ids), strict=True))
+            raws = self.client.hmget(shard.jobs, [pack_id(job_id) for job_id in job_ids])
+        return dict(zip(job_ids, raws, strict=True))
 
     def read_journal(self, shard: ShardKeys, after: str | None = None, until: str = "+",
                      count: int | None = None) -> list[tuple[str, dict[str, str]]]:
         """Journal entries of a shard after the entry id ``after`` (all when None)."""
         with self.unavailable():
-            return self.client.xrange(shard.journal, f"({after}" if after else "-", until,
-                                      count=count)
+            entries = self.client.xrange(shard.journal, f"({after}" if after else "-", until,
+                                         count=count)
+        for _, fields in entries:
+            if "job" in fields:
+                fields["job"] = unpack_id(fields["job"])
+        return entries
 
     def journal(self, shard: int, event: str, fields: dict[str, Any]) -> None:
         """Append one event to a shard's journal (worker-side events)."""
@@ -510,6 +534,8 @@ class Store:
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
             for shard, event, fields in entries:
+                if "job" in fields:
+                    fields = {**fields, "job": pack_id(fields["job"])}
                 pipe.xadd(self.keys.shard(shard).journal, {"event": event, **fields},
                           maxlen=self._maxlen, approximate=True)
             pipe.execute()

@@ -27,6 +27,7 @@ ARGV[7..] two values per KEYS[7..], in the same order: queue name, delivery mode
 
 Returns {now ms, next due ms or -1, {due ms of each job promoted directly},
          id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs.
+Job ids are stored packed (keys.pack_id); messages carry them unpacked.
 The next due time is that of the earliest job left on the due set.
 ]]
 local t = redis.call('TIME')
@@ -91,9 +92,32 @@ local function plain(env)
   return r, string.sub(env, nl1 + 1, nl2 - 1), string.sub(env, nl2 + 1)
 end
 
+-- The job id keys.pack_id stored as "~" + 22 base64url characters of a UUID's bytes.
+local SIXTY_FOUR = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'
+local sextet = {}
+for n = 1, 64 do sextet[string.byte(SIXTY_FOUR, n)] = n - 1 end
+local function unpack_id(stored)
+  if string.byte(stored, 1) ~= 126 then return stored end  -- not "~"
+  if string.byte(stored, 2) == 126 then return string.sub(stored, 2) end
+  local hex, bits, value = '', 0, 0
+  for n = 2, 23 do
+    value = value * 64 + sextet[string.byte(stored, n)]
+    bits = bits + 6
+    if bits >= 8 then
+      bits = bits - 8
+      local byte = math.floor(value / 2 ^ bits)
+      value = value - byte * 2 ^ bits
+      hex = hex .. string.format('%02x', byte)
+    end
+  end
+  return string.sub(hex, 1, 8) .. '-' .. string.sub(hex, 9, 12) .. '-' .. string.sub(hex, 13, 16)
+    .. '-' .. string.sub(hex, 17, 20) .. '-' .. string.sub(hex, 21, 32)
+end
+
 -- The kombu Redis transport's message for Celery's protocol 2, as apply_async sends it
 -- (Celery's headers and properties; the body is JSON text, not base64).
-local function message(job_id, due, r, args, kwargs)
+local function message(stored, due, r, args, kwargs)
+  local job_id = unpack_id(stored)
   local job = cjson.encode(job_id)
   local id = r.id or job
   if args == '' then args = '[]' end

@@ -190,7 +190,7 @@ class DelayQTester:
         target_ms = self._now_ms() + round(step.total_seconds() * 1000)
         ran: list[Run] = []
         while True:
-            head = self._earliest()
+            head = self.delayq.store.earliest()
             if head is None or head[0] > target_ms:
                 break
             due_ms, job_id, _ = head
@@ -216,16 +216,6 @@ class DelayQTester:
 
     def _now_ms(self) -> int:
         return self.delayq.store.now_ms() + self._offset_ms
-
-    def _earliest(self) -> tuple[int, str, ShardKeys] | None:
-        """(due ms, job id, shard) of the first pending job of the store."""
-        store = self.delayq.store
-        pipe = store.client.pipeline(transaction=False)
-        for shard in store.keys:
-            pipe.zrange(shard.due, 0, 0, withscores=True)
-        heads = [(int(head[0][1]), head[0][0], shard)
-                 for shard, head in zip(store.keys, pipe.execute(), strict=True) if head]
-        return min(heads, key=lambda head: head[0], default=None)
 
     def _promote(self, job_id: str | None) -> list[Run]:
         """Make ``job_id`` (if given) due on Redis's clock; claim, ack and run what is due."""
