@@ -25,9 +25,10 @@ from typing import Any
 import redis
 from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import KombuError
+from kombu.utils.json import JSONEncoder
 
 from .conf import redact
-from .envelope import ORIGIN, decode, to_message
+from .envelope import ORIGIN, Message, decode, to_message
 from .errors import ConfigurationError, PayloadError, StoreUnavailable
 from .extension import DelayQ
 from .keys import ShardKeys, broker_queue
@@ -42,6 +43,7 @@ _WAIT_SLICE = 0.25  # longest uninterrupted wait, so a stop request is seen prom
 _BACKOFF_MAX = 5.0
 _PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
                   "interval_max": 2}
+_encode_json = JSONEncoder().encode  # kombu's json serializer, without an encoder per call
 
 
 @dataclass
@@ -77,8 +79,8 @@ class Carrier:
         self._stopping = threading.Event()
         self._queues: dict[str, tuple[Any, int]] = {}
         self._declared: set[str] = set()  # queues declared on the current connection
-        self._retry_each = True  # retry each publish (when not batched)
         self._producer = None
+        self._session = None  # the channel's publish batch while a batch is published
         self._pubsub = None
         shard_lease_ms = int((shard_lease or config.shard_lease_seconds) * 1000)
         self.carrier_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -166,16 +168,29 @@ class Carrier:
             raise
 
     def _publish_batch(self):
-        """kombu's publish batch (one pipeline on Redis, kombu >= 5.7), else no batching.
+        """The channel's publish batch (one pipeline on Redis, kombu >= 5.7), else none.
 
         Publishes inside a batch only buffer commands, so they need no per-message retry:
         a failed flush fails the batch, which is then not acknowledged.
         """
-        batch = getattr(self.producer, "batch", None)
-        self._retry_each = batch is None or not self.producer.supports_batch_publish
-        if batch is None:
+        channel = self.producer.channel
+        create = getattr(channel, "create_publish_batch", None)
+        if create is None or not getattr(channel, "supports_batch_publish", False):
             return contextlib.nullcontext()
-        return batch(max_size=self.batch * self.store.keys.shards)
+        return self._channel_batch(create)
+
+    @contextlib.contextmanager
+    def _channel_batch(self, create) -> Iterator[None]:
+        self._session = session = create(max_size=self.batch * self.store.keys.shards)
+        try:
+            yield
+            session.flush()
+        except BaseException:
+            session.discard()
+            raise
+        finally:
+            self._session = None
+            session.close()
 
     def _publish(self, shard: ShardKeys, job: Claimed, dead: list[str]) -> Promoted | None:
         """Publish one claimed job; dead-letter it (noted in ``dead``) when it cannot be."""
@@ -190,15 +205,37 @@ class Carrier:
         except (PayloadError, KeyError, TypeError, ValueError) as exc:
             dead.append(self._dead_letter(shard, job.job_id, raw, exc))
             return None
-        declare = [] if queue.name in self._declared else [queue]
-        self.producer.publish(
-            message.body, exchange=message.exchange, routing_key=message.routing_key,
-            serializer="json", headers=message.headers, declare=declare,
-            delivery_mode=delivery_mode, retry=self._retry_each, retry_policy=_PUBLISH_RETRY,
-            **message.properties,
-        )
-        self._declared.add(queue.name)
+        if self._session is not None:
+            self._send(message, queue, delivery_mode)
+        else:
+            declare = [] if queue.name in self._declared else [queue]
+            self.producer.publish(
+                message.body, exchange=message.exchange, routing_key=message.routing_key,
+                serializer="json", headers=message.headers, declare=declare,
+                delivery_mode=delivery_mode, retry=True, retry_policy=_PUBLISH_RETRY,
+                **message.properties,
+            )
+            self._declared.add(queue.name)
         return Promoted(job.job_id, env["t"], env.get("y"), job.due_ms)
+
+    def _send(self, message: Message, queue, delivery_mode: int) -> None:
+        """Into the channel's batch, the message ``Producer.publish`` would send for this
+        JSON body, without its per-call work (options merge, serializer lookup, retry)."""
+        if queue.name not in self._declared:
+            self.producer.maybe_declare(queue, retry=True, **_PUBLISH_RETRY)
+            self._declared.add(queue.name)
+        properties = message.properties
+        priority = properties.pop("priority", 0)
+        expiration = properties.pop("expiration", None)
+        properties["delivery_mode"] = delivery_mode
+        if expiration is not None:
+            properties["expiration"] = str(int(expiration * 1000))
+        prepared = self.producer.channel.prepare_message(
+            _encode_json(message.body).encode(), priority, "application/json", "utf-8",
+            message.headers, properties)
+        self._session.publish(prepared, exchange=message.exchange,
+                              routing_key=message.routing_key, mandatory=False,
+                              immediate=False, timeout=None, confirm_timeout=None)
 
     def _direct_routes(self) -> DirectRoutes:
         """The queues direct promotion pushes to, once the broker is known to be the store."""
@@ -216,7 +253,7 @@ class Carrier:
         names = [name for name, queue in self.app.amqp.queues.items() if not queue.expires]
         routes = DirectRoutes(
             lists=[broker_queue(prefix, name) for name in names],
-            queues=[(name, maybe_delivery_mode(self._queue(name)[1])) for name in names],
+            queues=[(name, self._queue(name)[1]) for name in names],
             origin=ORIGIN, repr_max=self.app.amqp.argsrepr_maxsize)
         logger.info("direct promotion into %s", ", ".join(names))
         return routes
@@ -230,7 +267,8 @@ class Carrier:
             except KeyError:
                 raise KeyError(f"unknown queue {name!r} (task_create_missing_queues is off)"
                                ) from None
-            mode = queue.exchange.delivery_mode or self.app.conf.task_default_delivery_mode
+            mode = maybe_delivery_mode(
+                queue.exchange.delivery_mode or self.app.conf.task_default_delivery_mode)
             found = self._queues[name] = (queue, mode)
         return found
 

@@ -25,7 +25,9 @@ message body verbatim: Lua's cjson would round numbers to 14 digits and turn ``[
 
 from __future__ import annotations
 
+import json
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -35,7 +37,7 @@ from celery.utils import uuid
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import dumps as json_dumps
-from kombu.utils.json import loads as json_loads
+from kombu.utils.json import object_hook
 
 from .errors import PayloadError, UnknownQueue
 
@@ -66,6 +68,10 @@ _RESERVED = frozenset({"content_type", "content_encoding", "serializer"})
 _JSON = "json"
 ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
 _COMPACT = {"separators": (",", ":")}
+# kombu's loads() builds a decoder per call; this one decodes the same, built once.
+_decode_json = json.JSONDecoder(object_hook=object_hook).decode
+# Per app: create_task_message and argsrepr_maxsize, each behind a locking cached_property.
+_amqp: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -267,9 +273,9 @@ def decode(raw: str | bytes | None) -> dict[str, Any]:
         raw = raw.decode("utf-8", errors="replace")
     fields, args, kwargs = [*raw.split("\n", 2), "", ""][:3]
     try:
-        env = json_loads(fields)
-        args = json_loads(args) if args else []
-        kwargs = json_loads(kwargs) if kwargs else {}
+        env = _decode_json(fields)
+        args = _decode_json(args) if args else []
+        kwargs = _decode_json(kwargs) if kwargs else {}
     except ValueError as exc:
         raise PayloadError(f"envelope is not valid JSON: {exc}") from exc
     if not isinstance(env, dict) or not isinstance(env.get("t"), str) or not env["t"]:
@@ -291,15 +297,16 @@ def to_message(app, job_id: str, env: dict[str, Any], *, shard: int, due_ms: int
     ``argsrepr``/``kwargsrepr`` headers (JSON data is short and safe to repr), large
     ones Celery's truncating ``saferepr``.
     """
+    create, repr_max = _amqp.get(app) or _amqp.setdefault(
+        app, (app.amqp.create_task_message, app.amqp.argsrepr_maxsize))
     options = dict(env.get("o", {}))
     task_id = env.get("i", job_id)
     args, kwargs = env.get("a", []), env.get("k", {})
-    if size and size * 4 < app.amqp.argsrepr_maxsize:
+    if size and size * 4 < repr_max:
         options.setdefault("argsrepr", repr(args))
         options.setdefault("kwargsrepr", repr(kwargs))
     options.setdefault("origin", ORIGIN)
-    msg_headers, properties, body, _ = app.amqp.create_task_message(
-        task_id, env["t"], args, kwargs, **options)
+    msg_headers, properties, body, _ = create(task_id, env["t"], args, kwargs, **options)
     msg_headers.update(env.get("h", {}))
     msg_headers.update({HEADER_JOB: job_id, HEADER_SHARD: shard, HEADER_DUE: due_ms})
     if env.get("y"):
