@@ -199,9 +199,9 @@ class Carrier:
             if raw is not None and len(raw) > self._max_payload:
                 raise PayloadError("envelope over delayq_max_payload_bytes")
             env = decode(raw)
-            queue, delivery_mode = self._queue(env["q"])
             message = to_message(self.app, job.job_id, env, shard=shard.shard,
                                  due_ms=job.due_ms, size=len(raw))
+            queue, delivery_mode = self._queue(message.queue)
         except (PayloadError, KeyError, TypeError, ValueError) as exc:
             dead.append(self._dead_letter(shard, job.job_id, raw, exc))
             return None
@@ -254,6 +254,7 @@ class Carrier:
         routes = DirectRoutes(
             lists=[broker_queue(prefix, name) for name in names],
             queues=[(name, self._queue(name)[1]) for name in names],
+            default_queue=self.delayq.config.default_queue,
             origin=ORIGIN, repr_max=self.app.amqp.argsrepr_maxsize)
         logger.info("direct promotion into %s", ", ".join(names))
         return routes

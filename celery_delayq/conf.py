@@ -118,6 +118,8 @@ class DelayQConfig:
     http_retry_schedule: SecondsList
     http_allowed_hosts: HostList
     http_timeout: float
+    #: Celery's task_default_queue: the queue of a job whose envelope names none.
+    default_queue: str = "celery"
 
     @classmethod
     def from_app(cls, app) -> DelayQConfig:
@@ -130,7 +132,7 @@ class DelayQConfig:
             values[setting.name] = _coerce(setting, raw)
         if not values["redis_url"]:
             values["redis_url"] = _broker_redis_url(app)
-        config = cls(**values)
+        config = cls(**values, default_queue=conf.task_default_queue)
         config.validate()
         return config
 

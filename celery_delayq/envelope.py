@@ -14,7 +14,7 @@ The stored text is three lines of compact JSON (which never holds a raw newline)
 Fields of the first line (absent when empty)::
 
     t task name        i task id (when not the job id)             y business key
-    q queue name (absent: the app's task_default_queue)   x exchange    r routing key
+    q queue name (absent: task_default_queue)   x exchange   r routing key (when not q)
     o message options (expires, link callbacks, retries, time limits, parent ids, ...)
     h custom headers   p publish properties (priority, delivery_mode, ...)
 
@@ -70,7 +70,8 @@ ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
 _COMPACT = {"separators": (",", ":")}
 # kombu's loads() builds a decoder per call; this one decodes the same, built once.
 _decode_json = json.JSONDecoder(object_hook=object_hook).decode
-# Per app: create_task_message and argsrepr_maxsize, each behind a locking cached_property.
+# Per app: create_task_message, argsrepr_maxsize and the default queue's name (each behind a
+# locking cached_property).
 _amqp: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -166,9 +167,11 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
         message[stamp] = routed.pop(stamp, None)
     properties = {k: v for k, v in routed.items() if k not in _ROUTING and v is not None}
 
-    fixed: dict[str, Any] = {"q": queue}
+    fixed: dict[str, Any] = {}
     if exchange or routing_key != queue:
-        fixed["x"], fixed["r"] = exchange, routing_key
+        fixed["q"], fixed["x"], fixed["r"] = queue, exchange, routing_key
+    elif queue != app.amqp.default_queue.name:
+        fixed["q"] = queue
     for short, value in (("o", message), ("h", headers), ("p", properties)):
         if value:
             fixed[short] = value
@@ -297,8 +300,8 @@ def to_message(app, job_id: str, env: dict[str, Any], *, shard: int, due_ms: int
     ``argsrepr``/``kwargsrepr`` headers (JSON data is short and safe to repr), large
     ones Celery's truncating ``saferepr``.
     """
-    create, repr_max = _amqp.get(app) or _amqp.setdefault(
-        app, (app.amqp.create_task_message, app.amqp.argsrepr_maxsize))
+    create, repr_max, default_queue = _amqp.get(app) or _amqp.setdefault(app, (
+        app.amqp.create_task_message, app.amqp.argsrepr_maxsize, app.amqp.default_queue.name))
     options = dict(env.get("o", {}))
     task_id = env.get("i", job_id)
     args, kwargs = env.get("a", []), env.get("k", {})
@@ -315,7 +318,7 @@ def to_message(app, job_id: str, env: dict[str, Any], *, shard: int, due_ms: int
     if options.get("expires"):
         left = datetime.fromisoformat(options["expires"]).timestamp() - time.time()
         properties["expiration"] = max(left, 0)
-    queue = env["q"]
+    queue = env.get("q") or default_queue
     return Message(body, msg_headers, properties, queue, env.get("x", ""), env.get("r", queue))
 
 
@@ -337,21 +340,23 @@ class Job:
 
     @classmethod
     def from_envelope(cls, job_id: str, raw, due_ms: float | None, state: str,
-                      shard: int) -> Job:
+                      shard: int, default_queue: str = "") -> Job:
         env = decode(raw)
         return cls(
             job_id=job_id, task_id=env.get("i", job_id), task=env["t"],
             args=env.get("a", []), kwargs=env.get("k", {}), key=env.get("y"),
-            queue=env.get("q", ""), state=state, shard=shard,
+            queue=env.get("q") or default_queue, state=state, shard=shard,
             due=None if due_ms is None else datetime.fromtimestamp(due_ms / 1000, timezone.utc),
             options={k: env[k] for k in ("o", "h", "p") if k in env},
         )
 
     @classmethod
-    def dead(cls, job_id: str, entry: dict[str, Any], shard: int) -> Job:
+    def dead(cls, job_id: str, entry: dict[str, Any], shard: int,
+             default_queue: str = "") -> Job:
         """A dead-lettered job; its envelope may be the unreadable reason it died."""
         try:
-            job = cls.from_envelope(job_id, entry["envelope"] or None, None, "dead", shard)
+            job = cls.from_envelope(job_id, entry["envelope"] or None, None, "dead", shard,
+                                    default_queue)
         except PayloadError:
             job = cls(job_id=job_id, task_id=job_id, task="", args=[], kwargs={}, key=None,
                       queue="", due=None, state="dead", shard=shard,

@@ -8,7 +8,7 @@ journal entries.
 
     <prefix>:{N}:due       ZSET  job id -> due time (ms, Redis clock)
     <prefix>:{N}:inflight  ZSET  job id -> lease deadline (ms) while a carrier publishes it
-    <prefix>:{N}:jobs      HASH  job id -> envelope (compact JSON)
+    <prefix>:{N}:jobs      HASH  job id -> envelope (three lines of JSON, see envelope.py)
     <prefix>:{N}:bykey     ZSET  "<business key>\\0<job id>" (score 0), a lexicographic index
     <prefix>:{N}:dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
     <prefix>:{N}:journal   STREAM lifecycle events, capped
@@ -101,19 +101,21 @@ def broker_queue(global_keyprefix: str, queue: str) -> str:
 def pack_id(job_id: str) -> str:
     """A job id as Redis stores it.
 
-    A canonical UUID (the default job id: Celery's task id) becomes ``~`` and the 22
-    base64url characters of its 16 bytes. Under 32 characters Redis gives a string a
-    smaller header, so each copy (due member, jobs field) takes 16 bytes less. Other ids
-    are kept, with one more ``~`` in front of those that start with one.
+    A version-4 UUID in canonical form (the default job id: Celery's task id) becomes ``~``
+    and 21 base64url characters holding its 31 hex digits other than the version digit.
+    At 22 characters or fewer Redis keeps a string in a 32-byte allocation instead of 48, so
+    each copy (due member, jobs field) takes 16 bytes less. Other ids are kept, with one
+    more ``~`` in front of those that start with one.
     """
-    if len(job_id) == 36 and job_id[8] == job_id[13] == job_id[18] == job_id[23] == "-" \
-            and job_id == job_id.lower():
-        try:
-            raw = bytes.fromhex(job_id.replace("-", ""))
+    if len(job_id) == 36 and job_id[14] == "4" and \
+            job_id[8] == job_id[13] == job_id[18] == job_id[23] == "-":
+        digits = job_id.replace("-", "")
+        try:  # 31 hex digits and a 0: 128 bits, of which base64's 22nd character holds 2
+            raw = bytes.fromhex(f"{digits[:12]}{digits[13:]}0")
         except ValueError:
             raw = b""
-        if len(raw) == 16:
-            return PACKED + base64.urlsafe_b64encode(raw)[:22].decode()
+        if len(raw) == 16 and job_id == job_id.lower():
+            return PACKED + base64.urlsafe_b64encode(raw)[:21].decode()
     return PACKED + job_id if job_id.startswith(PACKED) else job_id
 
 
@@ -123,5 +125,5 @@ def unpack_id(stored: str) -> str:
         return stored
     if stored.startswith(PACKED * 2):
         return stored[1:]
-    hexed = base64.urlsafe_b64decode(stored[1:] + "==").hex()
-    return f"{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:]}"
+    h = base64.urlsafe_b64decode(stored[1:] + "A==").hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[12:15]}-{h[15:19]}-{h[19:31]}"

@@ -91,6 +91,7 @@ class DirectRoutes:
 
     lists: list[str]  # the broker's list of each queue
     queues: list[tuple[str, int]]  # (queue name, delivery mode) of each list
+    default_queue: str  # the queue of envelopes that name none
     origin: str  # the origin header
     repr_max: int  # longest argsrepr / kwargsrepr header
 
@@ -262,9 +263,11 @@ class Store:
             raw, due_ms, dead = replies[3 * i:3 * i + 3]
             if raw is not None:
                 state = "scheduled" if due_ms is not None else "claimed"
-                return Job.from_envelope(job_id, raw, due_ms, state, shard.shard)
+                return Job.from_envelope(job_id, raw, due_ms, state, shard.shard,
+                                         self.config.default_queue)
             if dead is not None:
-                return Job.dead(job_id, json.loads(dead), shard.shard)
+                return Job.dead(job_id, json.loads(dead), shard.shard,
+                                self.config.default_queue)
         return None
 
     def pending(self, task: str | None = None, key: str | None = None,
@@ -307,7 +310,7 @@ class Store:
         for (stored, due_ms), raw in zip(scored, raws, strict=True):
             try:
                 job = Job.from_envelope(unpack_id(stored), raw, due_ms, "scheduled",
-                                        shard.shard)
+                                        shard.shard, self.config.default_queue)
             except PayloadError:
                 continue  # unreadable: the carrier dead-letters it when due
             if task is None or job.task == task:
@@ -397,13 +400,13 @@ class Store:
               direct: DirectRoutes | None = None) -> list[ShardClaim]:
         """Claim up to ``batch`` due jobs on each shard, in one round trip; with ``direct``,
         plain jobs for those queues are pushed to the broker by the script instead."""
-        lists, routes, origin, repr_max = [], [], "", 0
+        lists, routes, origin, repr_max, default = [], [], "", 0, ""
         if direct is not None:
-            lists, origin, repr_max = direct.lists, direct.origin, direct.repr_max
-            routes = [value for route in direct.queues for value in route]
+            lists, routes = direct.lists, [value for route in direct.queues for value in route]
+            origin, repr_max, default = direct.origin, direct.repr_max, direct.default_queue
         calls = [(SCRIPTS["claim_due"],
                   [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, *lists],
-                  [batch, lease_ms, self._maxlen, s.shard, origin, repr_max, *routes])
+                  [batch, lease_ms, self._maxlen, s.shard, origin, repr_max, default, *routes])
                  for s in shards]
         claims = []
         for shard, reply in zip(shards, execute(self.client, calls), strict=True):

@@ -23,7 +23,8 @@ ARGV[3]   journal maxlen (0: no journal)
 ARGV[4]   shard number (the delayq_shard header)
 ARGV[5]   origin header (the promoting carrier)
 ARGV[6]   longest argsrepr / kwargsrepr header, in bytes
-ARGV[7..] two values per KEYS[7..], in the same order: queue name, delivery mode
+ARGV[7]   the default queue (of envelopes that name none)
+ARGV[8..] two values per KEYS[7..], in the same order: queue name, delivery mode
 
 Returns {now ms, next due ms or -1, {due ms of each job promoted directly},
          id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs.
@@ -38,7 +39,7 @@ local repr_max = tonumber(ARGV[6])
 
 local routes = {}
 for n = 7, #KEYS do
-  routes[ARGV[2 * n - 7]] = {index = n, mode = tonumber(ARGV[2 * n - 6])}
+  routes[ARGV[2 * n - 6]] = {index = n, mode = tonumber(ARGV[2 * n - 5])}
 end
 
 local function repr(text)
@@ -62,7 +63,8 @@ local function route(line)
       return false
     end
   end
-  local queue = routes[fields['q']]
+  local name = fields['q'] or ARGV[7]
+  local queue = routes[name]
   if not queue then return false end
   return {
     fields = fields, index = queue.index,
@@ -70,7 +72,7 @@ local function route(line)
     task = cjson.encode(fields['t']),
     key = fields['y'] and (',"delayq_key":' .. cjson.encode(fields['y'])) or '',
     properties = ',"reply_to":"","delivery_mode":' .. queue.mode
-      .. ',"delivery_info":{"exchange":"","routing_key":' .. cjson.encode(fields['q'])
+      .. ',"delivery_info":{"exchange":"","routing_key":' .. cjson.encode(name)
       .. '},"priority":0,"delivery_tag":',
   }
 end
@@ -92,26 +94,28 @@ local function plain(env)
   return r, string.sub(env, nl1 + 1, nl2 - 1), string.sub(env, nl2 + 1)
 end
 
--- The job id keys.pack_id stored as "~" + 22 base64url characters of a UUID's bytes.
+-- The job id keys.pack_id stored as "~" + 21 base64url characters: the 31 hex digits of a
+-- version-4 UUID other than its version digit, then 2 zero bits.
 local SIXTY_FOUR = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'
 local sextet = {}
 for n = 1, 64 do sextet[string.byte(SIXTY_FOUR, n)] = n - 1 end
 local function unpack_id(stored)
   if string.byte(stored, 1) ~= 126 then return stored end  -- not "~"
   if string.byte(stored, 2) == 126 then return string.sub(stored, 2) end
-  local hex, bits, value = '', 0, 0
-  for n = 2, 23 do
+  local hex, bits, value = {}, 0, 0
+  for n = 2, 22 do
     value = value * 64 + sextet[string.byte(stored, n)]
     bits = bits + 6
-    if bits >= 8 then
-      bits = bits - 8
-      local byte = math.floor(value / 2 ^ bits)
-      value = value - byte * 2 ^ bits
-      hex = hex .. string.format('%02x', byte)
+    while bits >= 4 do
+      bits = bits - 4
+      local digit = math.floor(value / 2 ^ bits)
+      value = value - digit * 2 ^ bits
+      hex[#hex + 1] = string.format('%x', digit)
     end
   end
-  return string.sub(hex, 1, 8) .. '-' .. string.sub(hex, 9, 12) .. '-' .. string.sub(hex, 13, 16)
-    .. '-' .. string.sub(hex, 17, 20) .. '-' .. string.sub(hex, 21, 32)
+  local h = table.concat(hex)
+  return string.sub(h, 1, 8) .. '-' .. string.sub(h, 9, 12) .. '-4' .. string.sub(h, 13, 15)
+    .. '-' .. string.sub(h, 16, 19) .. '-' .. string.sub(h, 20, 31)
 end
 
 -- The kombu Redis transport's message for Celery's protocol 2, as apply_async sends it

@@ -30,10 +30,17 @@ def build(app, name="unit.plain", args=(42,), kwargs=None, **options):
 
 def test_small_call_is_stored_compactly(app):
     call = build(app, key="order:42")
-    assert call.envelope == '{"t":"unit.plain","y":"order:42","q":"celery"}\n[42]\n'
+    assert call.envelope == '{"t":"unit.plain","y":"order:42"}\n[42]\n'
     assert envelope.decode(call.envelope) == {"t": "unit.plain", "a": [42], "k": {},
-                                              "y": "order:42", "q": "celery"}
+                                              "y": "order:42"}
     assert call.job_id == call.task_id
+
+
+def test_the_default_queue_is_not_stored_and_comes_back_at_promotion(app):
+    env = envelope.decode(build(app).envelope)
+    assert "q" not in env
+    assert envelope.to_message(app, "j", env, shard=0, due_ms=0).routing_key == "celery"
+    assert envelope.decode(build(app, queue="refunds").envelope)["q"] == "refunds"
 
 
 def test_routing_is_resolved_at_schedule_time(app):

@@ -112,7 +112,8 @@ class JournalSync:
                 if row is None:
                     row = rows[job_id] = DelayedTask(job_id=job_id, task=fields.get("task", ""),
                                                      created_at=at)
-                apply_event(row, fields, at, envelopes.get(job_id))
+                apply_event(row, fields, at, envelopes.get(job_id),
+                            self.store.config.default_queue)
                 events.append(DelayedTaskEvent(
                     delayed_task=row, event=fields.get("event", ""), at=at,
                     due=_ms(fields.get("due")), detail=_detail(fields), stream_id=stream_id))
@@ -128,7 +129,7 @@ class JournalSync:
 
 
 def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
-                envelope: str | None = None) -> None:
+                envelope: str | None = None, default_queue: str = "") -> None:
     """Move ``row`` to what one journal event says (events of a shard arrive in order)."""
     event = fields.get("event", "")
     due = _ms(fields.get("due"))
@@ -138,7 +139,7 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
         row.key = fields["key"]
     if event in _DUE_EVENTS:
         if envelope and event in _ENVELOPE_EVENTS:
-            _fill_from_envelope(row, envelope)
+            _fill_from_envelope(row, envelope, default_queue)
         row.state = State.SCHEDULED
         row.due = due or row.due
         row.stored, row.store_error = True, ""
@@ -166,13 +167,14 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
         row.state, row.dead_at, row.reason = State.DEAD, at, fields.get("reason", "")
 
 
-def _fill_from_envelope(row: DelayedTask, envelope: str) -> None:
+def _fill_from_envelope(row: DelayedTask, envelope: str, default_queue: str) -> None:
     try:
         env = decode(envelope)
     except PayloadError:
         return
     row.envelope = envelope
-    row.args, row.kwargs, row.queue = env.get("a", []), env.get("k", {}), env.get("q", "")
+    row.args, row.kwargs = env.get("a", []), env.get("k", {})
+    row.queue = env.get("q") or default_queue
     row.task_id = env.get("i", row.job_id)
     row.retries = _int(env.get("o", {}).get("retries"), 0)
 

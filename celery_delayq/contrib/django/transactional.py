@@ -45,7 +45,7 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
     using = router.db_for_write(DelayedTask)
     if not transaction.get_connection(using).in_atomic_block:
         return None
-    fields = _fields_of(call.envelope)
+    fields = _fields_of(call.envelope, delayq.config.default_queue)
     if fields["retries"]:
         # ``raise self.retry(...)`` inside atomic() rolls the block back: a retry deferred
         # to its commit would be lost, so it is written now, as Celery would publish it.
@@ -120,9 +120,10 @@ def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
     return report
 
 
-def _fields_of(envelope: str) -> dict:
+def _fields_of(envelope: str, default_queue: str) -> dict:
     env = decode(envelope)
-    return {"args": env.get("a", []), "kwargs": env.get("k", {}), "queue": env.get("q", ""),
+    return {"args": env.get("a", []), "kwargs": env.get("k", {}),
+            "queue": env.get("q") or default_queue,
             "retries": int(env.get("o", {}).get("retries", 0) or 0)}
 
 

@@ -1,0 +1,29 @@
+"""Job ids are stored packed, and come back exactly as given."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from celery_delayq.keys import pack_id, unpack_id
+
+
+def test_a_uuid4_job_id_is_stored_in_22_characters():
+    for _ in range(1000):
+        job_id = str(uuid.uuid4())
+        stored = pack_id(job_id)
+        assert len(stored) == 22 and stored.startswith("~")
+        assert unpack_id(stored) == job_id
+
+
+@pytest.mark.parametrize("job_id", [
+    "order:42", "~starts-with-tilde", "~~", "~AAAAAAAAAAAAAAAAAAAAA",
+    str(uuid.uuid1()),  # not version 4
+    str(uuid.uuid4()).upper(),  # not canonical
+    "0000000 -0000-4000-0000-000000000000", "0000_000-0000-4000-0000-000000000000",
+    "00000000-0000-4000-0000-00000000000g",
+])
+def test_other_job_ids_come_back_unchanged(job_id):
+    assert unpack_id(pack_id(job_id)) == job_id
+    assert pack_id(job_id) in (job_id, "~" + job_id)
