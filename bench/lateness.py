@@ -23,6 +23,7 @@ import os
 import platform
 import sys
 import time
+from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -45,11 +46,13 @@ _DRAIN_TIMEOUT = 300.0
 class Bench:
     """The arms of one benchmark run against one :class:`Cluster`."""
 
-    def __init__(self, cluster: Cluster, load: Load, promotion_tasks: int) -> None:
+    def __init__(self, cluster: Cluster, load: Load, promotion_tasks: int,
+                 sustained_rate: int = 0) -> None:
         self.cluster = cluster
         self.ctx: ModuleType = cluster.app
         self.load = load
         self.promotion_tasks = promotion_tasks
+        self.sustained_rate = sustained_rate
         self.rates = {"delayq": 1000.0, "native": 1000.0}  # schedule calls/s, from warm-up
         self._runs = 0
 
@@ -101,12 +104,19 @@ class Bench:
         return result
 
     def promotion(self, direct: bool = False) -> dict:
-        """Carrier throughput: jobs due at one instant, into an unread queue; ``direct``
+        """Carrier throughput and lateness, into an unread queue: jobs due at one instant,
+        then jobs due at ``sustained_rate`` per second for ``window`` seconds. ``direct``
         restarts the carrier with ``--direct`` for the duration."""
+        name = "promotion, direct" if direct else "promotion"
         if direct:
             self._restart_carrier("--direct")
         try:
-            return self._promotion("promotion, direct" if direct else "promotion")
+            result = self._promotion(name, self.promotion_tasks, spread_s=0.0)
+            if self.sustained_rate:
+                tasks = int(self.sustained_rate * self.load.window)
+                result["sustained"] = self._promotion(f"{name}, sustained", tasks,
+                                                      spread_s=self.load.window)
+            return result
         finally:
             if direct:
                 self._restart_carrier()
@@ -119,15 +129,16 @@ class Bench:
         workload.wait_until(lambda: all(store.owners()), 60, "the carrier to take the shards",
                             self.cluster.check_alive)
 
-    def _promotion(self, arm: str) -> dict:
-        ctx, tasks = self.ctx, self.promotion_tasks
+    def _promotion(self, arm: str, tasks: int, spread_s: float) -> dict:
+        ctx = self.ctx
         marks = workload.journal_marks(ctx)
-        eta = workload.eta_after(2.0 + tasks / 20_000)
-        say(f"{arm}: {tasks:,} jobs due at one instant (apply_delayed_many)")
+        eta = workload.eta_after(2.0 + tasks / 10_000)
+        say(f"{arm}: {tasks:,} jobs due " + (f"evenly over {spread_s:g} s" if spread_s else
+                                             "at one instant") + " (apply_delayed_many)")
         started = time.perf_counter()
         results = ctx.delayed_probe.apply_delayed_many(
-            [{"args": ("bench:runs:sink",), "eta": eta} for _ in range(tasks)],
-            queue=ctx.SINK_QUEUE)
+            [{"args": ("bench:runs:sink",), "eta": eta + timedelta(seconds=spread_s * n / tasks)}
+             for n in range(tasks)], queue=ctx.SINK_QUEUE)
         many_per_s = tasks / (time.perf_counter() - started)
         workload.wait_until(lambda: workload.pending_in_store(ctx) == 0,
                             eta.timestamp() - time.time() + _DRAIN_TIMEOUT,
@@ -136,11 +147,12 @@ class Bench:
         purged = workload.purge(ctx, ctx.SINK_QUEUE)
         due_ms = min(due for _, due in events)
         span_s = max(1, max(at for at, _ in events) - due_ms) / 1000
-        say(f"{arm}: {len(events):,} promoted in {span_s * 1000:.0f} ms after due "
-            f"({len(events) / span_s:,.0f}/s); {purged:,} messages purged")
+        lateness = workload.promotion_lateness(events)
+        say(f"{arm}: {len(events):,} promoted in {span_s * 1000:.0f} ms after the first due "
+            f"({len(events) / span_s:,.0f}/s), publish - due p99 {lateness['p99']:.0f} ms; "
+            f"{purged:,} messages purged")
         return {"tasks": tasks, "promoted": len(events), "schedule_many_per_s": many_per_s,
-                "promotion_per_s": len(events) / span_s,
-                "lateness_ms": workload.promotion_lateness(events)}
+                "promotion_per_s": len(events) / span_s, "lateness_ms": lateness}
 
 
 def repetition(bench: Bench, n: int) -> dict:
@@ -170,7 +182,7 @@ def ratios(rep: dict) -> dict:
 
 # -- report ------------------------------------------------------------------------------
 
-def report(summary: dict, repeats: int, promotion_tasks: int) -> str:
+def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: int) -> str:
     many = repeats > 1
     pcts = [name for name, _ in PERCENTILES] + ["max"]
 
@@ -182,6 +194,10 @@ def report(summary: dict, repeats: int, promotion_tasks: int) -> str:
         lat_row("delayq worker start - due", "delayq.worker_lateness_ms"),
         lat_row("native worker start - due", "native.worker_lateness_ms"),
         lat_row("ratio delayq ÷ native (worker start)", "ratios.worker_lateness"),
+        lat_row(f"publish - due at {sustained_rate:,} due/s, kombu",
+                "promotion.sustained.lateness_ms"),
+        lat_row(f"publish - due at {sustained_rate:,} due/s, direct",
+                "promotion_direct.sustained.lateness_ms"),
     ])
     rows = [
         ["schedule, one call at a time", cell(summary.get("delayq.schedule_per_s"), 0, many),
@@ -231,6 +247,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=5.0, help="seconds the due times span")
     parser.add_argument("--promotion-tasks", type=int, default=50_000,
                         help="jobs due at one instant in each promotion arm")
+    parser.add_argument("--sustained-rate", type=int, default=20_000,
+                        help="due jobs/s over --window in each promotion arm (0: skip)")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 2,000 tasks, 1 repetition")
@@ -244,7 +262,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="run the carrier under pyinstrument, text report to TXT")
     opts = parser.parse_args(argv)
     if opts.quick:
-        opts.tasks, opts.repeat, opts.promotion_tasks = 2_000, 1, 5_000
+        opts.tasks, opts.repeat, opts.promotion_tasks, opts.sustained_rate = 2_000, 1, 5_000, 2_000
     if opts.no_worker_events:
         os.environ["DELAYQ_BENCH_WORKER_EVENTS"] = "0"
     if opts.out is None:
@@ -258,7 +276,7 @@ def run(opts: argparse.Namespace) -> dict:
     with Cluster(setup, profile_carrier=opts.profile_carrier) as cluster:
         say(f"redis-server at {cluster.redis.url}; worker ({setup.pool}, "
             f"{setup.concurrency}) and carrier started")
-        bench = Bench(cluster, load, opts.promotion_tasks)
+        bench = Bench(cluster, load, opts.promotion_tasks, opts.sustained_rate)
         bench.warm_up()
         reps = []
         for n in range(opts.repeat):
@@ -270,6 +288,7 @@ def run(opts: argparse.Namespace) -> dict:
         "benchmark": "lateness", "machine": facts,
         "parameters": {"tasks": load.tasks, "window_s": load.window, "repeat": opts.repeat,
                        "promotion_tasks": opts.promotion_tasks,
+                       "sustained_rate": opts.sustained_rate,
                        "pool": setup.pool, "concurrency": setup.concurrency,
                        "worker_events": not opts.no_worker_events},
         "command": " ".join(["python -m bench.lateness", *sys.argv[1:]]),
@@ -285,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         say("interrupted; every process stopped")
         return 130
     print()
-    print(report(result["summary"], opts.repeat, opts.promotion_tasks))
+    print(report(result["summary"], opts.repeat, opts.promotion_tasks, opts.sustained_rate))
     facts = result["machine"]
     print(f"\n{facts['nproc']} CPUs ({facts['cpu']}), Redis {facts['redis_server']}, "
           f"Python {facts['python']}, Celery {facts['celery']}, {facts['worker']}; "

@@ -116,8 +116,9 @@ def test_counts_pending_rows_per_local_hour_and_task_in_one_query():
 @pytest.mark.django_db
 def test_changelist_shows_the_chart_with_the_counts_of_pending_rows(admin_client):
     now = timezone.now()
-    for n in range(3):
-        _row(f"order:{n}", CLOSE, now + timedelta(hours=2, minutes=n))
+    two_hours_on = (now + timedelta(hours=2)).replace(minute=10, second=0, microsecond=0)
+    for n in range(3):  # within one hour, whatever the minute now
+        _row(f"order:{n}", CLOSE, two_hours_on + timedelta(minutes=n))
     _row("refund:1", REFUND, now + timedelta(hours=5))
     _row("refund:2", REFUND, now + timedelta(hours=30))  # beyond 24 h
     _row("order:9", CLOSE, now + timedelta(hours=1), state="succeeded")
