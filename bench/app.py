@@ -13,6 +13,7 @@ import time
 
 import redis
 from celery import Celery, Task
+from kombu import Queue
 
 from celery_delayq import DelayedTask, DelayQ
 
@@ -25,6 +26,8 @@ app = Celery("bench", broker=BROKER_URL)
 app.conf.update(
     broker_connection_retry_on_startup=True,
     task_default_queue="celery",
+    # Declared, so a carrier started with --direct routes the sink queue from the start.
+    task_queues=[Queue("celery"), Queue(SINK_QUEUE)],
     task_ignore_result=True,
     worker_hijack_root_logger=False,
     # native_probe.apply_async(countdown=...) must stay Celery's own ETA (the comparison arm):

@@ -88,7 +88,9 @@ class Carrier:
         self._maintain_every = min(_MAINTAIN_EVERY, shard_lease_ms / 3000)
         self._next_maintenance = 0.0
         self._shards: list[ShardKeys] = []
-        self._direct: DirectRoutes | None = None
+        self._direct: DirectRoutes | None = None  # the queues the claim script pushes to
+        self._broker_prefix: str | None = None  # set once the broker is known to be the store
+        self._considered: set[str] = set()  # queue names looked at for direct promotion
 
     # -- one iteration -----------------------------------------------------------------
 
@@ -97,8 +99,8 @@ class Carrier:
         recovered = 0
         if time.monotonic() >= self._next_maintenance:
             with self.store.unavailable():
-                if self._direct is None and self.direct:
-                    self._direct = self._direct_routes()
+                if self.direct and self._broker_prefix is None:
+                    self._check_broker()
                 self._shards = self.ownership.balance()
                 recovered = self.store.recover(self._shards, self.batch)
             self._next_maintenance = time.monotonic() + self._maintain_every
@@ -216,6 +218,8 @@ class Carrier:
                 **message.properties,
             )
             self._declared.add(queue.name)
+        if self._broker_prefix is not None and queue.name not in self._considered:
+            self._route_directly([queue.name])  # e.g. created by task_create_missing_queues
         return Promoted(job.job_id, env["t"], env.get("y"), job.due_ms)
 
     def _send(self, message: Message, queue, delivery_mode: int) -> None:
@@ -237,8 +241,8 @@ class Carrier:
                               routing_key=message.routing_key, mandatory=False,
                               immediate=False, timeout=None, confirm_timeout=None)
 
-    def _direct_routes(self) -> DirectRoutes:
-        """The queues direct promotion pushes to, once the broker is known to be the store."""
+    def _check_broker(self) -> None:
+        """Make sure the broker is the store's Redis, then route its queues directly."""
         with self.app.connection_for_write() as connection:
             same = connection.transport.driver_type == "redis" and _same_database(
                 connection.default_channel.client, self.store.client)
@@ -249,15 +253,20 @@ class Carrier:
                 f"and database; the broker is {redact(self.app.conf.broker_url or '')}, the "
                 f"store {redact(self.delayq.config.redis_url)}. Point delayq_redis_url at the "
                 "broker or turn delayq_direct_promotion off.")
-        prefix = options.get("global_keyprefix", "")
-        names = [name for name, queue in self.app.amqp.queues.items() if not queue.expires]
-        routes = DirectRoutes(
-            lists=[broker_queue(prefix, name) for name in names],
-            queues=[(name, self._queue(name)[1]) for name in names],
+        self._broker_prefix = options.get("global_keyprefix", "")
+        self._route_directly(list(self.app.amqp.queues))
+
+    def _route_directly(self, names: list[str]) -> None:
+        """Let the claim script push to these queues too (all but those with x-expires)."""
+        self._considered.update(names)
+        routed = [name for name, _ in self._direct.queues] if self._direct else []
+        routed += [name for name in names if not self._queue(name)[0].expires]
+        self._direct = DirectRoutes(
+            lists=[broker_queue(self._broker_prefix, name) for name in routed],
+            queues=[(name, self._queue(name)[1]) for name in routed],
             default_queue=self.delayq.config.default_queue,
             origin=ORIGIN, repr_max=self.app.amqp.argsrepr_maxsize)
-        logger.info("direct promotion into %s", ", ".join(names))
-        return routes
+        logger.info("direct promotion into %s", ", ".join(routed))
 
     def _queue(self, name: str) -> tuple[Any, int]:
         """The kombu queue of a name and its delivery mode, resolved once."""

@@ -128,3 +128,20 @@ def test_direct_promotion_refuses_a_broker_on_another_database(proj, app, redis_
     finally:
         app.conf.broker_url = app.conf.broker_url.rsplit("/", 1)[0] + "/0"
     assert proj.delayq.pending()[0].args == ["x"], "nothing was lost"
+
+
+def test_a_queue_the_carrier_did_not_know_is_pushed_to_directly_after_its_first_batch(
+        proj, app, redis_client):
+    late = "parked.late"
+    carrier = Carrier(app, direct=True)
+    carrier.run_once()  # routes the queues known now
+    try:
+        for label in ("first", "second"):
+            proj.record.apply_delayed(args=(label,), eta=DUE, queue=late)
+            carrier.run_once()
+    finally:
+        carrier.close()
+    first, second = (json.loads(raw) for raw in reversed(redis_client.lrange(late, 0, -1)))
+    assert first["properties"]["body_encoding"] == "base64", "through kombu, which creates it"
+    assert "body_encoding" not in second["properties"], "then pushed by the claim script"
+    assert json.loads(second["body"])[0] == ["second"]
