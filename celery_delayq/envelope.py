@@ -36,8 +36,7 @@ from typing import Any, NamedTuple
 from celery.utils import uuid
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
-from kombu.utils.json import dumps as json_dumps
-from kombu.utils.json import object_hook
+from kombu.utils.json import JSONEncoder, object_hook
 
 from .errors import PayloadError, UnknownQueue
 
@@ -67,8 +66,9 @@ _ROUTING = frozenset({"queue", "exchange", "routing_key", "exchange_type"})
 _RESERVED = frozenset({"content_type", "content_encoding", "serializer"})
 _JSON = "json"
 ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
-_COMPACT = {"separators": (",", ":")}
-# kombu's loads() builds a decoder per call; this one decodes the same, built once.
+# kombu's dumps() and loads() build an encoder / decoder per call; these do the same
+# (datetime, UUID, Decimal ... as kombu encodes them), compact, built once.
+_encode_json = JSONEncoder(separators=(",", ":")).encode
 _decode_json = json.JSONDecoder(object_hook=object_hook).decode
 # Per app: create_task_message, argsrepr_maxsize and the default queue's name (each behind a
 # locking cached_property).
@@ -207,9 +207,9 @@ def encode(env: dict[str, Any]) -> str:
     :func:`decode`."""
     fields = {k: v for k, v in env.items() if k not in ("a", "k")}
     try:
-        return "\n".join((json_dumps(fields, **_COMPACT),
-                          json_dumps(env["a"], **_COMPACT) if env.get("a") else "",
-                          json_dumps(env["k"], **_COMPACT) if env.get("k") else ""))
+        return "\n".join((_encode_json(fields),
+                          _encode_json(env["a"]) if env.get("a") else "",
+                          _encode_json(env["k"]) if env.get("k") else ""))
     except (TypeError, ValueError) as exc:
         raise PayloadError(
             f"arguments or options of {env.get('t')} are not JSON-serialisable ({exc}); pass "
