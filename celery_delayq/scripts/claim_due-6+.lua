@@ -97,32 +97,36 @@ end
 -- The job id keys.pack_id stored as "~" + 21 base64url characters: the 31 hex digits of a
 -- version-4 UUID other than its version digit, then 2 zero bits.
 local SIXTY_FOUR = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'
-local sextet = {}
-for n = 1, 64 do sextet[string.byte(SIXTY_FOUR, n)] = n - 1 end
+local HEX = {}
+for n = 0, 15 do HEX[n] = string.format('%x', n) end
+-- Per character (byte) of SIXTY_FOUR, for its 6 bits: the hex digit of the top 4, the hex
+-- digit of the low 4, the low 2 shifted up to be a digit's top 2, the top 2 as a digit's low 2.
+local HIGH, LOW, LOW2, TOP2 = {}, {}, {}, {}
+for n = 1, 64 do
+  local char, bits = string.byte(SIXTY_FOUR, n), n - 1
+  HIGH[char], LOW[char] = HEX[math.floor(bits / 4)], HEX[bits % 16]
+  LOW2[char], TOP2[char] = (bits % 4) * 4, math.floor(bits / 16)
+end
+-- Returns whether it was a UUID, and the id.
 local function unpack_id(stored)
-  if string.byte(stored, 1) ~= 126 then return stored end  -- not "~"
-  if string.byte(stored, 2) == 126 then return string.sub(stored, 2) end
-  local hex, bits, value = {}, 0, 0
-  for n = 2, 22 do
-    value = value * 64 + sextet[string.byte(stored, n)]
-    bits = bits + 6
-    while bits >= 4 do
-      bits = bits - 4
-      local digit = math.floor(value / 2 ^ bits)
-      value = value - digit * 2 ^ bits
-      hex[#hex + 1] = string.format('%x', digit)
-    end
-  end
-  local h = table.concat(hex)
-  return string.sub(h, 1, 8) .. '-' .. string.sub(h, 9, 12) .. '-4' .. string.sub(h, 13, 15)
-    .. '-' .. string.sub(h, 16, 19) .. '-' .. string.sub(h, 20, 31)
+  if string.byte(stored, 1) ~= 126 then return false, stored end  -- not "~"
+  if string.byte(stored, 2) == 126 then return false, string.sub(stored, 2) end
+  -- two characters, 12 bits, make three hex digits: a b -> HIGH[a], HEX[LOW2[a] + TOP2[b]],
+  -- LOW[b]; the last character's low 2 bits are padding. One concatenation, no tables.
+  local a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q, r, s, t, u = string.byte(stored, 2, 22)
+  return true, HIGH[a] .. HEX[LOW2[a] + TOP2[b]] .. LOW[b] .. HIGH[c] .. HEX[LOW2[c] + TOP2[d]]
+    .. LOW[d] .. HIGH[e] .. HEX[LOW2[e] + TOP2[f]] .. '-' .. LOW[f] .. HIGH[g]
+    .. HEX[LOW2[g] + TOP2[h]] .. LOW[h] .. '-4' .. HIGH[i] .. HEX[LOW2[i] + TOP2[j]] .. LOW[j]
+    .. '-' .. HIGH[k] .. HEX[LOW2[k] + TOP2[l]] .. LOW[l] .. HIGH[m] .. '-'
+    .. HEX[LOW2[m] + TOP2[n]] .. LOW[n] .. HIGH[o] .. HEX[LOW2[o] + TOP2[p]] .. LOW[p] .. HIGH[q]
+    .. HEX[LOW2[q] + TOP2[r]] .. LOW[r] .. HIGH[s] .. HEX[LOW2[s] + TOP2[t]] .. LOW[t] .. HIGH[u]
 end
 
 -- The kombu Redis transport's message for Celery's protocol 2, as apply_async sends it
 -- (Celery's headers and properties; the body is JSON text, not base64).
 local function message(stored, due, r, args, kwargs)
-  local job_id = unpack_id(stored)
-  local job = cjson.encode(job_id)
+  local uuid, job_id = unpack_id(stored)
+  local job = uuid and ('"' .. job_id .. '"') or cjson.encode(job_id)
   local id = r.id or job
   if args == '' then args = '[]' end
   if kwargs == '' then kwargs = '{}' end
@@ -133,11 +137,12 @@ local function message(stored, due, r, args, kwargs)
     .. ',"shadow":null,"eta":null,"expires":null,"group":null,"group_index":null,'
     .. '"retries":0,"timelimit":[null,null],"root_id":' .. id .. ',"parent_id":null,'
     .. '"argsrepr":' .. cjson.encode(repr(args)) .. ',"kwargsrepr":'
-    .. cjson.encode(repr(kwargs)) .. ',"origin":' .. origin .. ',"ignore_result":false,'
+    .. (kwargs == '{}' and '"{}"' or cjson.encode(repr(kwargs))) .. ',"origin":' .. origin
+    .. ',"ignore_result":false,'
     .. '"replaced_task_nesting":0,"stamped_headers":null,"stamps":{},"delayq_job":' .. job
     .. ',"delayq_shard":' .. ARGV[4] .. ',"delayq_due":' .. due .. r.key
     .. '},"properties":{"correlation_id":' .. id .. r.properties
-    .. '"' .. string.sub(job, 2, -2) .. '@' .. now_us .. '"}}'
+    .. string.sub(job, 1, -2) .. '@' .. now_us .. '"}}'
 end
 
 -- Runs redis.call(command, key, ...) with many values, a thousand at a time.

@@ -49,13 +49,16 @@ def comparable(message: dict) -> tuple[dict, tuple[str, str]]:
     ((42, "x", [], {}, 12345678901234567, 0.30000000000000004, "é ☃", None, True), None, {}),
     (("nested",), {"empty": [], "also": {}, "deep": [[{"a": []}]]}, {"key": "order:42"}),
     (("own task id",), None, {"task_id": "t-1", "key": "refund:9"}),
+    (("odd ids",), None, {"job_id": '~a"b\\c/d', "task_id": "~~x"}),
+    (("uuid ids",), None, {"job_id": "0b7e8f3a-3c1e-4e55-9a1d-8d3b8e1e5f00",
+                           "task_id": "0b7e8f3a-3c1e-4e55-9a1d-8d3b8e1e5f00"}),
 ])
 def test_direct_message_is_the_message_kombu_publishes(proj, app, redis_client, args, kwargs,
                                                          options):
     messages = []
     for direct in (False, True):
         proj.record.apply_delayed(args=args, kwargs=kwargs, eta=DUE, queue=PARKED,
-                                  job_id="same", **{"task_id": "same", **options})
+                                  **{"job_id": "same", "task_id": "same", **options})
         promote_once(app, direct=direct)
         messages.append(parked(redis_client)[-1])
     (published, (argsrepr, kwargsrepr)), (pushed, reprs) = map(comparable, messages)
