@@ -477,10 +477,11 @@ class Store:
     def dead_letter(self, shard: ShardKeys, job_id: str, reason: str,
                     key: str | None) -> bool:
         """Move a claimed job that cannot be published to the dead letters."""
+        stored = pack_id(job_id)
         return bool(SCRIPTS["dead"].call(
             self.client,
             [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal, shard.counts],
-            [pack_id(job_id), reason, bykey_member(key, pack_id(job_id)), self._maxlen]))
+            [stored, reason, bykey_member(key, stored), self._maxlen]))
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
         """Dead-letter a call that is no longer in the store (e.g. a task out of retries).
@@ -504,9 +505,9 @@ class Store:
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
             for job_id, key in jobs:
-                shard = self.keys.shard_for(job_id, key)
-                pipe.hexists(shard.jobs, pack_id(job_id))
-                pipe.hexists(shard.dead, pack_id(job_id))
+                shard, stored = self.keys.shard_for(job_id, key), pack_id(job_id)
+                pipe.hexists(shard.jobs, stored)
+                pipe.hexists(shard.dead, stored)
             found = pipe.execute()
         return [bool(found[2 * n] or found[2 * n + 1]) for n in range(len(jobs))]
 

@@ -145,11 +145,17 @@ local function message(stored, due, r, args, kwargs)
     .. string.sub(job, 1, -2) .. '@' .. now_us .. '"}}'
 end
 
--- Runs redis.call(command, key, ...) with many values, a thousand at a time.
+-- Runs redis.call(command, key, ...) with many values, a thousand at a time; the replies
+-- of a command that returns one per value, in order.
 local function each_chunk(command, key, values)
+  local replies = {}
   for first = 1, #values, 1000 do
-    redis.call(command, key, unpack(values, first, math.min(first + 999, #values)))
+    local reply = redis.call(command, key, unpack(values, first, math.min(first + 999, #values)))
+    if type(reply) == 'table' then
+      for k = 1, #reply do replies[first + k - 1] = reply[k] end
+    end
   end
+  return replies
 end
 
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[1])
@@ -159,12 +165,9 @@ local deadline = now + tonumber(ARGV[2])
 local pushed, forgotten, unkeyed, per_task = {}, {}, {}, {}
 if #ids > 0 then
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids / 2 - 1)
-  local names, envelopes = {}, {}
+  local names = {}
   for i = 1, #ids, 2 do names[#names + 1] = ids[i] end
-  for first = 1, #names, 1000 do
-    local chunk = redis.call('HMGET', KEYS[3], unpack(names, first, math.min(first + 999, #names)))
-    for k = 1, #chunk do envelopes[first + k - 1] = chunk[k] end
-  end
+  local envelopes = each_chunk('HMGET', KEYS[3], names)
   for n, job_id in ipairs(names) do
     local due, env = ids[2 * n], envelopes[n]
     local r, args, kwargs = plain(env)
