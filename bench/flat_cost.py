@@ -13,6 +13,10 @@ operations run with the default journal and alternate small/large within each re
   ``store.claim(shards, batch, lease_ms)`` and acked with ``store.ack``, as a carrier does,
   without publishing.
 
+Beside each rate, the time Redis itself spent in the store's scripts per job (``INFO
+commandstats`` after a ``CONFIG RESETSTAT``): the server's share, which the round trip and
+the client side's noise on a shared machine do not blur.
+
 After each repetition the small store is emptied and refilled to 10,000, so it stays small.
 Also reported: Redis ``used_memory`` per job at N. Run ``python -m bench.flat_cost --help``.
 """
@@ -148,19 +152,28 @@ class Store:
                 "ack_per_s": claimed / ack_s}
 
     def measure(self, counts: dict[str, int]) -> dict:
-        result = {"pending_before": sum(r["pending"] for r in self.delayq.store.stats())}
-        result["schedule_one"] = {"per_s": self.schedule_one(counts["schedule_one"])}
-        result["schedule_batched"] = {"per_s": self.schedule_batched(counts["schedule_batched"])}
-        result["cancel"] = {"per_s": self.cancel(counts["cancel"])}
-        result["claim_ack"] = self.claim_ack(counts["claim_ack"])
+        result: dict = {"pending_before": sum(r["pending"] for r in self.delayq.store.stats())}
+        for op in OPS:
+            self.client.config_resetstat()
+            figures = getattr(self, op)(counts[op])
+            result[op] = figures if isinstance(figures, dict) else {"per_s": figures}
+            result[op]["redis_us_per_job"] = _redis_usec(self.client) / counts[op]
         say(f"  {self.name} ({result['pending_before']:,} pending): " + ", ".join(
-            f"{op} {result[op]['per_s']:,.0f}/s" for op in OPS))
+            f"{op} {result[op]['per_s']:,.0f}/s ({result[op]['redis_us_per_job']:.1f} us "
+            "in Redis)" for op in OPS))
         return result
 
     def close(self) -> None:
         self.client.close()
         self.app.close()
         self.fill_app.close()
+
+
+def _redis_usec(client: redis.Redis) -> int:
+    """Microseconds Redis spent in scripts since CONFIG RESETSTAT: every measured operation
+    is script calls (the commands a script runs are counted in both, so only scripts)."""
+    stats = client.info("commandstats")
+    return sum(stats.get(name, {}).get("usec", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
 def _chunks(items, size: int):
@@ -177,7 +190,12 @@ def report(summary: dict, repeats: int, pending: int, at_n: dict) -> str:
                      cell(summary.get(f"large.{op}.per_s"), 0, many),
                      cell(summary.get(f"ratio.{op}"), 2, many)])
     text = table(["jobs/s", f"{SMALL:,} pending", f"{pending:,} pending", "large ÷ small"], rows)
-    return (f"{text}\n\nRedis at {pending:,} pending (fill, journal off): "
+    server = table(
+        ["Redis CPU per job, µs", f"{SMALL:,} pending", f"{pending:,} pending", "large ÷ small"],
+        [[LABELS[op], *(cell(summary.get(f"{size}.{op}.redis_us_per_job"), 1, many)
+                        for size in ("small", "large")),
+          cell(summary.get(f"redis_ratio.{op}"), 2, many)] for op in OPS])
+    return (f"{text}\n\n{server}\n\nRedis at {pending:,} pending (fill, journal off): "
             f"{at_n['used_memory_mib']:,.0f} MiB used_memory, "
             f"{at_n['bytes_per_job']:,.0f} bytes/job; filled at {at_n['fill_per_s']:,.0f} jobs/s")
 
@@ -226,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                     rep[store.name] = store.measure(counts)
                 rep["ratio"] = {op: rep["large"][op]["per_s"] / rep["small"][op]["per_s"]
                                 for op in OPS}
+                rep["redis_ratio"] = {op: rep["large"][op]["redis_us_per_job"]
+                                      / rep["small"][op]["redis_us_per_job"] for op in OPS}
                 rep["loadavg_1m_after"] = os.getloadavg()[0]
                 reps.append(rep)
             at_n["used_memory_mib_end"] = workload.used_memory(large.client) / 2**20

@@ -19,10 +19,12 @@ Run ``python -m bench.lateness --help``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
@@ -74,18 +76,25 @@ class Bench:
     def delayq(self) -> dict:
         return self._arm("delayq", self.load, self._lead("delayq", self.load.tasks))
 
+    def delayq_direct(self) -> dict:
+        """The delayq arm with the carrier restarted with ``--direct``."""
+        with self._direct_carrier():
+            return self._arm("delayq", self.load, self._lead("delayq", self.load.tasks),
+                             label="delayq, direct")
+
     def native(self) -> dict:
         return self._arm("native", self.load, self._lead("native", self.load.tasks))
 
-    def _arm(self, arm: str, load: Load, lead: float) -> dict:
+    def _arm(self, arm: str, load: Load, lead: float, label: str = "") -> dict:
+        label = label or arm
         runs_key = self._runs_key(arm)
         marks = workload.journal_marks(self.ctx) if arm == "delayq" else None
         send = (workload.send_delayed if arm == "delayq" else workload.send_native)(
             self.ctx, runs_key)
-        say(f"{arm}: scheduling {load.tasks:,} tasks due over {load.window:g}s "
+        say(f"{label}: scheduling {load.tasks:,} tasks due over {load.window:g}s "
             f"from {lead:.1f}s on")
         scheduled = workload.schedule_one_by_one(load, lead, send)
-        say(f"{arm}: scheduled at {scheduled.per_s:,.0f}/s ({scheduled.overran} overran)")
+        say(f"{label}: scheduled at {scheduled.per_s:,.0f}/s ({scheduled.overran} overran)")
         workload.wait_for_runs(self.ctx, runs_key, load.tasks, lead + load.window
                                + _DRAIN_TIMEOUT, self.cluster.check_alive, say)
         records = workload.runs(self.ctx, runs_key)
@@ -99,7 +108,7 @@ class Bench:
         if marks is not None:
             events = workload.promoted(self.ctx, marks, scheduled.job_ids)
             result["promotion_lateness_ms"] = workload.promotion_lateness(events)
-        say(f"{arm}: worker start - due p50 {lateness['p50']:.1f} ms, "
+        say(f"{label}: worker start - due p50 {lateness['p50']:.1f} ms, "
             f"p99 {lateness['p99']:.1f} ms, max {lateness['max']:.1f} ms")
         return result
 
@@ -108,18 +117,22 @@ class Bench:
         then jobs due at ``sustained_rate`` per second for ``window`` seconds. ``direct``
         restarts the carrier with ``--direct`` for the duration."""
         name = "promotion, direct" if direct else "promotion"
-        if direct:
-            self._restart_carrier("--direct")
-        try:
+        with self._direct_carrier() if direct else contextlib.nullcontext():
             result = self._promotion(name, self.promotion_tasks, spread_s=0.0)
             if self.sustained_rate:
                 tasks = int(self.sustained_rate * self.load.window)
                 result["sustained"] = self._promotion(f"{name}, sustained", tasks,
                                                       spread_s=self.load.window)
             return result
+
+    @contextlib.contextmanager
+    def _direct_carrier(self) -> Iterator[None]:
+        """The carrier restarted with ``--direct`` for the duration, then as it was."""
+        self._restart_carrier("--direct")
+        try:
+            yield
         finally:
-            if direct:
-                self._restart_carrier()
+            self._restart_carrier()
 
     def _restart_carrier(self, *options: str) -> None:
         """A new carrier, back once it serves every shard (the old one hands them over)."""

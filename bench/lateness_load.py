@@ -2,9 +2,11 @@
 
 One redis-server, one ``celery worker -P prefork -c 2`` and one carrier serve every rate.
 Per repetition and rate R (due jobs/s), each arm schedules R * ``--window`` jobs one call at
-a time, due evenly over the window (the arms alternate order). Figures per rate: delayq
-publish - due (journal ``promoted`` events) and worker start - due, and native worker
-start - due, p50 and p99 (medians of the repetitions, [min..max]).
+a time, due evenly over the window (the arms take turns going first). The arms: delayq
+through kombu, Celery native, and delayq with the carrier restarted with ``--direct``.
+Figures per rate: publish - due (journal ``promoted`` events) and worker start - due of
+both delayq arms, and native worker start - due, p50 and p99 (medians of the repetitions,
+[min..max]).
 
 Writes ``bench/results/lateness_vs_load.json`` and ``docs/img/lateness_vs_load.png``
 (``pip install -e '.[bench]'`` for matplotlib). ``--plot-only`` redraws from the JSON.
@@ -28,8 +30,12 @@ PNG = ROOT / "docs" / "img" / "lateness_vs_load.png"
 SERIES = (  # (summary prefix, label, colour, line style)
     ("delayq.promotion_lateness_ms", "delayq publish - due", "tab:blue", ":"),
     ("delayq.worker_lateness_ms", "delayq worker start - due", "tab:blue", "-"),
+    ("delayq_direct.promotion_lateness_ms", "delayq publish - due, direct", "tab:green", ":"),
+    ("delayq_direct.worker_lateness_ms", "delayq worker start - due, direct", "tab:green",
+     "-"),
     ("native.worker_lateness_ms", "Celery native worker start - due", "tab:red", "-"),
 )
+ARMS = ("delayq", "native", "delayq_direct")
 
 
 def run(opts: argparse.Namespace) -> dict:
@@ -43,7 +49,7 @@ def run(opts: argparse.Namespace) -> dict:
             for rate in opts.rates:
                 say(f"-- repetition {n + 1}/{opts.repeat}, {rate:,} due/s --")
                 bench.load = Load(int(rate * opts.window), opts.window, seed=n)
-                order = ("delayq", "native") if n % 2 == 0 else ("native", "delayq")
+                order = ARMS[n % len(ARMS):] + ARMS[:n % len(ARMS)]
                 rep: dict = {"loadavg_1m_before": os.getloadavg()[0]}
                 rep.update({arm: getattr(bench, arm)() for arm in order})
                 rep["loadavg_1m_after"] = os.getloadavg()[0]

@@ -31,14 +31,15 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from typing import Any, NamedTuple
 
-from celery.utils import uuid
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import JSONEncoder, object_hook
 
 from .errors import PayloadError, UnknownQueue
+from .keys import new_job_id, pack_id
 
 #: Headers the carrier adds to every promoted message; a retry carries them back.
 HEADER_JOB = "delayq_job"
@@ -84,6 +85,11 @@ class Call:
     task: str
     key: str | None
     envelope: str
+    stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
+
+    def __post_init__(self) -> None:
+        if not self.stored_id:
+            object.__setattr__(self, "stored_id", pack_id(self.job_id))
 
 
 @dataclass(frozen=True)
@@ -100,17 +106,23 @@ class Template:
              max_payload_bytes: int) -> Call:
         """The stored form of one call with these options; raises on bad arguments."""
         args = _check_args(args, kwargs)
-        task_id = self.task_id or uuid()
         job_id = job_id or self.job_id
+        stored_id = ""  # unless the job id is a new task id: Call packs the job id
+        if self.task_id:
+            task_id = self.task_id
+        elif job_id:
+            task_id = new_job_id()[0]
+        else:
+            task_id, stored_id = new_job_id()
         key = key or self.key
-        env: dict[str, Any] = {"t": self.name}
+        own: dict[str, Any] = {}  # the fields of this call alone
         if job_id and task_id != job_id:
-            env["i"] = task_id
+            own["i"] = task_id
         if key:
-            env["y"] = key
-        env.update(self.fixed)
-        env["a"], env["k"] = args, dict(kwargs) if kwargs else {}
-        encoded = encode(env)
+            own["y"] = key
+        fields = self._fields if not own else _encode_fields(
+            {"t": self.name, **own, **self.fixed}, self.name)
+        encoded = _join(fields, args, kwargs, self.name)
         size = len(encoded.encode())
         if size > max_payload_bytes:
             raise PayloadError(
@@ -118,7 +130,12 @@ class Template:
                 f"{max_payload_bytes}; store large data elsewhere and pass a reference"
             )
         return Call(job_id=job_id or task_id, task_id=task_id, task=self.name, key=key,
-                    envelope=encoded)
+                    envelope=encoded, stored_id=stored_id)
+
+    @cached_property
+    def _fields(self) -> str:
+        """The first line of every call that adds no fields of its own, encoded once."""
+        return _encode_fields({"t": self.name, **self.fixed}, self.name)
 
 
 def template(app, name: str, options: dict[str, Any], *, task_type=None, args=(),
@@ -205,16 +222,31 @@ def _check_args(args, kwargs) -> list:
 def encode(env: dict[str, Any]) -> str:
     """The stored text of an envelope (see the module docstring); the inverse of
     :func:`decode`."""
-    fields = {k: v for k, v in env.items() if k not in ("a", "k")}
+    name = env.get("t")
+    fields = _encode_fields({k: v for k, v in env.items() if k not in ("a", "k")}, name)
+    return _join(fields, env.get("a"), env.get("k"), name)
+
+
+def _encode_fields(fields: dict[str, Any], name) -> str:
     try:
-        return "\n".join((_encode_json(fields),
-                          _encode_json(env["a"]) if env.get("a") else "",
-                          _encode_json(env["k"]) if env.get("k") else ""))
+        return _encode_json(fields)
     except (TypeError, ValueError) as exc:
-        raise PayloadError(
-            f"arguments or options of {env.get('t')} are not JSON-serialisable ({exc}); pass "
-            "plain data (str, int, float, bool, None, list, dict, datetime, UUID, Decimal)"
-        ) from exc
+        raise _not_json(name, exc) from exc
+
+
+def _join(fields: str, args, kwargs, name) -> str:
+    """The stored text of a call: its encoded first line, then its args and kwargs."""
+    try:
+        return (f"{fields}\n{_encode_json(args) if args else ''}\n"
+                f"{_encode_json(kwargs) if kwargs else ''}")
+    except (TypeError, ValueError) as exc:
+        raise _not_json(name, exc) from exc
+
+
+def _not_json(name, exc: Exception) -> PayloadError:
+    return PayloadError(
+        f"arguments or options of {name} are not JSON-serialisable ({exc}); pass plain data "
+        "(str, int, float, bool, None, list, dict, datetime, UUID, Decimal)")
 
 
 def _resolve_route(app, routed: dict[str, Any]) -> tuple[str, str, str]:

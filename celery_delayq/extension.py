@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.result import AsyncResult
 from celery.utils.time import maybe_make_aware
+from vine import promise
 
 from . import journal, validation
 from .conf import DelayQConfig
@@ -33,12 +34,23 @@ class DelayedResult(AsyncResult):
     """The ``AsyncResult`` of a delayed task, plus its job id, due time and ``cancel()``."""
 
     def __init__(self, id: str, job_id: str, eta: datetime | None, delayq: DelayQ,
-                 key: str | None = None, **kwargs: Any) -> None:
-        super().__init__(id, app=delayq.app, **kwargs)
+                 key: str | None = None, parent: AsyncResult | None = None) -> None:
+        # AsyncResult.__init__ but for on_ready (a promise holding a weak method: a quarter
+        # of apply_delayed_many's time), built when first used; most are never waited on.
+        self.app = delayq.app
+        self.id = id
+        self.backend = delayq.app.backend
+        self.parent = parent
+        self._cache = None
+        self._ignored = False
         self.job_id = job_id
         self.eta = eta
         self.key = key
         self._delayq = delayq
+
+    @cached_property
+    def on_ready(self) -> promise:
+        return promise(self._on_fulfilled, weak=True)
 
     def cancel(self) -> bool:
         """True if the job was still pending and is now cancelled; False if too late."""

@@ -51,6 +51,9 @@ class ScheduleCode(int, Enum):
     CONFLICT = -1  # if_exists="error": nothing written
 
 
+_CODES = {code.value: code for code in ScheduleCode}  # a dict lookup costs less than a call
+
+
 @dataclass(frozen=True)
 class Scheduled:
     """The store's answer for one scheduled call."""
@@ -175,7 +178,7 @@ class Store:
                 args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen]
                 for index in chunk:
                     call, due = items[index]
-                    stored = pack_id(call.job_id)
+                    stored = call.stored_id
                     args += [stored, call.envelope, *due.script_args(),
                              bykey_member(call.key, stored), call.task, call.key or ""]
                 calls.append((SCRIPTS["schedule"],
@@ -191,7 +194,7 @@ class Store:
         for chunk, reply in zip(owners, replies, strict=True):
             for offset, index in enumerate(chunk):
                 code, due_ms, existing = reply[3 * offset:3 * offset + 3]
-                results[index] = Scheduled(ScheduleCode(code), due_ms, existing)
+                results[index] = Scheduled(_CODES[code], due_ms, existing)
         return results
 
     def cancel(self, job_id: str, key: str | None = None, by: str = "") -> CancelOutcome:

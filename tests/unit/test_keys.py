@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from celery_delayq.keys import pack_id, unpack_id
+from celery_delayq.keys import new_job_id, pack_id, unpack_id
 
 
 def test_a_uuid4_job_id_is_stored_in_22_characters():
@@ -27,3 +27,11 @@ def test_a_uuid4_job_id_is_stored_in_22_characters():
 def test_other_job_ids_come_back_unchanged(job_id):
     assert unpack_id(pack_id(job_id)) == job_id
     assert pack_id(job_id) in (job_id, "~" + job_id)
+
+
+def test_new_job_id_is_a_version_4_uuid_with_its_packed_form():
+    for _ in range(2000):
+        job_id, stored = new_job_id()
+        parsed = uuid.UUID(job_id)
+        assert (str(parsed), parsed.version, parsed.variant) == (job_id, 4, uuid.RFC_4122)
+        assert (stored, unpack_id(stored)) == (pack_id(job_id), job_id)

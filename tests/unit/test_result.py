@@ -1,0 +1,28 @@
+"""DelayedResult builds AsyncResult's state itself (without its promise until needed)."""
+
+from __future__ import annotations
+
+from celery import Celery
+from celery.result import AsyncResult
+
+from celery_delayq import DelayQ
+from celery_delayq.extension import DelayedResult
+
+
+def test_delayed_result_has_every_attribute_async_result_sets():
+    app = Celery("result-test", set_as_current=False)
+    plain = AsyncResult("t-1", app=app)
+    delayed = DelayedResult("t-1", "job-1", None, DelayQ(app), key="order:1")
+    assert set(vars(plain)) - set(vars(delayed)) == {"on_ready"}  # a cached property here
+    assert delayed.on_ready is delayed.on_ready
+    assert (delayed.id, delayed.backend, delayed.app, delayed.ignored) == (
+        plain.id, plain.backend, plain.app, plain.ignored)
+
+
+def test_delayed_result_callbacks_run_when_the_result_is_ready():
+    app = Celery("result-test", set_as_current=False)
+    delayed = DelayedResult("t-2", "job-2", None, DelayQ(app))
+    seen = []
+    delayed.then(seen.append)
+    delayed.on_ready(delayed)
+    assert seen == [delayed]
