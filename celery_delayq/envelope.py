@@ -107,7 +107,7 @@ class Template:
         """The stored form of one call with these options; raises on bad arguments."""
         args = _check_args(args, kwargs)
         job_id = job_id or self.job_id
-        stored_id = ""  # unless the job id is a new task id: Call packs the job id
+        stored_id = ""  # Call packs the job id, unless it is a new task id, packed here
         if self.task_id:
             task_id = self.task_id
         elif job_id:
@@ -227,14 +227,14 @@ def encode(env: dict[str, Any]) -> str:
     return _join(fields, env.get("a"), env.get("k"), name)
 
 
-def _encode_fields(fields: dict[str, Any], name) -> str:
+def _encode_fields(fields: dict[str, Any], name: str | None) -> str:
     try:
         return _encode_json(fields)
     except (TypeError, ValueError) as exc:
         raise _not_json(name, exc) from exc
 
 
-def _join(fields: str, args, kwargs, name) -> str:
+def _join(fields: str, args, kwargs, name: str | None) -> str:
     """The stored text of a call: its encoded first line, then its args and kwargs."""
     try:
         return (f"{fields}\n{_encode_json(args) if args else ''}\n"
@@ -243,7 +243,7 @@ def _join(fields: str, args, kwargs, name) -> str:
         raise _not_json(name, exc) from exc
 
 
-def _not_json(name, exc: Exception) -> PayloadError:
+def _not_json(name: str | None, exc: Exception) -> PayloadError:
     return PayloadError(
         f"arguments or options of {name} are not JSON-serialisable ({exc}); pass plain data "
         "(str, int, float, bool, None, list, dict, datetime, UUID, Decimal)")

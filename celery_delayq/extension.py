@@ -35,8 +35,8 @@ class DelayedResult(AsyncResult):
 
     def __init__(self, id: str, job_id: str, eta: datetime | None, delayq: DelayQ,
                  key: str | None = None, parent: AsyncResult | None = None) -> None:
-        # AsyncResult.__init__ but for on_ready (a promise holding a weak method: a quarter
-        # of apply_delayed_many's time), built when first used; most are never waited on.
+        # AsyncResult.__init__ but for on_ready (a promise holding a weak method, a large
+        # share of apply_delayed_many's time), built when first used: most are never awaited.
         self.app = delayq.app
         self.id = id
         self.backend = delayq.app.backend
@@ -51,6 +51,12 @@ class DelayedResult(AsyncResult):
     @cached_property
     def on_ready(self) -> promise:
         return promise(self._on_fulfilled, weak=True)
+
+    def __reduce_args__(self) -> tuple:  # what pickle rebuilds it from
+        return self.id, self.job_id, self.eta, self._delayq, self.key, self.parent
+
+    def __copy__(self) -> DelayedResult:
+        return DelayedResult(*self.__reduce_args__())
 
     def cancel(self) -> bool:
         """True if the job was still pending and is now cancelled; False if too late."""
@@ -78,6 +84,9 @@ class DelayQ:
 
     def __init__(self, app: Celery) -> None:
         """One DelayQ per app: calling ``DelayQ(app)`` again returns the same object."""
+
+    def __reduce__(self) -> tuple:  # unpickled as the DelayQ of the unpickled app
+        return DelayQ, (self.app,)
 
     @classmethod
     def of(cls, app: Celery) -> DelayQ:

@@ -178,9 +178,8 @@ class Store:
                 args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen]
                 for index in chunk:
                     call, due = items[index]
-                    stored = call.stored_id
-                    args += [stored, call.envelope, *due.script_args(),
-                             bykey_member(call.key, stored), call.task, call.key or ""]
+                    args += [call.stored_id, call.envelope, *due.script_args(),
+                             bykey_member(call.key, call.stored_id), call.task, call.key or ""]
                 calls.append((SCRIPTS["schedule"],
                               [shard.due, shard.jobs, shard.bykey, shard.journal, shard.counts],
                               args))

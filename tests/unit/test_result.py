@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+from datetime import datetime, timezone
+
 from celery import Celery
 from celery.result import AsyncResult
 
@@ -26,3 +30,12 @@ def test_delayed_result_callbacks_run_when_the_result_is_ready():
     delayed.then(seen.append)
     delayed.on_ready(delayed)
     assert seen == [delayed]
+
+
+def test_a_pickled_or_copied_delayed_result_keeps_its_job():
+    app = Celery("result-test", set_as_current=False)
+    eta = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    delayed = DelayedResult("t-3", "job-3", eta, DelayQ(app), key="order:3")
+    for again in (pickle.loads(pickle.dumps(delayed)), copy.copy(delayed)):
+        assert isinstance(again, DelayedResult)
+        assert (again.id, again.job_id, again.eta, again.key) == ("t-3", "job-3", eta, "order:3")
