@@ -16,20 +16,22 @@ Returns the number of jobs acknowledged.
 ]]
 local maxlen = tonumber(ARGV[1])
 local n = 0
+local per_task = {}  -- task name -> jobs forgotten, counted down once per call
 for i = 2, #ARGV, 5 do
-  local job_id = ARGV[i]
+  local job_id, task = ARGV[i], ARGV[i + 2]
   redis.call('ZREM', KEYS[1], job_id)
   if not redis.call('ZSCORE', KEYS[3], job_id) then
     if redis.call('HDEL', KEYS[2], job_id) == 1 then
-      redis.call('HINCRBY', KEYS[6], ARGV[i + 2], -1)
+      per_task[task] = (per_task[task] or 0) + 1
     end
     if ARGV[i + 1] ~= '' then redis.call('ZREM', KEYS[4], ARGV[i + 1]) end
   end
   if maxlen > 0 then
     redis.call('XADD', KEYS[5], '*', 'event', 'promoted',
-               'job', job_id, 'task', ARGV[i + 2], 'key', ARGV[i + 3], 'due', ARGV[i + 4])
+               'job', job_id, 'task', task, 'key', ARGV[i + 3], 'due', ARGV[i + 4])
   end
   n = n + 1
 end
+for name, forgotten in pairs(per_task) do redis.call('HINCRBY', KEYS[6], name, -forgotten) end
 if maxlen > 0 then redis.call('XTRIM', KEYS[5], 'MAXLEN', '~', maxlen) end  -- once per batch
 return n

@@ -25,13 +25,19 @@ local if_exists = ARGV[1]
 local maxlen = tonumber(ARGV[4])
 local out = {}
 local written = {}
+local per_task = {}  -- task name -> change of its count, written once per call
 
 for i = 5, #ARGV, 7 do
-  local job_id, envelope, member = ARGV[i], ARGV[i + 1], ARGV[i + 4]
+  local job_id, envelope, member, task = ARGV[i], ARGV[i + 1], ARGV[i + 4], ARGV[i + 5]
   local due = now + tonumber(ARGV[i + 3])
   if ARGV[i + 2] ~= '' then due = tonumber(ARGV[i + 2]) end
-  local old = redis.call('HGET', KEYS[2], job_id)
-  local code = 1
+  -- keep / error: one lookup that also writes a new job; replace needs the old one first
+  local old, code = nil, 1
+  if if_exists == 'replace' then
+    old = redis.call('HGET', KEYS[2], job_id)
+  elseif redis.call('HSETNX', KEYS[2], job_id, envelope) == 0 then
+    old = redis.call('HGET', KEYS[2], job_id)
+  end
   if old and if_exists ~= 'replace' then
     local old_due = redis.call('ZSCORE', KEYS[1], job_id) or -1
     out[#out + 1] = if_exists == 'keep' and 0 or -1
@@ -45,23 +51,28 @@ for i = 5, #ARGV, 7 do
         if type(decoded['y']) == 'string' then
           redis.call('ZREM', KEYS[3], decoded['y'] .. '\0' .. job_id)
         end
-        if type(decoded['t']) == 'string' then redis.call('HINCRBY', KEYS[5], decoded['t'], -1) end
+        if type(decoded['t']) == 'string' then
+          per_task[decoded['t']] = (per_task[decoded['t']] or 0) - 1
+        end
       end
     end
-    redis.call('HINCRBY', KEYS[5], ARGV[i + 5], 1)
-    redis.call('HSET', KEYS[2], job_id, envelope)
+    if if_exists == 'replace' then redis.call('HSET', KEYS[2], job_id, envelope) end
+    per_task[task] = (per_task[task] or 0) + 1
     redis.call('ZADD', KEYS[1], due, job_id)
     if member ~= '' then redis.call('ZADD', KEYS[3], 0, member) end
     if maxlen > 0 then
       redis.call('XADD', KEYS[4], '*', 'event',
                  code == 1 and 'scheduled' or 'rescheduled', 'job', job_id,
-                 'task', ARGV[i + 5], 'key', ARGV[i + 6], 'due', due)
+                 'task', task, 'key', ARGV[i + 6], 'due', due)
     end
     out[#out + 1] = code
     out[#out + 1] = due
     out[#out + 1] = false
     written[job_id] = true
   end
+end
+for task, n in pairs(per_task) do
+  if n ~= 0 then redis.call('HINCRBY', KEYS[5], task, n) end
 end
 if maxlen > 0 then redis.call('XTRIM', KEYS[4], 'MAXLEN', '~', maxlen) end  -- once per batch
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)
