@@ -108,15 +108,14 @@ def pack_id(job_id: str) -> str:
     each copy (due member, jobs field) takes 16 bytes less. Other ids are kept, with one
     more ``~`` in front of those that start with one.
     """
-    if len(job_id) == 36 and job_id[14] == "4" and \
+    if len(job_id) == 36 and job_id[14] == "4" and job_id == job_id.lower() and \
             job_id[8] == job_id[13] == job_id[18] == job_id[23] == "-":
-        digits = job_id.replace("-", "")
-        try:  # 31 hex digits and a 0: 128 bits, of which base64's 22nd character holds 2
-            raw = bytes.fromhex(f"{digits[:12]}{digits[13:]}0")
-        except ValueError:
-            raw = b""
-        if len(raw) == 16 and job_id == job_id.lower():
-            return PACKED + base64.urlsafe_b64encode(raw)[:21].decode()
+        try:
+            packed = _packed(job_id.replace("-", ""))
+        except ValueError:  # not hex
+            packed = ""
+        if len(packed) == 22:  # else fromhex skipped whitespace: fewer than 16 bytes
+            return packed
     return PACKED + job_id if job_id.startswith(PACKED) else job_id
 
 
@@ -125,8 +124,14 @@ def new_job_id() -> tuple[str, str]:
     :func:`pack_id` form, made together from one draw (twice as fast as both apart)."""
     d = os.urandom(16).hex()
     d = f"{d[:12]}4{d[13:16]}{'89ab'[int(d[16], 16) & 3]}{d[17:]}"  # version 4, RFC 4122
-    return (f"{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:]}",
-            PACKED + base64.urlsafe_b64encode(bytes.fromhex(f"{d[:12]}{d[13:]}0"))[:21].decode())
+    return f"{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:]}", _packed(d)
+
+
+def _packed(digits: str) -> str:
+    """``~`` and a UUID's 32 hex digits but its version digit (the 13th) in base64url: 31
+    digits and a 0 make 128 bits, 21 characters and 2 bits of a 22nd, left out."""
+    return PACKED + base64.urlsafe_b64encode(bytes.fromhex(f"{digits[:12]}{digits[13:]}0")
+                                             )[:21].decode()
 
 
 def unpack_id(stored: str) -> str:
