@@ -3,8 +3,10 @@
 ``run()`` loops ``run_once()`` = balance shard leases and recover expired job leases ->
 claim due jobs -> publish them through one pooled kombu producer -> ack, then sleeps until
 the earliest due time it knows or until a wake message says a new job became a shard's
-head. With ``delayq_direct_promotion`` the claim script itself pushes plain jobs onto the
-broker's queue lists, and only the rest go through kombu.
+head. While a claim comes back full, the next claim (with the ack of the batch before) is
+sent before a batch is published, so Redis runs it while the carrier publishes. With
+``delayq_direct_promotion`` the claim script itself pushes plain jobs onto the broker's
+queue lists, and only the rest go through kombu.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .extension import DelayQ
 from .keys import ShardKeys, broker_queue
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
-from .store import Claimed, DirectRoutes, Promoted, ShardClaim
+from .store import ClaimAhead, Claimed, DirectRoutes, Promoted, ShardClaim
 
 logger = logging.getLogger("celery_delayq.carrier")
 
@@ -91,6 +93,8 @@ class Carrier:
         self._direct: DirectRoutes | None = None  # the queues the claim script pushes to
         self._broker_prefix: str | None = None  # set once the broker is known to be the store
         self._considered: set[str] = set()  # queue names looked at for direct promotion
+        self._ahead: ClaimAhead | None = None  # the next claim, sent while publishing
+        self._unacked: dict[ShardKeys, list[Promoted]] = {}  # to be acked with it
 
     # -- one iteration -----------------------------------------------------------------
 
@@ -110,14 +114,28 @@ class Carrier:
                     self.metrics.recovered.inc(recovered)
                 logger.warning("recovered %d jobs whose carrier lease expired", recovered)
         started = time.monotonic()
-        with self.store.unavailable():
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            claims, claimed_at = ahead.result(), ahead.sent_at
+        else:
             claims = self.store.claim(self._shards, self.batch, self.lease_ms, self._direct)
-        claimed_at = time.monotonic()
+            claimed_at = time.monotonic()
         taken = [len(c.jobs) + len(c.promoted) for c in claims]
         if self.metrics:
-            self.metrics.observe_claim(sum(taken), claimed_at - started)
-        self._promote(claims, claimed_at)
-        if recovered or any(n >= self.batch for n in taken):
+            self.metrics.observe_claim(sum(taken), time.monotonic() - started)
+        backlog = any(n >= self.batch for n in taken)
+        if backlog:  # Redis acks the last batch and claims the next while this one is published
+            self._ahead = self.store.claim_ahead(self._shards, self.batch, self.lease_ms,
+                                                 self._direct, self._unacked)
+        elif self._unacked:
+            self.store.ack(self._unacked)
+        self._unacked = {}
+        acks = self._promote(claims, claimed_at)
+        if self._ahead is not None:
+            self._unacked = acks
+        elif acks:
+            self.store.ack(acks)
+        if recovered or backlog:
             return 0.0
         waits = [c.next_due_ms - c.now_ms for c in claims if c.next_due_ms is not None]
         sleep = min(waits, default=self.idle_timeout * 1000) / 1000
@@ -125,7 +143,9 @@ class Carrier:
         return max(0.0, min(sleep, self.idle_timeout,
                             self._next_maintenance - time.monotonic()))
 
-    def _promote(self, claims: list[ShardClaim], claimed_at: float) -> None:
+    def _promote(self, claims: list[ShardClaim], claimed_at: float
+                 ) -> dict[ShardKeys, list[Promoted]]:
+        """Publish the claimed jobs; returns those that reached the broker, to be acked."""
         acks: dict[ShardKeys, list[Promoted]] = defaultdict(list)
         lateness: list[float] = [c.now_ms - due for c in claims for due in c.promoted]
         dead: list[str] = []
@@ -140,9 +160,6 @@ class Carrier:
                     lateness.append(redis_now - job.due_ms)
         # Reached only when every message is with the broker; otherwise leases expire and
         # the jobs are recovered and published again.
-        if acks:
-            with self.store.unavailable():
-                self.store.ack(acks)
         if lateness:
             self._log_batch(lateness)
         if dead:
@@ -152,6 +169,21 @@ class Carrier:
             logger.error("dead-lettered %d jobs (%s%s); list them with `celery delayq ls "
                          "--dead`, replay with `celery delayq replay JOB_ID`", len(dead),
                          "; ".join(dead[:3]), "; ..." if len(dead) > 3 else "")
+        return acks
+
+    def _settle(self) -> None:
+        """Ack what reached the broker and give back what was claimed ahead (stop, error).
+
+        What cannot be settled now is recovered when its lease ends.
+        """
+        ahead, self._ahead = self._ahead, None
+        unacked, self._unacked = self._unacked, {}
+        with contextlib.suppress(StoreUnavailable, redis.RedisError):
+            if ahead is not None:
+                claims = ahead.result()  # acks what was sent with it, too
+                self.store.release({c.shard: [j.job_id for j in c.jobs] for c in claims})
+            if unacked:
+                self.store.ack(unacked)
 
     @contextlib.contextmanager
     def _released_on_failure(self, claims: list[ShardClaim]) -> Iterator[None]:
@@ -220,7 +252,7 @@ class Carrier:
             self._declared.add(queue.name)
         if self._broker_prefix is not None and queue.name not in self._considered:
             self._route_directly([queue.name])  # e.g. created by task_create_missing_queues
-        return Promoted(job.job_id, env["t"], env.get("y"), job.due_ms)
+        return Promoted(job.job_id, env["t"], env.get("y"), job.due_ms, job.stored_id)
 
     def _send(self, message: Message, queue, delivery_mode: int) -> None:
         """Into the channel's batch, the message ``Producer.publish`` would send for this
@@ -328,6 +360,7 @@ class Carrier:
                 if failures == 0:
                     logger.error("carrier paused: %s; retrying with backoff", exc)
                 failures += 1
+                self._settle()
                 self._reset_connections()
                 self._stopping.wait(min(_BACKOFF_MAX, 0.1 * 2 ** failures))
         self.close()
@@ -370,7 +403,8 @@ class Carrier:
             self._producer = None
 
     def close(self) -> None:
-        """Hand the shards back and close connections."""
+        """Settle the jobs in hand, hand the shards back and close connections."""
+        self._settle()
         try:
             with self.store.unavailable():
                 self.ownership.release()

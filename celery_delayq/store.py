@@ -26,7 +26,7 @@ from .conf import DelayQConfig, redact
 from .envelope import Call, Job
 from .errors import ConfigurationError, JobExists, PayloadError, StoreUnavailable
 from .keys import Keyspace, ShardKeys, bykey_member, pack_id, unpack_id
-from .scripts import SCRIPTS, execute
+from .scripts import SCRIPTS, Deferred, Script, execute
 from .validation import Due
 
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
@@ -63,11 +63,13 @@ class Scheduled:
     existing: str | None  # the stored envelope when the job was kept
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(NamedTuple):
+    """A due job leased to a carrier, which publishes it and then acks it."""
+
     job_id: str
     due_ms: int
     envelope: str | None
+    stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
 
 
 class Promoted(NamedTuple):
@@ -77,6 +79,7 @@ class Promoted(NamedTuple):
     task: str
     key: str | None
     due_ms: int
+    stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,21 @@ class DirectRoutes:
     default_queue: str  # the queue of envelopes that name none
     origin: str  # the origin header
     repr_max: int  # longest argsrepr / kwargsrepr header
+
+
+class ClaimAhead:
+    """A claim sent by :meth:`Store.claim_ahead` whose reply is not read yet."""
+
+    def __init__(self, store: Store, shards: list[ShardKeys], sent: Deferred, acks: int,
+                 sent_at: float) -> None:
+        self.store, self.shards, self._sent, self._acks = store, shards, sent, acks
+        self.sent_at = sent_at  # time.monotonic() when sent: about when Redis ran it
+
+    def result(self) -> list[ShardClaim]:
+        """The claims; raises if the acks sent with them or the claim failed. Call once."""
+        with self.store.unavailable():
+            replies = self._sent.replies()
+        return _shard_claims(self.shards, replies[self._acks:])
 
 
 class Store:
@@ -402,38 +420,53 @@ class Store:
               direct: DirectRoutes | None = None) -> list[ShardClaim]:
         """Claim up to ``batch`` due jobs on each shard, in one round trip; with ``direct``,
         plain jobs for those queues are pushed to the broker by the script instead."""
+        with self.unavailable():
+            replies = execute(self.client, self._claim_calls(shards, batch, lease_ms, direct))
+        return _shard_claims(shards, replies)
+
+    def claim_ahead(self, shards: list[ShardKeys], batch: int, lease_ms: int,
+                    direct: DirectRoutes | None = None,
+                    acks: dict[ShardKeys, list[Promoted]] | None = None) -> ClaimAhead:
+        """Send :meth:`ack` of ``acks`` and :meth:`claim` now, read the claims later: Redis
+        runs both while the carrier publishes what it claimed before."""
+        acks = self._ack_calls(acks or {})
+        with self.unavailable():
+            sent = Deferred(self.client,
+                            acks + self._claim_calls(shards, batch, lease_ms, direct))
+        return ClaimAhead(self, shards, sent, len(acks), time.monotonic())
+
+    def _claim_calls(self, shards: list[ShardKeys], batch: int, lease_ms: int,
+                     direct: DirectRoutes | None) -> list[tuple[Script, list[str], list[Any]]]:
         lists, routes, origin, repr_max, default = [], [], "", 0, ""
         if direct is not None:
             lists, routes = direct.lists, [value for route in direct.queues for value in route]
             origin, repr_max, default = direct.origin, direct.repr_max, direct.default_queue
-        calls = [(SCRIPTS["claim_due"],
-                  [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, *lists],
-                  [batch, lease_ms, self._maxlen, s.shard, origin, repr_max, default, *routes])
-                 for s in shards]
-        claims = []
-        for shard, reply in zip(shards, execute(self.client, calls), strict=True):
-            now_ms, next_due, promoted, rest = reply[0], reply[1], reply[2], reply[3:]
-            jobs = [Claimed(unpack_id(rest[i]), int(float(rest[i + 1])), rest[i + 2])
-                    for i in range(0, len(rest), 3)]
-            claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs,
-                                     promoted))
-        return claims
+        return [(SCRIPTS["claim_due"],
+                 [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, *lists],
+                 [batch, lease_ms, self._maxlen, s.shard, origin, repr_max, default, *routes])
+                for s in shards]
 
     def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:
         """Forget jobs that reached the broker, per shard, and journal them as promoted."""
+        calls = self._ack_calls(acks)
+        if calls:
+            with self.unavailable():
+                execute(self.client, calls)
+
+    def _ack_calls(self, acks: dict[ShardKeys, list[Promoted]]
+                   ) -> list[tuple[Script, list[str], list[Any]]]:
         calls = []
         for shard, jobs in acks.items():
             args: list[Any] = [self._maxlen]
             for job in jobs:
-                stored = pack_id(job.job_id)
+                stored = job.stored_id or pack_id(job.job_id)
                 args += [stored, bykey_member(job.key, stored), job.task, job.key or "",
                          job.due_ms]
             calls.append((SCRIPTS["ack"],
                           [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal,
                            shard.counts],
                           args))
-        if calls:
-            execute(self.client, calls)
+        return calls
 
     def recover(self, shards: list[ShardKeys], batch: int) -> int:
         """Return expired leases to the due set; how many were recovered."""
@@ -548,3 +581,15 @@ class Store:
                 pipe.xadd(self.keys.shard(shard).journal, {"event": event, **fields},
                           maxlen=self._maxlen, approximate=True)
             pipe.execute()
+
+
+def _shard_claims(shards: list[ShardKeys], replies: list[Any]) -> list[ShardClaim]:
+    """The claim script's replies, one per shard."""
+    claims = []
+    for shard, reply in zip(shards, replies, strict=True):
+        now_ms, next_due, promoted, rest = reply[0], reply[1], reply[2], reply[3:]
+        jobs = [Claimed(unpack_id(rest[i]), int(float(rest[i + 1])), rest[i + 2], rest[i])
+                for i in range(0, len(rest), 3)]
+        claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs,
+                                 promoted))
+    return claims

@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 _FILE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)(?P<more>\+?)\.lua$")
 
@@ -39,8 +39,12 @@ class Script:
 
     def queue(self, pipe, keys: list[str], args: list[Any]) -> None:
         """Add a call to a pipeline; :func:`execute` loads missing scripts."""
+        pipe.execute_command(*self.command(keys, args))
+
+    def command(self, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
+        """The ``EVALSHA`` command of a call."""
         self.check(keys)
-        pipe.evalsha(self.sha, len(keys), *keys, *args)
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def check(self, keys: list[str]) -> None:
         if len(keys) < self.numkeys or (len(keys) > self.numkeys and not self.variadic):
@@ -73,7 +77,56 @@ def execute(client, calls: list[tuple[Script, list[str], list[Any]]]) -> list[An
     Calls that failed with ``NOSCRIPT`` did not run: their scripts are loaded and those
     calls alone are sent again. Any other error is raised.
     """
-    results = _send(client, calls)
+    return _finish(client, calls, _send(client, calls))
+
+
+class Deferred:
+    """Script calls written to Redis now, their replies read later by :meth:`replies`:
+    Redis runs them while the caller does other work.
+
+    The calls hold one pooled connection (per node on a cluster) until then and are not
+    retried on a connection error.
+    """
+
+    def __init__(self, client, calls: list[tuple[Script, list[str], list[Any]]]) -> None:
+        self._client, self._calls = client, calls
+        self._sent: list[tuple[Any, Any, list[int]]] = []  # (node client, connection, calls)
+        try:
+            for node, indexes in _by_node(client, calls):
+                connection = node.connection_pool.get_connection()
+                self._sent.append((node, connection, indexes))
+                connection.send_packed_command(connection.pack_commands(
+                    [calls[i][0].command(calls[i][1], calls[i][2]) for i in indexes]))
+        except BaseException:
+            self._release(broken=True)
+            raise
+
+    def replies(self) -> list[Any]:
+        """The replies, in order; raises as :func:`execute` does. Call it once."""
+        results: list[Any] = [None] * len(self._calls)
+        try:
+            for _, connection, indexes in self._sent:
+                for index in indexes:
+                    try:
+                        results[index] = connection.read_response()
+                    except ResponseError as exc:
+                        results[index] = exc
+        except BaseException:
+            self._release(broken=True)  # replies left unread would answer the next command
+            raise
+        self._release(broken=False)
+        return _finish(self._client, self._calls, results)
+
+    def _release(self, broken: bool) -> None:
+        for node, connection, _ in self._sent:
+            if broken:
+                connection.disconnect()
+            node.connection_pool.release(connection)
+        self._sent = []
+
+
+def _finish(client, calls, results: list[Any]) -> list[Any]:
+    """Rerun the calls that met ``NOSCRIPT`` after loading their scripts; raise any error."""
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if missing:
         for script in {calls[i][0] for i in missing}:
@@ -86,19 +139,25 @@ def execute(client, calls: list[tuple[Script, list[str], list[Any]]]) -> list[An
     return results
 
 
-def _send(client, calls) -> list[Any]:
+def _by_node(client, calls) -> list[tuple[Any, list[int]]]:
+    """The calls (indexes) each Redis node runs, with a client of that node."""
     if not isinstance(client, RedisCluster):
-        return _pipeline(client, calls)
-    # redis-py's cluster pipeline refuses EVALSHA: pipeline per node instead.
+        return [(client, list(range(len(calls))))]
     by_node: dict[str, list[int]] = defaultdict(list)
-    connections = {}
+    clients = {}
     for index, (_, keys, _) in enumerate(calls):
         node = client.get_node_from_key(keys[0])
         by_node[node.name].append(index)
-        connections[node.name] = node.redis_connection
+        clients[node.name] = node.redis_connection
+    return [(clients[name], indexes) for name, indexes in by_node.items()]
+
+
+def _send(client, calls) -> list[Any]:
+    """Every call's reply or error, one pipeline per node (redis-py's cluster pipeline
+    refuses EVALSHA)."""
     results: list[Any] = [None] * len(calls)
-    for name, indexes in by_node.items():
-        replies = _pipeline(connections[name], [calls[i] for i in indexes])
+    for node, indexes in _by_node(client, calls):
+        replies = _pipeline(node, [calls[i] for i in indexes])
         for index, reply in zip(indexes, replies, strict=True):
             results[index] = reply
     return results

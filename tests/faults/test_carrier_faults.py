@@ -22,8 +22,9 @@ def parked_messages(client) -> list[dict]:
     return [json.loads(raw)["headers"] for raw in client.lrange(PARKED, 0, -1)]
 
 
-def schedule_due_now(proj, n: int, prefix: str = "job") -> set[str]:
-    items = [{"args": (i,), "delay": 0, "job_id": f"{prefix}-{i}"} for i in range(n)]
+def schedule_due_now(proj, n: int, prefix: str = "job", over: float = 0.0) -> set[str]:
+    """n jobs for the queue PARKED, due now or (``over`` > 0) evenly over that many seconds."""
+    items = [{"args": (i,), "delay": over * i / n, "job_id": f"{prefix}-{i}"} for i in range(n)]
     for start in range(0, n, 5000):
         proj.record.apply_delayed_many(items[start:start + 5000], queue=PARKED)
     return {item["job_id"] for item in items}
@@ -183,8 +184,10 @@ def test_carrier_survives_its_redis_connections_being_killed(proj, redis_client,
 
 
 def test_connections_killed_while_the_carrier_publishes_lose_nothing(
-        proj, redis_client, carrier):
-    jobs = schedule_due_now(proj, 30_000, prefix="flow")
+        proj, redis_client, spawn):
+    start_carrier(spawn)  # short leases: a claim whose reply was lost is recovered soon
+    jobs = schedule_due_now(proj, 30_000, prefix="flow", over=2.0)  # kills land mid-flow
+    wait_for(lambda: redis_client.llen(PARKED) > 0, what="promotions")
     kills = 0
     while kills < 5 and not all_delivered(redis_client):
         time.sleep(0.1)

@@ -1,0 +1,46 @@
+"""Through a backlog the carrier claims the next batch while it publishes one."""
+
+from __future__ import annotations
+
+import json
+
+from celery_delayq.carrier import Carrier
+from tests.conftest import journal_events
+
+PARKED = "parked.ahead"  # no worker consumes it
+
+
+def published(redis_client) -> list[str]:
+    """Job ids of the messages on the parked queue."""
+    return [json.loads(raw)["headers"]["delayq_job"]
+            for raw in redis_client.lrange(PARKED, 0, -1)]
+
+
+def schedule_due(proj, n: int) -> set[str]:
+    results = proj.record.apply_delayed_many(
+        [{"args": (i,), "delay": 0, "job_id": f"ahead-{i}"} for i in range(n)], queue=PARKED)
+    return {r.job_id for r in results}
+
+
+def test_a_carrier_stopped_in_a_backlog_acks_what_it_published_and_gives_back_the_rest(
+        app, proj, delayq, redis_client):
+    jobs = schedule_due(proj, 60)
+    carrier = Carrier(app, batch=1)  # every shard with a job left is a full claim
+    assert carrier.run_once() == 0.0
+    claimed_ahead = {job_id for job_id in jobs - set(published(redis_client))
+                     if delayq.get(job_id).state == "claimed"}
+    assert claimed_ahead, "a backlog claims the next batch before this one is published"
+    carrier.close()
+
+    first = published(redis_client)
+    assert first and len(first) == len(set(first))
+    assert [delayq.get(job_id) for job_id in first] == [None] * len(first)  # acked
+    assert journal_events(delayq).count("promoted") == len(first)
+    assert {delayq.get(job_id).state for job_id in claimed_ahead} == {"scheduled"}  # given back
+
+    carrier = Carrier(app, batch=1)
+    for _ in range(len(jobs)):
+        if carrier.run_once() > 0:
+            break
+    carrier.close()
+    assert sorted(published(redis_client)) == sorted(jobs)  # each exactly once
