@@ -12,6 +12,10 @@ carrier``) serve every arm of the run. Per repetition:
   into a queue no worker reads; jobs/s from due time to the last ``promoted`` event,
   once through kombu and once with the carrier restarted with ``--direct`` (the claim
   script pushes to the broker's list itself).
+* **Celery alone**: the promotion arm's number of messages built with Celery's
+  ``create_task_message`` and published in kombu's ``Producer.batch()`` by this process,
+  with no store: what Celery and kombu cost per message, the bound on promotion through
+  kombu.
 
 Run ``python -m bench.lateness --help``.
 """
@@ -29,6 +33,8 @@ from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
+
+from kombu.utils.uuid import uuid
 
 from . import workload
 from .harness import ROOT, Cluster, WorkerSetup
@@ -125,6 +131,25 @@ class Bench:
                                                       spread_s=self.load.window)
             return result
 
+    def celery_alone(self) -> dict:
+        """Build and publish the promotion arm's messages with Celery and kombu alone."""
+        ctx, tasks, chunk = self.ctx, self.promotion_tasks, 4000
+        create = ctx.app.amqp.create_task_message
+        name, args = ctx.delayed_probe.name, ("bench:runs:sink",)
+        say(f"celery alone: building and publishing {tasks:,} messages in Producer.batch()")
+        with ctx.app.producer_pool.acquire(block=True) as producer:
+            started = time.perf_counter()
+            for first in range(0, tasks, chunk):
+                with producer.batch(max_size=chunk):
+                    for _ in range(first, min(tasks, first + chunk)):
+                        headers, properties, body, _ = create(uuid(), name, args, {})
+                        producer.publish(body, exchange="", routing_key=ctx.SINK_QUEUE,
+                                         serializer="json", headers=headers, **properties)
+            per_s = tasks / (time.perf_counter() - started)
+        purged = workload.purge(ctx, ctx.SINK_QUEUE)
+        say(f"celery alone: {per_s:,.0f}/s; {purged:,} messages purged")
+        return {"tasks": tasks, "per_s": per_s}
+
     @contextlib.contextmanager
     def _direct_carrier(self) -> Iterator[None]:
         """The carrier restarted with ``--direct`` for the duration, then as it was."""
@@ -175,6 +200,7 @@ def repetition(bench: Bench, n: int) -> dict:
     result.update({arm: getattr(bench, arm)() for arm in order})
     result["promotion"] = bench.promotion()
     result["promotion_direct"] = bench.promotion(direct=True)
+    result["celery_alone"] = bench.celery_alone()
     result["ratios"] = ratios(result)
     result["loadavg_1m_after"] = os.getloadavg()[0]
     say(f"load average (1 min) {result['loadavg_1m_before']:.2f} before, "
@@ -187,6 +213,8 @@ def ratios(rep: dict) -> dict:
     ours, theirs = rep["delayq"], rep["native"]
     out = {name: ours[name] / theirs[name]
            for name in ("schedule_per_s", "worker_start_per_s")}
+    out["promotion_vs_celery_alone"] = (rep["promotion"]["promotion_per_s"]
+                                        / rep["celery_alone"]["per_s"])
     out["worker_lateness"] = {
         name: ours["worker_lateness_ms"][name] / max(theirs["worker_lateness_ms"][name], 1e-3)
         for name in ("p50", "p95", "p99", "max")}
@@ -226,6 +254,10 @@ def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: in
             summary.get("promotion.promotion_per_s"), 0, many), "-", ""],
         [f"promotion, direct (--direct), {promotion_tasks:,} due at once", cell(
             summary.get("promotion_direct.promotion_per_s"), 0, many), "-", ""],
+        [f"Celery alone: build + publish {promotion_tasks:,} (Producer.batch)", "-",
+         cell(summary.get("celery_alone.per_s"), 0, many), ""],
+        ["ratio promotion through kombu ÷ Celery alone", "", "",
+         cell(summary.get("ratios.promotion_vs_celery_alone"), 2, many)],
     ]
     throughput = table(["jobs/s", "delayq", "native", "ratio"], rows)
     return f"{lateness}\n\n{throughput}"
