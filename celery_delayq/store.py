@@ -69,7 +69,7 @@ class Claimed(NamedTuple):
     job_id: str
     due_ms: int
     envelope: str | None
-    stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
+    stored_id: str  # the job id as stored (keys.pack_id)
 
 
 class Promoted(NamedTuple):
@@ -429,11 +429,11 @@ class Store:
                     acks: dict[ShardKeys, list[Promoted]] | None = None) -> ClaimAhead:
         """Send :meth:`ack` of ``acks`` and :meth:`claim` now, read the claims later: Redis
         runs both while the carrier publishes what it claimed before."""
-        acks = self._ack_calls(acks or {})
+        ack_calls = self._ack_calls(acks or {})
         with self.unavailable():
             sent = Deferred(self.client,
-                            acks + self._claim_calls(shards, batch, lease_ms, direct))
-        return ClaimAhead(self, shards, sent, len(acks), time.monotonic())
+                            ack_calls + self._claim_calls(shards, batch, lease_ms, direct))
+        return ClaimAhead(self, shards, sent, len(ack_calls), time.monotonic())
 
     def _claim_calls(self, shards: list[ShardKeys], batch: int, lease_ms: int,
                      direct: DirectRoutes | None) -> list[tuple[Script, list[str], list[Any]]]:
