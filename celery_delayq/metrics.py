@@ -50,7 +50,9 @@ class CarrierMetrics:
                                     "Jobs claimed per claim round trip (all shards).",
                                     buckets=_BATCH_BUCKETS, registry=r)
         self.roundtrip = Histogram("delayq_redis_roundtrip_seconds",
-                                   "Duration of the claim round trip to Redis.",
+                                   "Time the carrier waited for a claim's reply from Redis "
+                                   "(a claim sent ahead in a backlog is mostly answered "
+                                   "before it is read).",
                                    buckets=_ROUNDTRIP_BUCKETS, registry=r)
         r.register(StoreCollector(store))
 
