@@ -148,7 +148,7 @@ class Bench:
             per_s = tasks / (time.perf_counter() - started)
         purged = workload.purge(ctx, ctx.SINK_QUEUE)
         say(f"celery alone: {per_s:,.0f}/s; {purged:,} messages purged")
-        return {"tasks": tasks, "per_s": per_s}
+        return {"tasks": tasks, "published": purged, "per_s": per_s}
 
     @contextlib.contextmanager
     def _direct_carrier(self) -> Iterator[None]:

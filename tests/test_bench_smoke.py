@@ -42,6 +42,9 @@ def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
     for arm in ("promotion", "promotion_direct"):
         assert rep[arm]["promoted"] == result["parameters"]["promotion_tasks"], arm
         assert rep[arm]["lateness_ms"]["min"] >= 0, f"{arm}: promoted before due"
+    assert rep["celery_alone"]["published"] == result["parameters"]["promotion_tasks"]
     assert set(result["summary"]) >= {"delayq.schedule_per_s", "native.schedule_per_s",
                                       "promotion.promotion_per_s",
-                                      "promotion_direct.promotion_per_s"}
+                                      "promotion_direct.promotion_per_s",
+                                      "celery_alone.per_s",
+                                      "ratios.promotion_vs_celery_alone"}
