@@ -181,7 +181,7 @@ class Carrier:
         with contextlib.suppress(StoreUnavailable, redis.RedisError):
             if ahead is not None:
                 claims = ahead.result()  # acks what was sent with it, too
-                self.store.release({c.shard: [j.job_id for j in c.jobs] for c in claims})
+                self.store.release(claims)
             if unacked:
                 self.store.ack(unacked)
 
@@ -195,9 +195,7 @@ class Carrier:
             yield
         except BaseException:
             with contextlib.suppress(StoreUnavailable, redis.RedisError):
-                with self.store.unavailable():
-                    released = self.store.release(
-                        {c.shard: [j.job_id for j in c.jobs] for c in claims})
+                released = self.store.release(claims)
                 logger.warning("gave %d claimed jobs back after a failed publish", released)
             raise
 

@@ -474,12 +474,16 @@ class Store:
                   [batch, self._maxlen]) for s in shards]
         return sum(execute(self.client, calls))
 
-    def release(self, claimed: dict[ShardKeys, list[str]]) -> int:
+    def release(self, claims: list[ShardClaim]) -> int:
         """Return claimed jobs a carrier could not publish to the due set, due now."""
-        calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal, s.jobs],
-                  [len(ids), self._maxlen, *map(pack_id, ids)])
-                 for s, ids in claimed.items() if ids]
-        return sum(execute(self.client, calls)) if calls else 0
+        calls = [(SCRIPTS["recover"], [c.shard.inflight, c.shard.due, c.shard.journal,
+                                       c.shard.jobs],
+                  [len(c.jobs), self._maxlen, *(job.stored_id for job in c.jobs)])
+                 for c in claims if c.jobs]
+        if not calls:
+            return 0
+        with self.unavailable():
+            return sum(execute(self.client, calls))
 
     def heartbeat(self, carrier_id: str, lease_ms: int) -> list[str]:
         """Register a live carrier until its lease ends; returns the live carrier ids."""
