@@ -106,7 +106,8 @@ class Carrier:
                 if self.direct and self._broker_prefix is None:
                     self._check_broker()
                 self._shards = self.ownership.balance()
-                recovered = self.store.recover(self._shards, self.batch)
+                # a carrier that died in a backlog held two batches: the last and the next
+                recovered = self.store.recover(self._shards, 2 * self.batch)
             self._next_maintenance = time.monotonic() + self._maintain_every
             if recovered:
                 self.stats.recovered += recovered

@@ -30,6 +30,7 @@ from celery import Celery
 from celery.app.trace import build_tracer
 from celery.utils.imports import symbol_by_name
 
+from .. import journal
 from ..envelope import Job, decode, to_message
 from ..errors import DelayQError, PayloadError
 from ..extension import DelayQ
@@ -129,6 +130,7 @@ class DelayQTester:
 
     def __exit__(self, *exc: object) -> None:
         self.delayq.set_clock(None)
+        journal.flush()  # outcomes of tasks run here, written before their keys are deleted
         try:
             client = self.delayq.store.client
             stale = list(client.scan_iter(f"{self.prefix}:*"))
