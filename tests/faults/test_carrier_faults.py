@@ -13,7 +13,6 @@ import threading
 import time
 
 from celery_delayq import envelope
-from celery_delayq.keys import unpack_id
 from tests.conftest import finish, wait_for
 
 PARKED = "parked"
@@ -34,6 +33,15 @@ def schedule_due_now(proj, n: int, prefix: str = "job", over: float = 0.0) -> se
 def store_count(client, suffix: str) -> int:
     """Entries of one kind (due, inflight) over every shard."""
     return sum(client.zcard(k) for k in client.scan_iter(f"delayq:*:{suffix}"))
+
+
+def still_leased(client, leases: list[tuple[str, str, float]]) -> list[bool]:
+    """For each (in-flight set, stored job id, lease deadline): does that lease still hold?"""
+    pipe = client.pipeline(transaction=False)
+    for key, job, _ in leases:
+        pipe.zscore(key, job)
+    return [score == deadline
+            for score, (_, _, deadline) in zip(pipe.execute(), leases, strict=True)]
 
 
 def all_delivered(client) -> bool:
@@ -64,11 +72,12 @@ def test_carrier_sigkilled_five_times_while_jobs_fall_due_loses_nothing(
         carrier.wait(10)
         claimed_at_kills.append(store_count(redis_client, "inflight"))
     killed_at = time.monotonic()
-    stranded = {unpack_id(m) for k in redis_client.scan_iter("delayq:*:inflight")
-                for m in redis_client.zrange(k, 0, -1)}  # leased by the killed carriers
+    stranded = [(key, job, deadline)  # leased by the killed carriers
+                for key in redis_client.scan_iter("delayq:*:inflight")
+                for job, deadline in redis_client.zrange(key, 0, -1, withscores=True)]
     start_carrier(spawn, "--batch", "200")
-    wait_for(lambda: stranded <= {h["delayq_job"] for h in parked_messages(redis_client)},
-             timeout=30, interval=0.2, what="jobs leased by the killed carriers published")
+    wait_for(lambda: not any(still_leased(redis_client, stranded)), timeout=30,
+             what="leases of the killed carriers recovered")
     recovery = time.monotonic() - killed_at
     wait_for(lambda: all_delivered(redis_client), timeout=60, what="every job delivered")
 
