@@ -27,13 +27,13 @@ from typing import Any
 import redis
 from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import KombuError
-from kombu.utils.json import JSONEncoder
 
 from .conf import redact
-from .envelope import ORIGIN, Message, decode, to_message
+from .envelope import ORIGIN, decode
 from .errors import ConfigurationError, PayloadError, StoreUnavailable
 from .extension import DelayQ
 from .keys import ShardKeys, broker_queue
+from .message import Message, MessageBuilder
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
 from .store import ClaimAhead, Claimed, DirectRoutes, Promoted, ShardClaim
@@ -45,7 +45,7 @@ _WAIT_SLICE = 0.25  # longest uninterrupted wait, so a stop request is seen prom
 _BACKOFF_MAX = 5.0
 _PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
                   "interval_max": 2}
-_encode_json = JSONEncoder().encode  # kombu's json serializer, without an encoder per call
+_JSON = "application/json"
 
 
 @dataclass
@@ -69,6 +69,7 @@ class Carrier:
         self.store = self.delayq.store
         self.batch = batch or config.claim_batch
         self._max_payload = config.max_payload_bytes
+        self._messages = MessageBuilder(app)
         self.lease_ms = int((lease or config.lease_seconds) * 1000)
         self.idle_timeout = idle_timeout or config.idle_timeout
         self.direct = config.direct_promotion if direct is None else direct
@@ -231,9 +232,8 @@ class Carrier:
         try:
             if raw is not None and len(raw) > self._max_payload:
                 raise PayloadError("envelope over delayq_max_payload_bytes")
-            env = decode(raw)
-            message = to_message(self.app, job.job_id, env, shard=shard.shard,
-                                 due_ms=job.due_ms, size=len(raw))
+            message = self._messages.build(job.job_id, raw, shard=shard.shard,
+                                           due_ms=job.due_ms)
             queue, delivery_mode = self._queue(message.queue)
         except (PayloadError, KeyError, TypeError, ValueError) as exc:
             dead.append(self._dead_letter(shard, job.job_id, raw, exc))
@@ -244,18 +244,18 @@ class Carrier:
             declare = [] if queue.name in self._declared else [queue]
             self.producer.publish(
                 message.body, exchange=message.exchange, routing_key=message.routing_key,
-                serializer="json", headers=message.headers, declare=declare,
-                delivery_mode=delivery_mode, retry=True, retry_policy=_PUBLISH_RETRY,
-                **message.properties,
+                content_type=_JSON, content_encoding="utf-8", headers=message.headers,
+                declare=declare, delivery_mode=delivery_mode, retry=True,
+                retry_policy=_PUBLISH_RETRY, **message.properties,
             )
             self._declared.add(queue.name)
         if self._broker_prefix is not None and queue.name not in self._considered:
             self._route_directly([queue.name])  # e.g. created by task_create_missing_queues
-        return Promoted(job.job_id, env["t"], env.get("y"), job.due_ms, job.stored_id)
+        return Promoted(job.job_id, message.task, message.key, job.due_ms, job.stored_id)
 
     def _send(self, message: Message, queue, delivery_mode: int) -> None:
-        """Into the channel's batch, the message ``Producer.publish`` would send for this
-        JSON body, without its per-call work (options merge, serializer lookup, retry)."""
+        """Into the channel's batch, the message ``Producer.publish`` would send, without
+        its per-call work (options merge, retry)."""
         if queue.name not in self._declared:
             self.producer.maybe_declare(queue, retry=True, **_PUBLISH_RETRY)
             self._declared.add(queue.name)
@@ -266,8 +266,7 @@ class Carrier:
         if expiration is not None:
             properties["expiration"] = str(int(expiration * 1000))
         prepared = self.producer.channel.prepare_message(
-            _encode_json(message.body).encode(), priority, "application/json", "utf-8",
-            message.headers, properties)
+            message.body, priority, _JSON, "utf-8", message.headers, properties)
         self._session.publish(prepared, exchange=message.exchange,
                               routing_key=message.routing_key, mandatory=False,
                               immediate=False, timeout=None, confirm_timeout=None)

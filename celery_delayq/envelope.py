@@ -1,9 +1,8 @@
-"""The stored form of a delayed task call, and the Celery message rebuilt from it.
+"""The stored form of a delayed task call.
 
 ``build`` resolves what ``apply_async`` would resolve at call time (task id, routing
 through ``task_routes``, parent and root ids, absolute ``expires``) and keeps only what
-cannot be re-derived. At promotion ``to_message`` asks Celery's own
-``create_task_message`` for the protocol-2 message, so an unmodified worker runs it.
+cannot be re-derived; :mod:`message` rebuilds the Celery message from it at promotion.
 
 The stored text is three lines of compact JSON (which never holds a raw newline)::
 
@@ -18,21 +17,19 @@ Fields of the first line (absent when empty)::
     o message options (expires, link callbacks, retries, time limits, parent ids, ...)
     h custom headers   p publish properties (priority, delivery_mode, ...)
 
-Arguments sit on lines of their own so the direct promotion script can put them into a
-message body verbatim: Lua's cjson would round numbers to 14 digits and turn ``[]`` into
-``{}`` if it decoded and re-encoded them.
+Arguments sit on lines of their own so promotion can put them into a message body
+verbatim, in Python and in the direct promotion script (Lua's cjson would round numbers to
+14 digits and turn ``[]`` into ``{}`` if it decoded and re-encoded them).
 """
 
 from __future__ import annotations
 
 import json
-import time
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any
 
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
@@ -69,11 +66,8 @@ _JSON = "json"
 ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
 # kombu's dumps() and loads() build an encoder / decoder per call; these do the same
 # (datetime, UUID, Decimal ... as kombu encodes them), compact, built once.
-_encode_json = JSONEncoder(separators=(",", ":")).encode
+encode_json = JSONEncoder(separators=(",", ":")).encode
 _decode_json = json.JSONDecoder(object_hook=object_hook).decode
-# Per app: create_task_message, argsrepr_maxsize and the default queue's name (each behind a
-# locking cached_property).
-_amqp: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -229,7 +223,7 @@ def encode(env: dict[str, Any]) -> str:
 
 def _encode_fields(fields: dict[str, Any], name: str | None) -> str:
     try:
-        return _encode_json(fields)
+        return encode_json(fields)
     except (TypeError, ValueError) as exc:
         raise _not_json(name, exc) from exc
 
@@ -237,8 +231,8 @@ def _encode_fields(fields: dict[str, Any], name: str | None) -> str:
 def _join(fields: str, args, kwargs, name: str | None) -> str:
     """The stored text of a call: its encoded first line, then its args and kwargs."""
     try:
-        return (f"{fields}\n{_encode_json(args) if args else ''}\n"
-                f"{_encode_json(kwargs) if kwargs else ''}")
+        return (f"{fields}\n{encode_json(args) if args else ''}\n"
+                f"{encode_json(kwargs) if kwargs else ''}")
     except (TypeError, ValueError) as exc:
         raise _not_json(name, exc) from exc
 
@@ -288,70 +282,50 @@ def _absolute(expires) -> str:
     return str(expires)
 
 
-class Message(NamedTuple):
-    """A Celery protocol-2 message ready for ``kombu.Producer.publish``."""
-
-    body: Any
-    headers: dict[str, Any]
-    properties: dict[str, Any]
-    queue: str
-    exchange: str
-    routing_key: str
-
-
-def decode(raw: str | bytes | None) -> dict[str, Any]:
-    """Parse a stored envelope into its fields plus ``a`` (args) and ``k`` (kwargs);
-    :class:`PayloadError` says why it is unusable."""
+def split(raw: str | bytes | None) -> tuple[str, str, str]:
+    """A stored envelope's three lines: first line, args and kwargs ("" when absent)."""
     if raw is None:
         raise PayloadError("envelope missing")
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", errors="replace")
     fields, args, kwargs = [*raw.split("\n", 2), "", ""][:3]
+    return fields, args, kwargs
+
+
+def decode_fields(line: str) -> dict[str, Any]:
+    """An envelope's first line; :class:`PayloadError` says why it is unusable."""
     try:
-        env = _decode_json(fields)
-        args = _decode_json(args) if args else []
-        kwargs = _decode_json(kwargs) if kwargs else {}
+        env = _decode_json(line)
     except ValueError as exc:
         raise PayloadError(f"envelope is not valid JSON: {exc}") from exc
     if not isinstance(env, dict) or not isinstance(env.get("t"), str) or not env["t"]:
         raise PayloadError("envelope has no task name")
-    if not isinstance(args, list) or not isinstance(kwargs, dict) or {"a", "k"} & env.keys():
-        raise PayloadError("envelope args/kwargs have the wrong type")
-    env["a"], env["k"] = args, kwargs
+    if {"a", "k"} & env.keys() or any(not isinstance(env.get(name, {}), dict)
+                                      for name in ("o", "h", "p")):
+        raise PayloadError("envelope fields have the wrong type")
     if _RESERVED & set(env.get("p", {})):
         raise PayloadError("envelope sets a content type; only JSON payloads are published")
     return env
 
 
-def to_message(app, job_id: str, env: dict[str, Any], *, shard: int, due_ms: int,
-               size: int = 0) -> Message:
-    """Rebuild the message ``apply_async`` would have sent, with ``eta`` cleared and the
-    ``delayq_*`` headers that tell a worker (and a retry) which job it runs.
+def decode_arguments(args: str, kwargs: str) -> tuple[list, dict]:
+    """An envelope's args and kwargs lines; :class:`PayloadError` says why unusable."""
+    try:
+        decoded = _decode_json(args) if args else [], _decode_json(kwargs) if kwargs else {}
+    except ValueError as exc:
+        raise PayloadError(f"envelope is not valid JSON: {exc}") from exc
+    if not isinstance(decoded[0], list) or not isinstance(decoded[1], dict):
+        raise PayloadError("envelope args/kwargs have the wrong type")
+    return decoded
 
-    ``size`` is the stored envelope's length: small calls get a plain ``repr`` for the
-    ``argsrepr``/``kwargsrepr`` headers (JSON data is short and safe to repr), large
-    ones Celery's truncating ``saferepr``.
-    """
-    create, repr_max, default_queue = _amqp.get(app) or _amqp.setdefault(app, (
-        app.amqp.create_task_message, app.amqp.argsrepr_maxsize, app.amqp.default_queue.name))
-    options = dict(env.get("o", {}))
-    task_id = env.get("i", job_id)
-    args, kwargs = env.get("a", []), env.get("k", {})
-    if size and size * 4 < repr_max:
-        options.setdefault("argsrepr", repr(args))
-        options.setdefault("kwargsrepr", repr(kwargs))
-    options.setdefault("origin", ORIGIN)
-    msg_headers, properties, body, _ = create(task_id, env["t"], args, kwargs, **options)
-    msg_headers.update(env.get("h", {}))
-    msg_headers.update({HEADER_JOB: job_id, HEADER_SHARD: shard, HEADER_DUE: due_ms})
-    if env.get("y"):
-        msg_headers[HEADER_KEY] = env["y"]
-    properties.update(env.get("p", {}))
-    if options.get("expires"):
-        left = datetime.fromisoformat(options["expires"]).timestamp() - time.time()
-        properties["expiration"] = max(left, 0)
-    queue = env.get("q") or default_queue
-    return Message(body, msg_headers, properties, queue, env.get("x", ""), env.get("r", queue))
+
+def decode(raw: str | bytes | None) -> dict[str, Any]:
+    """Parse a stored envelope into its fields plus ``a`` (args) and ``k`` (kwargs);
+    :class:`PayloadError` says why it is unusable."""
+    fields, args, kwargs = split(raw)
+    env = decode_fields(fields)
+    env["a"], env["k"] = decode_arguments(args, kwargs)
+    return env
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,14 @@ import pytest
 from celery import Celery
 from celery.app.trace import build_tracer
 from celery.utils.imports import symbol_by_name
+from kombu.utils.json import loads
 
 from .. import journal
-from ..envelope import Job, decode, to_message
+from ..envelope import Job
 from ..errors import DelayQError, PayloadError
 from ..extension import DelayQ
 from ..keys import ShardKeys
+from ..message import Message, MessageBuilder
 from ..store import Claimed, Promoted
 from ..validation import Due
 from .redis_server import RedisServer
@@ -115,6 +117,7 @@ class DelayQTester:
         self.runs: list[Run] = []
         self._offset_ms = 0
         self._saved: dict[str, Any] = {}
+        self._messages = MessageBuilder(app)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -225,32 +228,32 @@ class DelayQTester:
         if job_id is not None:  # journaled as "rescheduled": the test clock pulled it in
             store.reschedule(job_id, Due(at_ms=None, delay_ms=0))
         claims = store.claim(list(store.keys), store.config.claim_batch, _LEASE_MS)
-        jobs: list[tuple[ShardKeys, Claimed, dict[str, Any]]] = []
+        jobs: list[tuple[Claimed, Message]] = []
         acks: dict[ShardKeys, list[Promoted]] = {}
         for claim in claims:
             for job in claim.jobs:
                 try:
-                    env = decode(job.envelope)
+                    message = self._messages.build(job.job_id, job.envelope,
+                                                   shard=claim.shard.shard, due_ms=job.due_ms)
                 except PayloadError as exc:
                     store.dead_letter(claim.shard, job.job_id, str(exc), None)
                     continue
-                jobs.append((claim.shard, job, env))
+                jobs.append((job, message))
                 acks.setdefault(claim.shard, []).append(
-                    Promoted(job.job_id, env["t"], env.get("y"), job.due_ms))
+                    Promoted(job.job_id, message.task, message.key, job.due_ms))
         store.ack(acks)  # promoted, as the carrier would before a worker runs them
-        jobs.sort(key=lambda item: item[1].due_ms)
-        return [self._run(shard, job, env) for shard, job, env in jobs]
+        jobs.sort(key=lambda item: item[0].due_ms)
+        return [self._run(job, message) for job, message in jobs]
 
-    def _run(self, shard: ShardKeys, job: Claimed, env: dict[str, Any]) -> Run:
+    def _run(self, job: Claimed, message: Message) -> Run:
         """Run one promoted job in this process, as a worker runs the published message."""
-        message = to_message(self.app, job.job_id, env, shard=shard.shard, due_ms=job.due_ms)
         try:
-            task = self.app.tasks[env["t"]]
+            task = self.app.tasks[message.task]
         except KeyError:
-            raise DelayQError(f"delayed job {job.job_id} calls {env['t']!r}, which is not "
+            raise DelayQError(f"delayed job {job.job_id} calls {message.task!r}, which is not "
                               f"registered on {self.app.main or 'the app'}; import the module "
                               "that defines it") from None
-        args, kwargs, embed = message.body
+        args, kwargs, embed = loads(message.body)
         request = {
             **message.headers, **(embed or {}), "is_eager": False,
             "hostname": "delayq-pytest", "delivery_info": {
@@ -262,7 +265,7 @@ class DelayQTester:
         state, result = "SUCCESS", retval
         if info is not None:
             state, result = info.state, info.retval
-        return Run(job.job_id, env["t"], list(args), dict(kwargs), env.get("y"),
+        return Run(job.job_id, message.task, args, kwargs, message.key,
                    datetime.fromtimestamp(job.due_ms / 1000, timezone.utc), state, result)
 
 

@@ -1,0 +1,143 @@
+"""The Celery message of a stored job, rebuilt at promotion.
+
+Celery's own ``create_task_message`` builds the protocol-2 message ``apply_async`` would
+have sent, with ``eta`` cleared and the ``delayq_*`` headers that tell a worker (and a
+retry) which job it runs. What a message takes from an envelope's first line (task,
+routing, options, headers, properties) is built once per distinct line, with the task's
+business key and fixed task id left out, and kept as a :class:`_Shape`; each job then adds
+its ids, key and arguments. The body is the stored args and kwargs lines verbatim: the JSON
+a worker decodes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from celery.utils.saferepr import saferepr
+
+from .envelope import (
+    HEADER_DUE,
+    HEADER_JOB,
+    HEADER_KEY,
+    HEADER_SHARD,
+    ORIGIN,
+    decode_arguments,
+    decode_fields,
+    encode_json,
+    split,
+)
+from .errors import PayloadError
+
+_SHAPES_MAX = 1024  # distinct first lines kept; the cache starts over when it is full
+_OWN = ("y", "i")  # first-line fields of one job: its business key and fixed task id
+_TASK_ID = "\x00delayq-task-id"  # stands for the task id while a shape is built
+
+
+class Message(NamedTuple):
+    """A Celery protocol-2 message ready for ``kombu.Producer.publish``."""
+
+    body: bytes  # JSON (content type application/json, utf-8)
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    queue: str
+    exchange: str
+    routing_key: str
+    task: str
+    key: str | None
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The parts of a message that an envelope's first line decides."""
+
+    task: str
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    id_headers: tuple[str, ...]  # the headers and properties that hold the task id
+    id_properties: tuple[str, ...]
+    embed: str  # the body's third element (callbacks, errbacks, chain, chord), as JSON
+    expires_at: float | None  # the absolute expiry, as a timestamp
+    queue: str
+    exchange: str
+    routing_key: str
+
+
+class MessageBuilder:
+    """Rebuilds the messages of one app's stored jobs."""
+
+    def __init__(self, app) -> None:
+        amqp = app.amqp
+        self._create = amqp.create_task_message
+        self._repr_max = amqp.argsrepr_maxsize
+        self._repr_levels = app.conf.task_repr_maxlevels
+        self._default_queue = amqp.default_queue.name
+        self._shapes: dict[str, _Shape] = {}
+
+    def build(self, job_id: str, raw: str | bytes | None, *, shard: int,
+              due_ms: int) -> Message:
+        """The message of one stored job; :class:`PayloadError` when its envelope is
+        unusable (the carrier then dead-letters it)."""
+        line, args_line, kwargs_line = split(raw)
+        shape, own = self._shapes.get(line), None
+        if shape is None:
+            shape, own = self._shape_of(line)
+        args, kwargs = decode_arguments(args_line, kwargs_line)
+        task_id = own.get("i", job_id) if own else job_id
+        key = own.get("y") if own else None
+
+        headers = shape.headers.copy()
+        for name in shape.id_headers:
+            headers[name] = task_id
+        if len(args_line) + len(kwargs_line) < self._repr_max // 4:  # short: plain repr
+            headers["argsrepr"], headers["kwargsrepr"] = repr(args), repr(kwargs)
+        else:  # as Celery shortens them
+            headers["argsrepr"] = saferepr(args, self._repr_max, maxlevels=self._repr_levels)
+            headers["kwargsrepr"] = saferepr(kwargs, self._repr_max,
+                                             maxlevels=self._repr_levels)
+        headers[HEADER_JOB], headers[HEADER_SHARD], headers[HEADER_DUE] = job_id, shard, due_ms
+        if key:
+            headers[HEADER_KEY] = key
+        properties = shape.properties.copy()
+        for name in shape.id_properties:
+            properties[name] = task_id
+        if shape.expires_at is not None:
+            properties["expiration"] = max(shape.expires_at - time.time(), 0)
+        body = f"[{args_line or '[]'},{kwargs_line or '{}'},{shape.embed}]".encode()
+        return Message(body, headers, properties, shape.queue, shape.exchange,
+                       shape.routing_key, shape.task, key)
+
+    def _shape_of(self, line: str) -> tuple[_Shape, dict[str, str]]:
+        """The shape of a first line and the fields it holds for one job alone."""
+        fields = decode_fields(line)
+        own = {name: fields.pop(name) for name in _OWN if name in fields}
+        common = encode_json(fields) if own else line
+        shape = self._shapes.get(common)
+        if shape is None:
+            shape = self._build_shape(fields)
+            if len(self._shapes) >= _SHAPES_MAX:
+                self._shapes.clear()
+            self._shapes[common] = shape
+        return shape, own
+
+    def _build_shape(self, fields: dict[str, Any]) -> _Shape:
+        options = {"origin": ORIGIN, **fields.get("o", {})}
+        try:
+            headers, properties, body, _ = self._create(
+                _TASK_ID, fields["t"], [], {}, argsrepr="", kwargsrepr="", **options)
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(f"envelope options are unusable: {exc}") from exc
+        headers.update(fields.get("h", {}))
+        properties.update(fields.get("p", {}))
+        expires = options.get("expires")
+        queue = fields.get("q") or self._default_queue
+        return _Shape(
+            task=fields["t"], headers=headers, properties=properties,
+            id_headers=tuple(name for name, value in headers.items() if value == _TASK_ID),
+            id_properties=tuple(name for name, value in properties.items()
+                                if value == _TASK_ID),
+            embed=encode_json(body[2]),
+            expires_at=datetime.fromisoformat(expires).timestamp() if expires else None,
+            queue=queue, exchange=fields.get("x", ""), routing_key=fields.get("r", queue))
