@@ -14,8 +14,8 @@ carrier``) serve every arm of the run. Per repetition:
   script pushes to the broker's list itself).
 * **Celery alone**: the promotion arm's number of messages built with Celery's
   ``create_task_message`` and published in kombu's ``Producer.batch()`` by this process,
-  with no store: what Celery and kombu cost per message, the bound on promotion through
-  kombu.
+  with no store: what Celery's and kombu's own path costs per message, beside which
+  promotion through kombu is compared.
 
 Run ``python -m bench.lateness --help``.
 """

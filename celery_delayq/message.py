@@ -124,14 +124,15 @@ class MessageBuilder:
 
     def _build_shape(self, fields: dict[str, Any]) -> _Shape:
         options = {"origin": ORIGIN, **fields.get("o", {})}
+        expires = options.get("expires")
         try:
             headers, properties, body, _ = self._create(
                 _TASK_ID, fields["t"], [], {}, argsrepr="", kwargsrepr="", **options)
+            expires_at = datetime.fromisoformat(expires).timestamp() if expires else None
         except (TypeError, ValueError) as exc:
             raise PayloadError(f"envelope options are unusable: {exc}") from exc
         headers.update(fields.get("h", {}))
         properties.update(fields.get("p", {}))
-        expires = options.get("expires")
         queue = fields.get("q") or self._default_queue
         return _Shape(
             task=fields["t"], headers=headers, properties=properties,
@@ -139,5 +140,5 @@ class MessageBuilder:
             id_properties=tuple(name for name, value in properties.items()
                                 if value == _TASK_ID),
             embed=encode_json(body[2]),
-            expires_at=datetime.fromisoformat(expires).timestamp() if expires else None,
+            expires_at=expires_at,
             queue=queue, exchange=fields.get("x", ""), routing_key=fields.get("r", queue))

@@ -94,7 +94,7 @@ def test_long_arguments_get_celerys_shortened_repr(app):
 @pytest.mark.parametrize("raw", [
     None, "{not json", "[]", '{"t": ""}', '{"t": "x", "a": [1]}', '{"t": "x"}\n1\n',
     '{"t": "x"}\n[]\n[]', '{"t": "x"}\n[1]\n{"k": 1', '{"t": "x", "p": {"content_type": "pickle"}}',
-    '{"t": "x", "o": 5}\n[]\n', '{"t": "x", "h": []}',
+    '{"t": "x", "o": 5}\n[]\n', '{"t": "x", "h": []}', '{"t": "x", "o": {"expires": "soon"}}',
 ])
 def test_unusable_envelopes_are_refused_not_published(app, raw):
     with pytest.raises(PayloadError):
