@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from typing import Any
 
 import pytest
@@ -117,7 +118,6 @@ class DelayQTester:
         self.runs: list[Run] = []
         self._offset_ms = 0
         self._saved: dict[str, Any] = {}
-        self._messages = MessageBuilder(app)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -218,6 +218,11 @@ class DelayQTester:
         return self.advance(0, propagate=propagate)
 
     # -- internals ---------------------------------------------------------------------
+
+    @cached_property
+    def _messages(self) -> MessageBuilder:
+        """Built on first promotion, once the test has configured the app."""
+        return MessageBuilder(self.app)
 
     def _now_ms(self) -> int:
         return self.delayq.store.now_ms() + self._offset_ms
