@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from datetime import datetime, timezone
 
 import click
 
@@ -16,6 +15,7 @@ from .carrier import Carrier
 from .errors import DelayQError
 from .extension import DelayQ
 from .metrics import CarrierMetrics, oldest_overdue_seconds
+from .reading import datetime_of_ms
 
 
 def _delayq(ctx: click.Context) -> DelayQ:
@@ -177,10 +177,12 @@ def replay(ctx: click.Context, job_id: str) -> None:
     sys.exit(0 if replayed else 1)
 
 
-def _ms(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+def _ms(ms: float | None) -> str:
+    """Epoch ms as ISO-8601: "-" when absent, the number itself when it is no time."""
+    at = datetime_of_ms(ms)
+    if at is None:
+        return "-" if ms is None else f"{ms!r} ms (no time)"
+    return at.isoformat(timespec="milliseconds")
 
 
 @delayq.command()

@@ -37,6 +37,7 @@ from kombu.utils.json import JSONEncoder, object_hook
 
 from .errors import PayloadError, UnknownQueue
 from .keys import new_job_id, pack_id
+from .reading import datetime_of_ms, printable
 
 #: Headers the carrier adds to every promoted message; a retry carries them back.
 HEADER_JOB = "delayq_job"
@@ -330,7 +331,11 @@ def decode(raw: str | bytes | None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Job:
-    """A stored job as listed by ``DelayQ.get`` / ``DelayQ.pending``."""
+    """A stored job as listed by ``DelayQ.get`` / ``DelayQ.pending``.
+
+    ``unreadable`` says why the stored job cannot be read ("" when it can); such a job has
+    no task and its stored envelope is in ``options["envelope"]``.
+    """
 
     job_id: str
     task_id: str
@@ -343,29 +348,43 @@ class Job:
     state: str
     shard: int
     options: dict[str, Any] = field(default_factory=dict)
+    unreadable: str = ""
 
     @classmethod
     def from_envelope(cls, job_id: str, raw, due_ms: float | None, state: str,
                       shard: int, default_queue: str = "") -> Job:
+        """The job stored as ``raw``, due at ``due_ms``; :class:`PayloadError` says why it
+        cannot be read."""
+        due = None if due_ms is None else datetime_of_ms(due_ms)
+        if due_ms is not None and due is None:
+            raise PayloadError(f"due time {due_ms!r} ms is not a time between years 1 and 9999")
         env = decode(raw)
+        if any(not isinstance(env.get(name, ""), str) for name in ("i", "y", "q")):
+            raise PayloadError("envelope fields have the wrong type")
         return cls(
             job_id=job_id, task_id=env.get("i", job_id), task=env["t"],
             args=env.get("a", []), kwargs=env.get("k", {}), key=env.get("y"),
-            queue=env.get("q") or default_queue, state=state, shard=shard,
-            due=None if due_ms is None else datetime.fromtimestamp(due_ms / 1000, timezone.utc),
+            queue=env.get("q") or default_queue, state=state, shard=shard, due=due,
             options={k: env[k] for k in ("o", "h", "p") if k in env},
         )
 
     @classmethod
+    def read(cls, job_id: str, raw, due_ms: float | None, state: str, shard: int,
+             default_queue: str = "") -> Job:
+        """:meth:`from_envelope`, or a job that says why it is ``unreadable``."""
+        try:
+            return cls.from_envelope(job_id, raw, due_ms, state, shard, default_queue)
+        except PayloadError as exc:
+            return cls(job_id=job_id, task_id=job_id, task="", args=[], kwargs={}, key=None,
+                       queue="", due=datetime_of_ms(due_ms), state=state, shard=shard,
+                       options={"envelope": printable(raw) if isinstance(raw, str) else raw},
+                       unreadable=str(exc))
+
+    @classmethod
     def dead(cls, job_id: str, entry: dict[str, Any], shard: int,
              default_queue: str = "") -> Job:
-        """A dead-lettered job; its envelope may be the unreadable reason it died."""
-        try:
-            job = cls.from_envelope(job_id, entry["envelope"] or None, None, "dead", shard,
-                                    default_queue)
-        except PayloadError:
-            job = cls(job_id=job_id, task_id=job_id, task="", args=[], kwargs={}, key=None,
-                      queue="", due=None, state="dead", shard=shard,
-                      options={"envelope": entry["envelope"]})
+        """A dead-lettered job (``entry`` as :meth:`Store.dead` lists it); its envelope may
+        be the unreadable reason it died."""
+        job = cls.read(job_id, entry["envelope"] or None, None, "dead", shard, default_queue)
         job.options["dead_reason"] = entry["reason"]
         return job

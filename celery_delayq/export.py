@@ -6,12 +6,19 @@ written as ``DIR/date=YYYY-MM-DD/events-s<shard>-<first entry id>.<parquet|jsonl
 is written completely (to a temporary name, then renamed) before the position moves on,
 so an export killed half-way repeats at most its last batch, under the same file name.
 Readers should still de-duplicate on ``(shard, id)``; the Spark report does.
+
+An entry field that cannot be read (a ``due`` that is no time, text that is not UTF-8, an
+id that is not a job id) is null in its column and kept as text in ``extra`` under
+``unreadable``; an entry whose own id is no time (after the year 9999) is skipped. Both are
+counted in :attr:`ExportResult.unreadable` and logged once per export.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,14 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError, InvalidOption
-from .keys import unpack_id
+from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
 from .store import Store
 
 FORMATS = ("parquet", "jsonl")
 #: Fields every event row has (absent ones are null); anything else goes to ``extra`` (JSON).
 COLUMNS = ("id", "shard", "ts_ms", "event", "job", "task", "key", "due_ms", "task_id", "by",
            "reason", "retries", "extra")
-_KNOWN = frozenset({"event", "job", "task", "key", "due", "task_id", "by", "reason", "retries"})
+_TEXT = ("event", "task", "key", "task_id", "by", "reason")  # columns holding a field as is
+_KNOWN = frozenset({*_TEXT, "job", "due", "retries"})
+_INT32 = 2**31 - 1
+_STREAM_ID = re.compile(r"\d+-\d+")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,6 +49,8 @@ class ExportResult:
     per_shard: dict[int, int] = field(default_factory=dict)
     #: Shards whose stream was trimmed past the last exported entry (events were lost).
     trimmed: list[int] = field(default_factory=list)
+    #: Entries skipped or written with a field that could not be read (see the module doc).
+    unreadable: int = 0
 
 
 def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = None,
@@ -57,12 +70,18 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
     root = Path(to)
     root.mkdir(parents=True, exist_ok=True)
     result = ExportResult()
+    skipped = Unreadable("delayq export", logger)
     client = store.client
     position_key = store.keys.export_position
     with store.unavailable():
         positions = client.hgetall(position_key)
         for shard in store.keys:
             last = positions.get(str(shard.shard))
+            if last is not None and not _STREAM_ID.fullmatch(last):
+                logger.warning("delayq export: the export position of shard %d is %r, not a "
+                               "stream entry id; exporting that shard from its beginning",
+                               shard.shard, printable(last))
+                last = None
             result.per_shard[shard.shard] = 0
             end = client.xrevrange(shard.journal, "+", "-", count=1)
             if not end:
@@ -75,7 +94,7 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
                 entries = client.xrange(shard.journal, lower, end_id, count=batch)
                 if not entries:
                     break
-                result.files += _write(root, shard.shard, entries, fmt)
+                result.files += _write(root, shard.shard, entries, fmt, skipped)
                 result.events += len(entries)
                 result.per_shard[shard.shard] += len(entries)
                 last_id = entries[-1][0]
@@ -83,6 +102,8 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
                 if last_id == end_id:
                     break
                 lower = f"({last_id}"
+    skipped.log()
+    result.unreadable = skipped.count
     return result
 
 
@@ -116,36 +137,54 @@ def _since_ms(since: str) -> int:
     return int(at.timestamp() * 1000)
 
 
-def row(shard: int, entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
-    """One journal entry as an export row (see :data:`COLUMNS`)."""
-    ms = int(entry_id.split("-", 1)[0])
-    extra = {k: v for k, v in fields.items() if k not in _KNOWN}
-    return {
-        "id": entry_id, "shard": shard, "ts_ms": ms, "event": fields.get("event"),
-        "job": unpack_id(fields["job"]) if fields.get("job") else None,
-        "task": fields.get("task") or None,
-        "key": fields.get("key") or None, "due_ms": _int(fields.get("due")),
-        "task_id": fields.get("task_id") or None, "by": fields.get("by") or None,
-        "reason": fields.get("reason") or None, "retries": _int(fields.get("retries")),
-        "extra": json.dumps(extra) if extra else None,
-    }
+def row(shard: int, entry_id: str,
+        fields: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """One journal entry as an export row (see :data:`COLUMNS`), and the names of its
+    fields that could not be read: null in their column, kept in ``extra`` as text."""
+    record: dict[str, Any] = {"id": entry_id, "shard": shard,
+                              "ts_ms": int(entry_id.split("-", 1)[0])}
+    unreadable: dict[str, str] = {}
+    for name in _TEXT:
+        value = fields.get(name) or None
+        record[name] = value if value is None or is_text(value) else None
+    job = fields.get("job") or None
+    record["job"] = None if job is None else job_id_of(job)
+    record["due_ms"] = _int(fields.get("due"), MIN_MS, MAX_MS)
+    record["retries"] = _int(fields.get("retries"), 0, _INT32)
+    for name, column in (*((n, n) for n in _TEXT), ("job", "job"), ("due", "due_ms"),
+                         ("retries", "retries")):
+        if fields.get(name) and record[column] is None:
+            unreadable[name] = printable(fields[name])
+    extra: dict[str, Any] = {printable(k): printable(v) for k, v in fields.items()
+                             if k not in _KNOWN}
+    if unreadable:
+        extra["unreadable"] = unreadable
+    record["extra"] = json.dumps(extra) if extra else None
+    return {column: record[column] for column in COLUMNS}, list(unreadable)
 
 
-def _int(value: str | None) -> int | None:
-    if value in (None, ""):
-        return None
+def _int(value: str | None, low: int, high: int) -> int | None:
+    """``value`` as an integer; None when absent or not a number from ``low`` to ``high``."""
     try:
-        return int(float(value))
-    except ValueError:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
         return None
+    return int(number) if low <= number <= high else None
 
 
-def _write(root: Path, shard: int, entries: list, fmt: str) -> list[Path]:
+def _write(root: Path, shard: int, entries: list, fmt: str,
+           skipped: Unreadable) -> list[Path]:
     by_date: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for entry_id, fields in entries:
-        record = row(shard, entry_id, fields)
-        day = datetime.fromtimestamp(record["ts_ms"] / 1000, timezone.utc).date().isoformat()
-        by_date[day].append(record)
+        day = datetime_of_ms(entry_id.split("-", 1)[0])
+        if day is None:
+            skipped.add(f"entry {entry_id} of shard {shard}", "its id is no time")
+            continue
+        record, unreadable = row(shard, entry_id, fields)
+        if unreadable:
+            skipped.add(f"entry {entry_id} of shard {shard}",
+                        f"unreadable {', '.join(unreadable)}")
+        by_date[day.date().isoformat()].append(record)
     written = []
     for day, records in by_date.items():
         folder = root / f"date={day}"

@@ -90,6 +90,8 @@ class StoreCollector:
             "delayq_overdue_jobs": ("Jobs due but not yet claimed by a carrier.", "overdue"),
             "delayq_inflight_jobs": ("Jobs claimed and being published.", "inflight"),
             "delayq_dead_jobs": ("Dead-lettered jobs kept for replay.", "dead"),
+            "delayq_unreadable_due_jobs": ("Pending jobs whose due score is no time (+-inf, "
+                                           "after the year 9999).", "unreadable_due"),
         }
         for name, (doc, field) in per_shard.items():
             gauge = GaugeMetricFamily(name, doc, labels=["shard"])

@@ -3,6 +3,11 @@
 Each shard's journal stream is read from the last applied entry on; a batch of events
 and the shard's cursor are saved in one database transaction, so a restarted sync
 resumes exactly where it stopped and never applies an event twice.
+
+An entry that cannot be mirrored (a due time or id that is no time, text that is not
+UTF-8 or holds NUL, a value longer than its column) is skipped; a job whose envelope
+cannot be decoded is mirrored without its arguments. Both are counted and logged once
+per :meth:`JournalSync.run_once`, and the cursor moves past them.
 """
 
 from __future__ import annotations
@@ -10,14 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 
 from django.db import DatabaseError, transaction
 
 from celery_delayq import DelayQ, DelayQError
-from celery_delayq.envelope import decode
-from celery_delayq.errors import PayloadError
+from celery_delayq.envelope import Job
 from celery_delayq.keys import ShardKeys
+from celery_delayq.reading import Unreadable, datetime_of_ms, is_text
 
 from .models import DelayedTask, DelayedTaskEvent, JournalCursor, State
 from .runtime import delayq as project_delayq
@@ -31,6 +36,14 @@ _ROW_FIELDS = [
     "store_error", "envelope", "scheduled_at", "promoted_at", "started_at", "finished_at",
     "cancelled_at", "cancelled_by", "dead_at", "reason",
 ]
+#: Journal fields stored in a column of limited length, and that length.
+_LIMITED = {"job": DelayedTask._meta.get_field("job_id").max_length,
+            "task": DelayedTask._meta.get_field("task").max_length,
+            "key": DelayedTask._meta.get_field("key").max_length,
+            "task_id": DelayedTask._meta.get_field("task_id").max_length,
+            "queue": DelayedTask._meta.get_field("queue").max_length,
+            "event": DelayedTaskEvent._meta.get_field("event").max_length}
+_MAX_RETRIES = 2**31 - 1  # the largest PositiveIntegerField on every database
 
 
 class JournalSync:
@@ -43,14 +56,19 @@ class JournalSync:
         self._stop = threading.Event()
 
     def run_once(self) -> int:
-        """Apply every event journaled so far; returns how many were applied."""
+        """Apply every event journaled so far; returns how many entries were read
+        (skipped ones included)."""
         total = 0
-        for shard in self.store.keys:
-            while True:
-                applied = self._apply_batch(shard)
-                total += applied
-                if applied < self.batch:
-                    break
+        skipped = Unreadable("delayq_sync", logger)
+        try:
+            for shard in self.store.keys:
+                while True:
+                    applied = self._apply_batch(shard, skipped)
+                    total += applied
+                    if applied < self.batch:
+                        break
+        finally:
+            skipped.log()
         return total
 
     def run(self, interval: float = 0.5) -> None:
@@ -87,33 +105,35 @@ class JournalSync:
                                                         shard=shard.shard)
         return cursor
 
-    def _apply_batch(self, shard: ShardKeys) -> int:
+    def _apply_batch(self, shard: ShardKeys, skipped: Unreadable) -> int:
         cursor = self._cursor(shard)
         entries = self.store.read_journal(shard, cursor.last_id, count=self.batch)
         if not entries:
             return 0
-        wanted = sorted({f["job"] for _, f in entries
-                         if f.get("event") in _ENVELOPE_EVENTS and f.get("job")})
-        envelopes = self.store.envelopes(shard, wanted)
+        readable = []
+        for stream_id, fields in entries:
+            why = _unreadable(stream_id, fields)
+            if why:
+                skipped.add(f"journal entry {stream_id} of shard {shard.shard}", why)
+            elif fields.get("job"):
+                readable.append((stream_id, fields))
+        envelopes = self._envelopes(shard, readable, skipped)
         with transaction.atomic():
             locked = JournalCursor.objects.select_for_update().get(pk=cursor.pk)
             if locked.last_id != cursor.last_id:  # another sync moved it meanwhile
                 return 0
-            job_ids = {f["job"] for _, f in entries if f.get("job")}
+            job_ids = {f["job"] for _, f in readable}
             rows = DelayedTask.objects.in_bulk(job_ids, field_name="job_id")
             known = set(rows)
             events = []
-            for stream_id, fields in entries:
-                job_id = fields.get("job")
-                if not job_id:
-                    continue
+            for stream_id, fields in readable:
+                job_id = fields["job"]
                 at = _at(stream_id)
                 row = rows.get(job_id)
                 if row is None:
                     row = rows[job_id] = DelayedTask(job_id=job_id, task=fields.get("task", ""),
                                                      created_at=at)
-                apply_event(row, fields, at, envelopes.get(job_id),
-                            self.store.config.default_queue)
+                apply_event(row, fields, at, envelopes.get(job_id))
                 events.append(DelayedTaskEvent(
                     delayed_task=row, event=fields.get("event", ""), at=at,
                     due=_ms(fields.get("due")), detail=_detail(fields), stream_id=stream_id))
@@ -127,10 +147,50 @@ class JournalSync:
             locked.save(update_fields=["last_id", "updated_at"])
         return len(entries)
 
+    def _envelopes(self, shard: ShardKeys, entries: list[tuple[str, dict[str, str]]],
+                   skipped: Unreadable) -> dict[str, tuple[str, Job]]:
+        """The stored envelopes of the jobs these entries schedule, read; those that cannot
+        be read are counted and left out."""
+        wanted = sorted({f["job"] for _, f in entries if f.get("event") in _ENVELOPE_EVENTS})
+        envelopes = {}
+        for job_id, raw in self.store.envelopes(shard, wanted).items():
+            if raw is None:
+                continue  # promoted or cancelled since
+            job = Job.read(job_id, raw, None, "", shard.shard, self.store.config.default_queue)
+            why = job.unreadable or next(
+                (f"{name} is longer than {_LIMITED[name]} characters"
+                 for name, value in (("task_id", job.task_id), ("queue", job.queue))
+                 if len(value) > _LIMITED[name]), "")
+            if why:
+                skipped.add(f"envelope of job {job_id!r} on shard {shard.shard}", why)
+            else:
+                envelopes[job_id] = (raw, job)
+        return envelopes
+
+
+def _unreadable(stream_id: str, fields: dict[str, str]) -> str:
+    """Why a journal entry cannot be mirrored ("" when it can)."""
+    if "unreadable" in fields:  # set by Store.read_journal
+        return fields["unreadable"]
+    if _at(stream_id) is None:
+        return "its id is no time"
+    for name, value in fields.items():
+        if not (is_text(name) and is_text(value)) or "\x00" in value:
+            return f"field {name!r} is not UTF-8 text or holds NUL"
+    for name, limit in _LIMITED.items():
+        if len(fields.get(name, "")) > limit:
+            return f"{name} is longer than {limit} characters"
+    if fields.get("due") and _ms(fields["due"]) is None:
+        return f"due {fields['due']!r} is no time"
+    if fields.get("retries") and _int(fields["retries"], -1) == -1:
+        return f"retries {fields['retries']!r} is not a count"
+    return ""
+
 
 def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
-                envelope: str | None = None, default_queue: str = "") -> None:
-    """Move ``row`` to what one journal event says (events of a shard arrive in order)."""
+                envelope: tuple[str, Job] | None = None) -> None:
+    """Move ``row`` to what one journal event says (events of a shard arrive in order);
+    ``envelope``: the job's stored envelope and the job read from it."""
     event = fields.get("event", "")
     due = _ms(fields.get("due"))
     if fields.get("task"):
@@ -139,7 +199,7 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
         row.key = fields["key"]
     if event in _DUE_EVENTS:
         if envelope and event in _ENVELOPE_EVENTS:
-            _fill_from_envelope(row, envelope, default_queue)
+            _fill_from_envelope(row, *envelope)
         row.state = State.SCHEDULED
         row.due = due or row.due
         row.stored, row.store_error = True, ""
@@ -167,16 +227,11 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
         row.state, row.dead_at, row.reason = State.DEAD, at, fields.get("reason", "")
 
 
-def _fill_from_envelope(row: DelayedTask, envelope: str, default_queue: str) -> None:
-    try:
-        env = decode(envelope)
-    except PayloadError:
-        return
+def _fill_from_envelope(row: DelayedTask, envelope: str, job: Job) -> None:
     row.envelope = envelope
-    row.args, row.kwargs = env.get("a", []), env.get("k", {})
-    row.queue = env.get("q") or default_queue
-    row.task_id = env.get("i", row.job_id)
-    row.retries = _int(env.get("o", {}).get("retries"), 0)
+    row.args, row.kwargs = job.args, job.kwargs
+    row.queue, row.task_id = job.queue, job.task_id
+    row.retries = _int(job.options.get("o", {}).get("retries"), 0)
 
 
 def _detail(fields: dict[str, str]) -> str:
@@ -187,18 +242,18 @@ def _detail(fields: dict[str, str]) -> str:
     return "; ".join(parts)
 
 
-def _at(stream_id: str) -> datetime:
-    return datetime.fromtimestamp(int(stream_id.split("-")[0]) / 1000, timezone.utc)
+def _at(stream_id: str) -> datetime | None:
+    return datetime_of_ms(stream_id.split("-")[0])
 
 
 def _ms(value: str | None) -> datetime | None:
-    if value in (None, ""):
-        return None
-    return datetime.fromtimestamp(float(value) / 1000, timezone.utc)
+    return None if value in (None, "") else datetime_of_ms(value)
 
 
 def _int(value, default: int) -> int:
+    """``value`` as a count a PositiveIntegerField holds, else ``default``."""
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
         return default
+    return number if 0 <= number <= _MAX_RETRIES else default

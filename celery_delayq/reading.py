@@ -1,0 +1,79 @@
+"""Reading stored values that may be odd, for every reader of the store.
+
+A reader (listing, stats, metrics, export, the Django mirror) must never fail on what it
+finds in Redis: a due score of ``inf`` or ``1e30``, a value that is not UTF-8 (the store
+client reads such bytes as lone surrogates), an id that is not a stored id. The helpers
+here turn such values into ``None`` instead of raising, and :class:`Unreadable` counts
+what a reader skipped and logs it once per run.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+
+from .keys import pack_id, unpack_id
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: The epoch milliseconds a ``datetime`` can hold (years 1 to 9999), as Redis score bounds.
+MIN_MS = -62_135_596_800_000
+MAX_MS = 253_402_300_799_999
+_EXAMPLES = 3  # unreadable entries named in the log line
+
+
+def datetime_of_ms(ms: float | int | str | None) -> datetime | None:
+    """Epoch milliseconds (a number or its text) as an aware UTC datetime; None when absent
+    or not a finite number within years 1 to 9999."""
+    try:
+        value = float(ms)  # type: ignore[arg-type]
+        return _EPOCH + timedelta(milliseconds=value) if MIN_MS <= value <= MAX_MS else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def is_text(value: str) -> bool:
+    """True when ``value`` was valid UTF-8 in Redis (it holds no lone surrogates)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def job_id_of(stored: str) -> str | None:
+    """The job id stored as ``stored`` (:func:`keys.unpack_id`); None when ``stored`` is
+    not what :func:`keys.pack_id` makes of any id."""
+    if not is_text(stored):
+        return None
+    try:
+        job_id = unpack_id(stored)
+    except ValueError:  # "~" and then not base64
+        return None
+    return job_id if pack_id(job_id) == stored else None
+
+
+def printable(value: str) -> str:
+    """``value`` with the bytes that were not UTF-8 shown as ``\\xNN``."""
+    return value.encode(errors="surrogateescape").decode(errors="backslashreplace")
+
+
+class Unreadable:
+    """The entries one reader run skipped or showed as unreadable: counted, logged once."""
+
+    def __init__(self, reader: str, logger: logging.Logger) -> None:
+        self.reader, self.logger = reader, logger
+        self.count = 0
+        self._examples: list[str] = []
+
+    def add(self, what: str, reason: str) -> None:
+        """Count one unreadable entry (``what``: where it is, e.g. ``job 'x' on shard 2``)."""
+        self.count += 1
+        if len(self._examples) < _EXAMPLES:
+            self._examples.append(f"{printable(what)}: {printable(reason)[:200]}")
+
+    def log(self) -> None:
+        """One warning for the run, if anything was unreadable."""
+        if self.count:
+            more = ", ..." if self.count > len(self._examples) else ""
+            self.logger.warning("%s: %d unreadable entries skipped or marked (%s%s)",
+                                self.reader, self.count, "; ".join(self._examples), more)

@@ -1,0 +1,97 @@
+"""delayq_sync on odd journal entries: each is skipped, counted and logged once per run,
+and every healthy entry around it is mirrored."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.core.management import call_command
+
+from celery_delayq.contrib.django.models import DelayedTask, DelayedTaskEvent, JournalCursor
+from celery_delayq.contrib.django.sync import JournalSync
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TASK = "shop.tasks.close_unpaid_order"
+#: Journal entries no carrier or producer writes: each is skipped.
+ODD_ENTRIES = [
+    {"event": "scheduled", "job": "odd:abc", "task": TASK, "due": "abc"},
+    {"event": "scheduled", "job": "odd:1e30", "task": TASK, "due": "1e30"},
+    {"event": "rescheduled", "job": "odd:inf", "task": TASK, "due": "inf"},
+    {"event": "scheduled", "job": "odd:nan", "task": TASK, "due": "nan"},
+    {"event": "scheduled", "job": b"odd:\xff", "task": TASK, "due": "1"},
+    {"event": "scheduled", "job": "odd:task", "task": b"close\xff", "due": "1"},
+    {"event": "cancelled", "job": "odd:by", "task": TASK, "by": b"support\xfe"},
+    {"event": "scheduled", "job": "odd:nul", "task": TASK, "key": "order:\x00"},
+    {"event": "scheduled", "job": "odd:" + "x" * 300, "task": TASK},
+    {"event": "started", "job": "odd:retries", "retries": "99999999999999999999"},
+    {"event": "scheduled", "job": "~!!", "task": TASK},
+]
+#: Envelopes that cannot be decoded, behind readable "scheduled" entries: the row is
+#: mirrored from the entry, without arguments.
+ODD_ENVELOPES = {
+    "odd:deep": f'{{"t":"{TASK}"}}\n' + "[" * 1000 + "]" * 1000 + "\n",
+    "odd:utf8": f'{{"t":"{TASK}"}}\n["'.encode() + b"\xff" + b'"]\n',
+    "odd:types": f'{{"t":"{TASK}","q":["x"]}}\n\n',
+}
+
+
+@pytest.fixture
+def odd_journal(shop_delayq, shop_redis):
+    """32 healthy jobs over every shard, each shard's journal salted with the odd entries
+    above, and on shard 0 (last) an entry whose id is after the year 9999."""
+    shop_delayq.schedule_many(TASK, [
+        {"job_id": f"order:{n}:close", "delay": 600, "args": [n], "key": f"order:{n}"}
+        for n in range(16)])
+    for shard in shop_delayq.store.keys:
+        for fields in ODD_ENTRIES:
+            shop_redis.xadd(shard.journal, fields)
+        for job_id, envelope in ODD_ENVELOPES.items():
+            stored = f"{job_id}@{shard.shard}"
+            shop_redis.hset(shard.jobs, stored, envelope)
+            shop_redis.zadd(shard.due, {stored: 1})
+            shop_redis.xadd(shard.journal, {"event": "scheduled", "job": stored, "task": TASK,
+                                            "due": "1"})
+    shop_delayq.schedule_many(TASK, [
+        {"job_id": f"order:{n}:close", "delay": 600, "args": [n], "key": f"order:{n}"}
+        for n in range(16, 32)])
+    shop_redis.xadd(shop_delayq.store.keys.shard(0).journal,
+                    {"event": "cancelled", "job": "order:0:close"}, id="18446744073709551614-0")
+    shards = shop_delayq.store.keys.shards
+    return {"skipped": len(ODD_ENTRIES) * shards + 1,
+            "envelopes": len(ODD_ENVELOPES) * shards}
+
+
+def _healthy_rows() -> list[tuple]:
+    return sorted(DelayedTask.objects.filter(job_id__startswith="order:").values_list(
+        "job_id", "args", "state", "key"))
+
+
+def test_sync_mirrors_every_healthy_job_and_logs_odd_entries_once(
+        shop_delayq, odd_journal, caplog):
+    caplog.set_level(logging.WARNING)
+    sync = JournalSync(shop_delayq, batch=7)
+
+    sync.run_once()
+
+    assert _healthy_rows() == sorted(
+        (f"order:{n}:close", [n], "scheduled", f"order:{n}") for n in range(32))
+    odd_rows = DelayedTask.objects.exclude(job_id__startswith="order:")
+    assert sorted(odd_rows.values_list("job_id", flat=True)) == sorted(
+        f"{job_id}@{shard.shard}" for job_id in ODD_ENVELOPES for shard in shop_delayq.store.keys)
+    assert all((row.args, row.task, row.state) == ([], TASK, "scheduled") for row in odd_rows)
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("celery_delayq")]
+    assert len(warnings) == 1
+    assert f"{odd_journal['skipped'] + odd_journal['envelopes']} unreadable" in warnings[0]
+    ends = {shard.shard: shop_delayq.store.client.xrevrange(shard.journal, count=1)[0][0]
+            for shard in shop_delayq.store.keys}
+    assert dict(JournalCursor.objects.values_list("shard", "last_id")) == ends
+    assert sync.run_once() == 0
+    assert DelayedTaskEvent.objects.filter(delayed_task__job_id="order:0:close").count() == 1
+
+
+def test_delayq_sync_command_starts_on_a_journal_with_odd_entries(odd_journal, capsys):
+    call_command("delayq_sync", "--once")
+    assert "applied" in capsys.readouterr().out
+    assert len(_healthy_rows()) == 32
