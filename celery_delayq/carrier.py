@@ -28,7 +28,7 @@ import redis
 from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import KombuError
 
-from .conf import redact
+from .connection import redact
 from .envelope import ORIGIN, decode
 from .errors import ConfigurationError, PayloadError, StoreUnavailable
 from .extension import DelayQ

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from .connection import CLUSTER_SUFFIX, SENTINEL_OPTIONS, check_settings
+from .connection import redact as redact
 from .errors import ConfigurationError
 
 
@@ -20,6 +22,14 @@ class Setting:
     default: Any
     type: type
     doc: str
+
+
+class TlsOptions(dict):
+    """TLS options of store connections: redis-py's ``ssl_*`` options, or True for TLS
+    with redis-py's defaults (as ``broker_use_ssl`` takes them for a Redis broker)."""
+
+    def __init__(self, raw: Any = ()) -> None:
+        super().__init__({} if raw is True else raw)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -57,6 +67,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("redis_socket_timeout", 5.0, float, "Socket timeout of store connections, seconds."),
     Setting("redis_retries", 3, int,
             "Retries with exponential backoff before a store call raises StoreUnavailable."),
+    Setting("redis_ssl", None, TlsOptions,
+            "TLS for store connections: redis-py's ssl_* options (ssl_cert_reqs, ssl_ca_certs, "
+            "ssl_certfile, ssl_keyfile, ...) or True. Default: broker_use_ssl when the store "
+            "is on the broker URL."),
+    Setting("redis_transport_options", {}, dict,
+            "Options of a sentinel:// store, as broker_transport_options: master_name "
+            "(required), sentinel_kwargs (options of the Sentinel connections, e.g. their "
+            "password), min_other_sentinels; other keys are ignored. Default: "
+            "broker_transport_options when the store is on the broker URL."),
 )
 
 
@@ -89,9 +108,8 @@ SETTINGS += (
             "Default seconds celery_delayq.http_callback waits to connect and for a response."),
 )
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
-#: ``redis+cluster://host:port`` (or ``rediss+cluster://``) names a Redis Cluster seed node.
-CLUSTER_SUFFIX = "+cluster"
+#: Broker URL schemes a store can share (kombu's Redis and Redis Sentinel transports).
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 
 
 @dataclass(frozen=True)
@@ -115,6 +133,8 @@ class DelayQConfig:
     worker_events: bool
     redis_socket_timeout: float
     redis_retries: int
+    redis_ssl: TlsOptions | None
+    redis_transport_options: dict[str, Any]
     http_retry_schedule: SecondsList
     http_allowed_hosts: HostList
     http_timeout: float
@@ -131,19 +151,13 @@ class DelayQConfig:
                 raw = setting.default
             values[setting.name] = _coerce(setting, raw)
         if not values["redis_url"]:
-            values["redis_url"] = _broker_redis_url(app)
+            _connect_as_broker(app, values)
         config = cls(**values, default_queue=conf.task_default_queue)
         config.validate()
         return config
 
     def validate(self) -> None:
-        scheme = urlsplit(self.redis_url).scheme
-        if scheme.removesuffix(CLUSTER_SUFFIX) not in _REDIS_SCHEMES or scheme == "unix+cluster":
-            raise ConfigurationError(
-                "delayq_redis_url must be a redis://, rediss:// or unix:// URL, or "
-                f"redis+cluster:// / rediss+cluster:// for a Redis Cluster; got "
-                f"{redact(self.redis_url)!r}"
-            )
+        check_settings(self)
         for name in ("shards", "max_payload_bytes", "max_id_length", "claim_batch"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"delayq_{name} must be at least 1")
@@ -166,11 +180,6 @@ class DelayQConfig:
         """True when ``redis_url`` names a Redis Cluster."""
         return urlsplit(self.redis_url).scheme.endswith(CLUSTER_SUFFIX)
 
-    @property
-    def client_url(self) -> str:
-        """``redis_url`` as redis-py expects it (without ``+cluster``)."""
-        return self.redis_url.replace(CLUSTER_SUFFIX, "", 1)
-
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -188,6 +197,18 @@ def _coerce(setting: Setting, raw: Any) -> Any:
         ) from exc
 
 
+def _connect_as_broker(app, values: dict[str, Any]) -> None:
+    """A store on the broker URL connects as the broker does: its URL, ``broker_use_ssl``
+    and the Sentinel part of ``broker_transport_options``, unless set for the store."""
+    values["redis_url"] = _broker_redis_url(app)
+    if values["redis_ssl"] is None and app.conf.broker_use_ssl:
+        values["redis_ssl"] = TlsOptions(app.conf.broker_use_ssl)
+    if not values["redis_transport_options"]:
+        transport = app.conf.broker_transport_options or {}
+        values["redis_transport_options"] = {
+            name: transport[name] for name in SENTINEL_OPTIONS if name in transport}
+
+
 def _broker_redis_url(app) -> str:
     broker = app.conf.broker_url or ""
     if isinstance(broker, (list, tuple)):
@@ -199,12 +220,3 @@ def _broker_redis_url(app) -> str:
         "(or CELERY_DELAYQ_REDIS_URL in Django settings) to e.g. redis://localhost:6379/0"
     )
 
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by ``***``, for logs and errors."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))

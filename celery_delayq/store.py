@@ -17,12 +17,11 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 import redis
-from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError
-from redis.retry import Retry
 
-from .conf import DelayQConfig, redact
+from .conf import DelayQConfig
+from .connection import connect, redact
 from .envelope import Call, Job
 from .errors import ConfigurationError, JobExists, PayloadError, StoreUnavailable
 from .keys import Keyspace, ShardKeys, bykey_member, pack_id, unpack_id
@@ -129,21 +128,9 @@ class Store:
 
     @cached_property
     def client(self) -> redis.Redis | RedisCluster:
-        """A client of the store: a cluster client for ``redis+cluster://`` URLs."""
-        config = self.config
-        options: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_timeout": config.redis_socket_timeout,
-            "socket_connect_timeout": config.redis_socket_timeout,
-            "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), config.redis_retries),
-        }
+        """A client of the store (plain, cluster or Sentinel: see :mod:`connection`)."""
         with self.unavailable():
-            if config.cluster:
-                client = RedisCluster.from_url(config.client_url, **options)
-            else:
-                client = redis.Redis.from_url(
-                    config.client_url, health_check_interval=30,
-                    retry_on_error=[redis.ConnectionError, redis.TimeoutError], **options)
+            client = connect(self.config)
             self._check_shard_count(client)
         return client
 

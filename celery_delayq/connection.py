@@ -1,0 +1,211 @@
+"""The store's Redis client, built from its URL; URLs made safe to print.
+
+Store URLs:
+
+- ``redis://``, ``rediss://``, ``unix://`` as redis-py reads them (``?password=`` included);
+- ``redis+cluster://`` / ``rediss+cluster://`` a seed node of a Redis Cluster;
+- ``sentinel://host:26379;sentinel://host2:26379/0``: the master a set of Sentinels names,
+  as kombu's Redis Sentinel transport reads it (``master_name``, ``sentinel_kwargs``,
+  ``min_other_sentinels`` from the transport options). The password and database of the
+  URL are the master's; ``sentinel_kwargs`` are the options of the Sentinel connections.
+
+TLS options (``delayq_redis_ssl``, or ``broker_use_ssl`` for a store on the broker URL) are
+redis-py's ``ssl_*`` keyword arguments, as kombu passes ``broker_use_ssl`` to a Redis broker.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.cluster import RedisCluster
+from redis.connection import SSLConnection, parse_url
+from redis.exceptions import ResponseError
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelManagedConnection
+
+from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .conf import DelayQConfig
+
+#: ``redis+cluster://host:port`` (or ``rediss+cluster://``) names a Redis Cluster seed node.
+CLUSTER_SUFFIX = "+cluster"
+SENTINEL_SCHEME = "sentinel"
+SENTINEL_PORT = 26379
+#: The transport options a ``sentinel://`` store reads (others are ignored, so
+#: ``broker_transport_options`` can be passed as they are).
+SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs", "min_other_sentinels")
+
+_RETRY_ON = [redis.ConnectionError, redis.TimeoutError]
+_CERT_REQS = {"CERT_NONE": "none", "CERT_OPTIONAL": "optional", "CERT_REQUIRED": "required"}
+
+
+def connect(config: DelayQConfig) -> redis.Redis | RedisCluster:
+    """A client of the store ``config`` names; connections are opened on first use."""
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        # bytes that are not UTF-8 (a damaged value) read as lone surrogates instead of
+        # failing the whole reply; keys.raw_id writes such an id back byte for byte
+        "encoding_errors": "surrogateescape",
+        "socket_timeout": config.redis_socket_timeout,
+        "socket_connect_timeout": config.redis_socket_timeout,
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), config.redis_retries),
+    }
+    tls = ssl_options(config.redis_ssl)
+    url = config.redis_url
+    scheme = urlsplit(url).scheme
+    if scheme.endswith(CLUSTER_SUFFIX):
+        if tls is not None:
+            options.update(ssl=True, **tls)
+        return RedisCluster.from_url(url.replace(CLUSTER_SUFFIX, "", 1), **options)
+    options.update(health_check_interval=30, retry_on_error=_RETRY_ON)
+    if scheme == SENTINEL_SCHEME:
+        return _sentinel_master(config, options, tls)
+    if tls is not None:
+        options.update(connection_class=SSLConnection, **tls)
+    return redis.Redis.from_url(url, **options)
+
+
+class SentinelMaster(redis.Redis):
+    """The master a Sentinel set names; connections follow it across failovers (a
+    ``READONLY`` reply or a lost connection makes them ask the Sentinels again)."""
+
+    def close(self) -> None:
+        super().close()
+        self.connection_pool.sentinel_manager.close()
+
+
+class _MasterConnection(SentinelManagedConnection):
+    """redis-py's Sentinel connection, which reconnects on a ``READONLY`` reply, made to
+    do so when the reply comes from inside a script too (Redis 6.2 runs a writing script
+    on a replica until its first write: ``ERR Error running script ... -READONLY``).
+    Nothing was written then, so the call is safe to retry on the new master."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            if not (self.connection_pool.is_master and "-READONLY " in str(exc)):
+                raise
+            self.disconnect()
+            raise redis.ConnectionError("the master became a replica (failover)") from exc
+
+
+class _MasterSSLConnection(_MasterConnection, SSLConnection):
+    pass
+
+
+def _sentinel_master(config: DelayQConfig, options: dict[str, Any],
+                     tls: dict[str, Any] | None) -> SentinelMaster:
+    nodes, master = sentinel_nodes(config.redis_url)
+    transport = config.redis_transport_options
+    master["connection_class"] = _MasterConnection if tls is None else _MasterSSLConnection
+    master.update(tls or {})
+    # One try per Sentinel: asking the next one is the retry (redis-py's default would
+    # back off for seconds on each). The master's connections retry as configured.
+    asking = {"socket_timeout": options["socket_timeout"], "retry": Retry(NoBackoff(), 0),
+              "socket_connect_timeout": options["socket_connect_timeout"],
+              **transport.get("sentinel_kwargs", {})}
+    sentinel = Sentinel(nodes, min_other_sentinels=int(transport.get("min_other_sentinels", 0)),
+                        sentinel_kwargs=asking, **options)
+    return sentinel.master_for(transport["master_name"], redis_class=SentinelMaster, **master)
+
+
+def sentinel_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The Sentinels of a ``sentinel://`` URL and the master's options (db, username,
+    password, query options) given in any of its ``;``-separated parts."""
+    nodes, master = [], {}
+    for part in _parts(url):
+        try:
+            options = parse_url("redis" + part.removeprefix(SENTINEL_SCHEME))
+        except ValueError as exc:
+            raise ConfigurationError(f"cannot read the sentinel URL {redact(part)!r}: "
+                                     f"{exc}") from None
+        nodes.append((options.pop("host", "127.0.0.1"), options.pop("port", SENTINEL_PORT)))
+        for name, value in options.items():
+            if master.setdefault(name, value) != value:
+                raise ConfigurationError(
+                    f"the parts of delayq_redis_url give two values of {name!r}; give it once")
+    return nodes, master
+
+
+def check_settings(config: DelayQConfig) -> None:
+    """Raise :class:`ConfigurationError` if the URL's scheme or connection options are wrong."""
+    scheme = urlsplit(config.redis_url).scheme
+    if scheme == SENTINEL_SCHEME:
+        if any(not p.startswith(f"{SENTINEL_SCHEME}://") for p in _parts(config.redis_url)):
+            raise ConfigurationError(
+                "every part of a sentinel delayq_redis_url must be sentinel://host:port, "
+                f"separated by ';'; got {redact(config.redis_url)!r}")
+        if not config.redis_transport_options.get("master_name"):
+            raise ConfigurationError(
+                "a sentinel:// store needs the name of its master: set "
+                "delayq_redis_transport_options = {'master_name': 'mymaster'} (a store on the "
+                "broker URL takes it from broker_transport_options)")
+        sentinel_nodes(config.redis_url)
+    elif scheme.removesuffix(CLUSTER_SUFFIX) not in ("redis", "rediss", "unix") or (
+            scheme == "unix" + CLUSTER_SUFFIX):
+        raise ConfigurationError(
+            "delayq_redis_url must be a redis://, rediss:// or unix:// URL, "
+            "redis+cluster:// / rediss+cluster:// for a Redis Cluster, or "
+            "sentinel://host:26379;sentinel://host2:26379/0 for Redis Sentinel; got "
+            f"{redact(config.redis_url)!r}")
+    ssl_options(config.redis_ssl)
+
+
+def ssl_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """redis-py's TLS keyword arguments from ``delayq_redis_ssl`` / ``broker_use_ssl`` (None:
+    no TLS beyond what the URL asks for). ``ssl_cert_reqs`` may be an ``ssl.CERT_*``
+    constant, its name, or redis-py's ``none`` / ``optional`` / ``required``."""
+    if options is None:
+        return None
+    unknown = sorted(name for name in options if not name.startswith("ssl_"))
+    if unknown:
+        raise ConfigurationError(
+            f"TLS options of a Redis store take redis-py's ssl_* names (ssl_cert_reqs, "
+            f"ssl_ca_certs, ssl_certfile, ssl_keyfile, ...), as broker_use_ssl does for a Redis "
+            f"broker; got {unknown}")
+    tls = dict(options)
+    reqs = tls.get("ssl_cert_reqs")
+    if isinstance(reqs, str):
+        tls["ssl_cert_reqs"] = _CERT_REQS.get(reqs.upper(), reqs.lower())
+    return tls
+
+
+# -- printing URLs -----------------------------------------------------------------------
+
+_NEXT_URL = re.compile(r";(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<userinfo>.*)@", re.DOTALL)
+_SECRET_PARAM = re.compile(
+    r"(?P<name>[?&;][^=&;#]*(?:pass|secret|token|auth|credential)[^=&;#]*=)[^&;#]*", re.I)
+_PLAIN_USER = re.compile(r"[\w.~%+-]*")
+
+
+def _parts(url: str) -> list[str]:
+    """The URLs of a ``;``-separated list (Sentinels, or failover brokers)."""
+    return _NEXT_URL.split(url)
+
+
+def redact(url: object) -> str:
+    """The URL (or list of URLs) with every password replaced by ``***``: in the userinfo
+    and in query parameters such as ``?password=``. Safe to log, raise and print."""
+    if isinstance(url, (list, tuple)):
+        url = ";".join(map(str, url))
+    return ";".join(_redact_one(part) for part in _parts(str(url)))
+
+
+def _redact_one(url: str) -> str:
+    match = _USERINFO.match(url)
+    if match is not None:
+        userinfo = match["userinfo"]
+        if "?" in userinfo or "#" in userinfo:  # no telling the query from a password
+            return f"{match['scheme'] or ''}***"
+        user, colon, _ = userinfo.partition(":")
+        shown = f"{user}:***" if colon and _PLAIN_USER.fullmatch(user) else "***"
+        url = f"{match['scheme'] or ''}{shown}@{url[match.end():]}"
+    return _SECRET_PARAM.sub(r"\g<name>***", url)

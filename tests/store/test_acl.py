@@ -1,0 +1,100 @@
+"""The minimal ACL command sets of docs/operations.md are enough, and taken from there.
+
+A real redis-server with three ACL users defined by the ``ACL SETUSER`` lines of the
+docs (producer, carrier, CLI): a producer schedules, a carrier promotes (the broker is
+another Redis), the CLI runs ``stats``, ``ls`` and ``cancel``. Nothing is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.carrier import Carrier
+from celery_delayq.testing.redis_server import RedisServer
+from tests.conftest import CLUSTER, ROOT, celery_cli, wait_for
+
+OPERATIONS = Path(ROOT) / "docs" / "operations.md"
+USERS = ("delayq-producer", "delayq-carrier", "delayq-cli")
+PASSWORD = "acl-test-password"
+
+pytestmark = pytest.mark.skipif(CLUSTER, reason="one Redis with ACL users")
+
+
+def documented_acl() -> dict[str, list[str]]:
+    """``ACL SETUSER`` arguments per user, as docs/operations.md lists them."""
+    lines = re.findall(r"^ACL SETUSER (delayq-\w+) (.+)$", OPERATIONS.read_text(), re.M)
+    return {user: shlex.split(rules.replace("PASSWORD", PASSWORD)) for user, rules in lines}
+
+
+def test_operations_md_lists_a_user_for_producers_the_carrier_and_the_cli():
+    assert set(documented_acl()) == set(USERS)
+
+
+def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
+        redis_server, tmp_path):
+    broker = f"{redis_server.url}/8"
+    with RedisServer() as server:
+        admin = redis.Redis(port=server.port, decode_responses=True)
+        for user, rules in documented_acl().items():
+            admin.acl_setuser(user, reset=True)
+            admin.execute_command("ACL", "SETUSER", user, *rules)
+        url = f"redis://{{user}}:{PASSWORD}@127.0.0.1:{server.port}/0"
+
+        def app_as(user: str) -> tuple[Celery, DelayedTask]:
+            app = Celery("acl", broker=broker, set_as_current=False)
+            app.conf.update(delayq_redis_url=url.format(user=user), delayq_shards=4,
+                            delayq_idle_timeout=0.5, task_default_queue="acl-test")
+
+            @app.task(base=DelayedTask, name="acl.noop", shared=False)
+            def noop(n):
+                return n
+
+            DelayQ(app)
+            return app, noop
+
+        _, noop = app_as("delayq-producer")
+        noop.apply_delayed_many([{"args": (n,), "delay": 0.2, "job_id": f"due-{n}"}
+                                 for n in range(20)])
+        noop.apply_delayed(args=(0,), delay=600, job_id="later", key="order:1")
+        noop.apply_delayed(args=(0,), delay=600, job_id="cancel-me")
+        assert DelayQ.of(noop.app).cancel("cancel-me")
+
+        app, _ = app_as("delayq-carrier")
+        carrier = Carrier(app)
+        thread = threading.Thread(target=carrier.run, daemon=True)
+        thread.start()
+        queue = redis.Redis.from_url(broker)
+        try:
+            wait_for(lambda: queue.llen("acl-test") >= 20, what="20 jobs promoted")
+        finally:
+            carrier.stop()
+            thread.join(10)
+            queue.delete("acl-test")
+        env = {"DELAYQ_TEST_REDIS_URL": redis_server.url,
+               "DELAYQ_TEST_STORE_URL": url.format(user="delayq-cli"), "PYTHONPATH": ROOT}
+        outputs = {}
+        for command in (["stats", "--json"], ["ls"], ["cancel", "later"]):
+            done = subprocess.run(celery_cli("delayq", *command), cwd=ROOT, text=True,
+                                  env={**os.environ, **env},
+                                  capture_output=True, timeout=60)
+            assert done.returncode == 0, done.stdout + done.stderr
+            outputs[command[0]] = done.stdout
+        denied = admin.acl_log()
+        admin.close()
+    # Refused and handled: redis-py's CLIENT SETINFO on connect (Redis < 7.2 lacks it), and
+    # the eviction check's CONFIG GET maxmemory-policy, which falls back to INFO.
+    assert sorted({f"{d['username']}: {d['object']}" for d in denied
+                   if d["object"].split("|")[0] not in ("client", "config")}) == []
+    assert sum(row["pending"] for row in json.loads(outputs["stats"])) == 1
+    assert "later" in outputs["ls"] and "later: cancelled" in outputs["cancel"]

@@ -1,0 +1,80 @@
+"""URLs printed without secrets; TLS and Sentinel options read as kombu reads them."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+from celery import Celery
+
+from celery_delayq.conf import DelayQConfig
+from celery_delayq.connection import redact, sentinel_nodes, ssl_options
+from celery_delayq.errors import ConfigurationError
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://:s3cret@h:6379/0", "redis://:***@h:6379/0"),
+    ("rediss://user:s3cret@h/0", "rediss://user:***@h/0"),
+    ("redis://s3cret@h/0", "redis://***@h/0"),
+    ("redis://h:6379/0?password=s3cret", "redis://h:6379/0?password=***"),
+    ("redis://h/0?username=u&password=s3cret&db=1", "redis://h/0?username=u&password=***&db=1"),
+    ("redis://:a/s3cret@h/0", "redis://:***@h/0"),
+    ("redis://h/0?password=a@s3cret", "redis://***"),
+    ("sentinel://:s3cret@a:26379;sentinel://:s3cret@b:26379/0",
+     "sentinel://:***@a:26379;sentinel://:***@b:26379/0"),
+    ("unix://:s3cret@/run/redis.sock?db=0", "unix://:***@/run/redis.sock?db=0"),
+    ("redis://h:6379/0", "redis://h:6379/0"),
+])
+def test_redact_hides_every_password_form(url, shown):
+    assert redact(url) == shown and "s3cret" not in redact(url)
+
+
+def test_redact_takes_a_list_of_failover_urls():
+    assert redact(["redis://:s3cret@a/0", "redis://b/0?password=s3cret"]) == \
+        "redis://:***@a/0;redis://b/0?password=***"
+
+
+def test_sentinel_url_gives_the_sentinels_and_the_masters_options():
+    nodes, master = sentinel_nodes("sentinel://:pw@a:26380;sentinel://b/2?ssl_cert_reqs=none")
+    assert nodes == [("a", 26380), ("b", 26379)]
+    assert master == {"password": "pw", "db": 2, "ssl_cert_reqs": "none"}
+
+
+def test_sentinel_url_parts_that_disagree_are_refused():
+    with pytest.raises(ConfigurationError, match="two values of 'db'"):
+        sentinel_nodes("sentinel://a/1;sentinel://b/2")
+
+
+def test_tls_options_map_to_redis_py_as_kombu_passes_broker_use_ssl():
+    assert ssl_options({"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": "/ca"}) == {
+        "ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": "/ca"}
+    assert ssl_options({"ssl_cert_reqs": "CERT_NONE"}) == {"ssl_cert_reqs": "none"}
+    assert ssl_options(None) is None
+    with pytest.raises(ConfigurationError, match="ssl_cert_reqs"):
+        ssl_options({"cert_reqs": ssl.CERT_REQUIRED})
+
+
+def app(broker: str, **conf) -> Celery:
+    celery = Celery("conn", broker=broker, set_as_current=False)
+    celery.conf.update(**conf)
+    return celery
+
+
+def test_a_store_on_the_broker_url_inherits_broker_use_ssl_and_sentinel_options():
+    tls = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": "/ca.crt"}
+    config = DelayQConfig.from_app(app(
+        "sentinel://s1:26379;sentinel://s2:26379/0", broker_use_ssl=tls,
+        broker_transport_options={"master_name": "mymaster", "visibility_timeout": 60}))
+    assert config.redis_ssl == tls
+    assert config.redis_transport_options == {"master_name": "mymaster"}
+
+
+def test_a_store_with_its_own_url_ignores_the_brokers_tls_options():
+    config = DelayQConfig.from_app(app("rediss://broker/0", broker_use_ssl={"ssl_ca_certs": "x"},
+                                       delayq_redis_url="redis://store/0"))
+    assert config.redis_ssl is None
+
+
+def test_a_sentinel_store_without_master_name_says_how_to_set_it():
+    with pytest.raises(ConfigurationError, match="master_name"):
+        DelayQConfig.from_app(app("redis://b/0", delayq_redis_url="sentinel://s1:26379/0"))
