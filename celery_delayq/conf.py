@@ -7,6 +7,8 @@ the docs is generated from :data:`SETTINGS`.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
@@ -88,12 +90,53 @@ class SecondsList(tuple):
 
 
 class HostList(tuple):
-    """A tuple of lower-case host names, from a sequence or a comma-separated string."""
+    """Lower-case allow-list entries of the HTTP callback, from a sequence or a
+    comma-separated string; :meth:`split` reads one (``DelayQConfig.validate`` checks all)."""
+
+    #: What an entry may look like, for error messages.
+    FORMS = ("'api.example.com', 'api.example.com:8443', '*.example.com', '*', '*:8443', "
+             "'10.0.0.5', '[::1]:8080'")
+    _LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 
     def __new__(cls, raw: Any) -> HostList:
         items = raw.split(",") if isinstance(raw, str) else raw
         return super().__new__(cls, (str(item).strip().lower() for item in items
                                      if str(item).strip()))
+
+    @classmethod
+    def split(cls, entry: str) -> tuple[str, int | None]:
+        """``(host, port)`` of one entry, port None for any; ValueError says what is wrong."""
+        if "/" in entry:
+            raise ValueError("it is a URL or a path, not a host")
+        if entry.startswith("["):
+            address, bracket, rest = entry[1:].partition("]")
+            if not bracket:
+                raise ValueError("'[' is not closed by ']'")
+            if rest and not rest.startswith(":"):
+                raise ValueError("only ':port' may follow ']'")
+            return cls._ipv6(address), cls._port(rest[1:]) if rest else None
+        if entry.count(":") > 1:
+            return cls._ipv6(entry), None
+        name, colon, port = entry.partition(":")
+        domain = name.removeprefix("*.")
+        if name != "*" and (len(domain) > 253 or not all(
+                cls._LABEL.fullmatch(label) for label in domain.split("."))):
+            raise ValueError(f"{name!r} is not a host name, an IPv4 address, '*', or '*.' "
+                             "and a domain")
+        return name, cls._port(port) if colon else None
+
+    @staticmethod
+    def _ipv6(text: str) -> str:
+        try:
+            return ipaddress.IPv6Address(text).compressed
+        except ValueError:
+            raise ValueError(f"{text!r} is not an IPv6 address") from None
+
+    @staticmethod
+    def _port(text: str) -> int:
+        if text.isascii() and text.isdigit() and 1 <= int(text) <= 65535:
+            return int(text)
+        raise ValueError(f"the port {text!r} is not a number from 1 to 65535")
 
 
 # The built-in HTTP callback task (celery_delayq.http).
@@ -105,7 +148,8 @@ SETTINGS += (
             "Hosts celery_delayq.http_callback may call ('api.example.com', "
             "'*.example.com', 'host:port', or '*' for any); empty refuses every URL."),
     Setting("http_timeout", 10.0, float,
-            "Default seconds celery_delayq.http_callback waits to connect and for a response."),
+            "Default deadline in seconds of each celery_delayq.http_callback attempt: "
+            "connecting, sending and reading the whole answer."),
 )
 
 #: Broker URL schemes a store can share (kombu's Redis and Redis Sentinel transports).
@@ -169,11 +213,13 @@ class DelayQConfig:
             raise ConfigurationError(
                 "delayq_http_retry_schedule must hold delays between 0 and delayq_max_delay "
                 f"seconds; got {list(self.http_retry_schedule)}")
-        bad = [h for h in self.http_allowed_hosts if "/" in h or " " in h]
-        if bad:
-            raise ConfigurationError(
-                f"delayq_http_allowed_hosts takes host names (optionally host:port), not "
-                f"URLs; got {bad}")
+        for entry in self.http_allowed_hosts:
+            try:
+                HostList.split(entry)
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"delayq_http_allowed_hosts entry {entry!r} is invalid: {exc}; accepted "
+                    f"forms: {HostList.FORMS}") from None
 
     @property
     def cluster(self) -> bool:

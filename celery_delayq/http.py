@@ -9,38 +9,54 @@ Registered on every Celery app (a shared task, imported by ``celery_delayq``)::
         {"json": {"order": 42, "status": "paid"}, "headers": {"X-Signature": sig}},
         delay=600, key="order:42")
 
-A 2xx answer is success. Any other status, a redirect, a timeout or a connection error
-is a failure: the call is retried through the store after each delay of
-``delayq_http_retry_schedule`` in turn, then dead-lettered (``celery delayq ls --dead``,
-replayable) with the last status and a short excerpt of the last response.
-Only http(s) URLs whose host is in ``delayq_http_allowed_hosts`` are accepted; a URL
-that is not is refused when the call is made, before anything is stored.
+A 2xx answer read whole within the attempt's deadline is success. Anything else is a
+failure: another status, a redirect, the deadline passing (connect, send and read the whole
+answer within ``timeout``), a refused connection, a TLS or protocol error, a cut-off body.
+The call is retried through the store after each delay of ``delayq_http_retry_schedule`` in
+turn, then dead-lettered (``celery delayq ls --dead``, replayable) with an excerpt of the last
+failure. Only http(s) URLs whose host is in ``delayq_http_allowed_hosts`` are accepted; a
+call that could never be sent is refused when it is made, before anything is stored.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import functools
+import http.client
+import ipaddress
 import json as jsonlib
+import logging
 import math
+import re
+import socket
+import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from celery import shared_task
 
-from .envelope import HEADER_JOB, HEADER_KEY, build
+from .conf import HostList
+from .envelope import HEADER_JOB, HEADER_KEY
 from .errors import DelayQError
 from .extension import DelayQ
 from .task import DelayedTask
 
 TASK_NAME = "celery_delayq.http_callback"
-#: Most characters of a response body kept (in results, errors and dead letters).
+#: Most characters of a response body or an error kept (in results, errors and dead letters).
 EXCERPT_CHARS = 200
 _SCHEMES = ("http", "https")
 _USER_AGENT = "celery-delayq-http-callback"
+#: What http.client refuses in a request target: spaces and control characters.
+_UNSENDABLE_URL = re.compile(r"[\x00-\x20\x7f]")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an RFC 9110 token
+_HEADER_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but tab
+_DRAIN_BYTES = 64 * 1024
+
+logger = logging.getLogger(__name__)
 
 
 class CallbackRefused(DelayQError, ValueError):
@@ -48,12 +64,13 @@ class CallbackRefused(DelayQError, ValueError):
 
 
 class CallbackFailed(DelayQError):
-    """An attempt got a non-2xx answer or no answer; the message has status and excerpt."""
+    """An attempt failed (no 2xx answer read whole); the message has what went wrong."""
 
 
 @dataclass(frozen=True)
 class Response:
-    """What one attempt got: a status (None when no answer) and a body excerpt."""
+    """What one attempt got: a status (None when no answer), a body excerpt, and what
+    went wrong after the status, if anything."""
 
     status: int | None
     excerpt: str
@@ -61,31 +78,52 @@ class Response:
 
     @property
     def ok(self) -> bool:
-        return self.status is not None and 200 <= self.status < 300
+        return self.error is None and self.status is not None and 200 <= self.status < 300
 
     def describe(self) -> str:
         if self.status is None:
             return f"no answer ({self.error})"
+        if self.error is not None:
+            return f"HTTP {self.status}, then {self.error}"
         return f"HTTP {self.status}: {self.excerpt!r}"
+
+
+def shown(url: str) -> str:
+    """``url`` as errors, reasons and logs show it: no userinfo, every query value ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<malformed URL>"
+    query = "&".join(name + ("=***" if equals else "") for name, equals, _ in
+                     (pair.partition("=") for pair in parts.query.split("&"))) \
+        if parts.query else ""
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, query, ""))
 
 
 def check_url(url: object, allowed_hosts: tuple[str, ...]) -> str:
     """``url`` if it is an http(s) URL of an allowed host; :class:`CallbackRefused` if not."""
     if not isinstance(url, str):
         raise CallbackRefused(f"the callback URL must be a string, got {type(url).__name__}")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise CallbackRefused(f"the callback URL is malformed ({exc}); give a URL such as "
+                              "https://api.example.com/hook") from None
     if parts.scheme not in _SCHEMES or not parts.hostname:
-        raise CallbackRefused(f"only http:// and https:// URLs can be called back, got {url!r}")
+        raise CallbackRefused(
+            f"only http:// and https:// URLs can be called back, got {shown(url)!r}")
     if parts.username is not None or parts.password is not None:
         raise CallbackRefused("the callback URL must not carry credentials; send them in "
                               "headers= (stored with the call) instead")
-    host = parts.hostname.lower()
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if _UNSENDABLE_URL.search(url):
+        raise CallbackRefused(f"the callback URL {shown(url)!r} holds a space or control "
+                              "character; percent-encode it (a space is %20)")
+    host, port = _host(parts), _port(parts, url)
     for pattern in allowed_hosts:
-        name, allowed_port = _split_pattern(pattern)
-        if allowed_port is not None and allowed_port != port:
+        name, allowed_port = HostList.split(pattern)
+        if allowed_port not in (None, port):
             continue
-        if name in ("*", host) or (name.startswith("*.") and fnmatch.fnmatchcase(host, name)):
+        if name in ("*", host) or (name.startswith("*.") and host.endswith(name[1:])):
             return url
     if not allowed_hosts:
         raise CallbackRefused(
@@ -96,16 +134,51 @@ def check_url(url: object, allowed_hosts: tuple[str, ...]) -> str:
         "there to allow callbacks to it")
 
 
-def _split_pattern(pattern: str) -> tuple[str, int | None]:
-    """``"host"`` -> (host, None); ``"host:8080"`` / ``"[::1]:8080"`` -> (host, 8080)."""
-    if pattern.startswith("["):
-        name, _, rest = pattern[1:].partition("]")
-        port = rest.removeprefix(":")
-    else:
-        name, sep, port = pattern.rpartition(":")
-        if not sep or ":" in name:  # no port, or a bare IPv6 address
-            name, port = pattern, ""
-    return name, int(port) if port.isdigit() else None
+def _host(parts: SplitResult) -> str:
+    host = parts.hostname or ""
+    try:  # an IPv6 address as the allow-list holds it
+        return ipaddress.IPv6Address(host).compressed if ":" in host else host
+    except ValueError:
+        return host
+
+
+def _port(parts: SplitResult, url: str) -> int:
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise CallbackRefused(f"the callback URL {shown(url)!r} has an invalid port; give a "
+                              "port from 1 to 65535, or none for the scheme's default")
+    return port or (443 if parts.scheme == "https" else 80)
+
+
+def check_request(url: object, headers: object, timeout: object,
+                  allowed_hosts: tuple[str, ...]) -> None:
+    """Refuse a callback that could never be sent, with :class:`CallbackRefused`."""
+    check_url(url, allowed_hosts)
+    if headers is not None:
+        if not (isinstance(headers, Mapping) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
+            raise CallbackRefused("headers= must map header names to string values")
+        for name, value in headers.items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise CallbackRefused(f"header name {name!r} is not an HTTP token: use "
+                                      "letters, digits and !#$%&'*+-.^_`|~")
+            if _HEADER_CONTROL.search(value) or not _latin1(value):
+                raise CallbackRefused(f"the value of header {name!r} must be Latin-1 text "
+                                      "without control characters (CR, LF, NUL, ...)")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+            timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
+        raise CallbackRefused(f"timeout= must be a positive number of seconds, got {timeout!r}")
+
+
+def _latin1(text: str) -> bool:
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_call(args, kwargs, config) -> None:
@@ -122,47 +195,156 @@ def check_call(args, kwargs, config) -> None:
     call.update(kwargs)
     if "url" not in call:
         raise CallbackRefused("http_callback needs a url")
-    check_url(call["url"], config.http_allowed_hosts)
-    headers = call.get("headers")
-    if headers is not None and not (isinstance(headers, Mapping) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
-        raise CallbackRefused("headers= must map header names to string values")
-    timeout = call.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-            timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
-        raise CallbackRefused(f"timeout= must be a positive number of seconds, got {timeout!r}")
+    check_request(call["url"], call.get("headers"), call.get("timeout"),
+                  config.http_allowed_hosts)
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer like any other non-2xx: following it could leave the
-    allow-list, and a POST turned into a GET would drop the body."""
+class _Deadline:
+    """The moment an attempt has to be over."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def left(self) -> float:
+        """Seconds left; ``TimeoutError`` once there are none."""
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
 
 
-_opener = urllib.request.build_opener(_NoRedirects)
+class _DeadlineIO:
+    """Socket I/O that gives each call only the time left before ``deadline``: a server
+    dripping a byte at a time cannot stretch an attempt past it."""
+
+    deadline: _Deadline | None = None
+
+    def _keep_to_deadline(self) -> None:
+        if self.deadline is not None:
+            self.settimeout(self.deadline.left())
+
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
+        self._keep_to_deadline()
+        return super().recv(*args, **kwargs)
+
+    def recv_into(self, *args: Any, **kwargs: Any) -> Any:
+        self._keep_to_deadline()
+        return super().recv_into(*args, **kwargs)
+
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        self._keep_to_deadline()
+        return super().send(*args, **kwargs)
+
+    def sendall(self, *args: Any, **kwargs: Any) -> Any:
+        self._keep_to_deadline()
+        return super().sendall(*args, **kwargs)
+
+
+class _Socket(_DeadlineIO, socket.socket):
+    pass
+
+
+class _TLSSocket(_DeadlineIO, ssl.SSLSocket):
+    """Its handshake is bounded by the timeout it inherits (the time left)."""
+
+
+class _DeadlineConnection:
+    """An ``http.client`` connection whose sockets keep to ``deadline``."""
+
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+        self._create_connection = self._open_socket
+
+    def _open_socket(self, address, timeout, source_address=None) -> _Socket:
+        raw = socket.create_connection(address, self.deadline.left(), source_address)
+        sock = _Socket(fileno=raw.detach())
+        sock.deadline = self.deadline
+        sock._keep_to_deadline()
+        return sock
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.deadline = self.deadline  # a TLS socket wraps the plain one
+
+
+class _HTTPConnection(_DeadlineConnection, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_DeadlineConnection, http.client.HTTPSConnection):
+    pass
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        return self.do_open(functools.partial(_HTTPConnection, deadline=_Deadline(req.timeout)),
+                            req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):
+        return self.do_open(functools.partial(_HTTPSConnection, deadline=_Deadline(req.timeout)),
+                            req, context=self._context)
+
+
+class _EveryAnswer(urllib.request.HTTPErrorProcessor):
+    """Every answer comes back as it is. A redirect is a failure like any other non-2xx:
+    following it could leave the allow-list, and a POST turned into a GET drops the body."""
+
+    def http_response(self, request, response):
+        return response
+
+    https_response = http_response
+
+
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    """urllib (environment proxies included) with a deadline per attempt; built on first use."""
+    tls = ssl.create_default_context()
+    tls.set_alpn_protocols(["http/1.1"])
+    tls.sslsocket_class = _TLSSocket
+    return urllib.request.build_opener(_HTTPHandler, _HTTPSHandler(context=tls), _EveryAnswer)
 
 
 def post(url: str, body: Any, headers: Mapping[str, str] | None, timeout: float) -> Response:
-    """POST ``body`` as JSON; read no more of the answer than an excerpt."""
+    """POST ``body`` as JSON: connect, send and read the whole answer within ``timeout``
+    seconds. Only an excerpt of the answer is kept."""
     data = jsonlib.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="POST", headers={
         "Content-Type": "application/json", "User-Agent": _USER_AGENT, **(headers or {})})
+    status = None
     try:
-        with _opener.open(request, timeout=timeout) as answer:
-            return Response(answer.status, _excerpt(answer))
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return Response(exc.code, _excerpt(exc))
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return Response(None, "", f"{type(exc).__name__}: {reason}")
+        with _opener().open(request, timeout=timeout) as answer:
+            status = answer.status
+            return Response(status, _read_body(answer))
+    except Exception as exc:  # every failure is retried, then dead-lettered: none is lost
+        if not isinstance(exc, (OSError, http.client.HTTPException)):
+            logger.error("http_callback: unexpected %s from POST %s; counted as a failed "
+                         "attempt", type(exc).__name__, shown(url), exc_info=True)
+        return Response(status, "", _what_failed(exc, url, timeout))
 
 
-def _excerpt(answer) -> str:
+def _read_body(answer: http.client.HTTPResponse) -> str:
+    """An excerpt of the body; the rest is read and dropped, so a cut-off body fails."""
     raw = answer.read(EXCERPT_CHARS * 4)  # at most 4 bytes per character in UTF-8
+    while answer.read(_DRAIN_BYTES):
+        pass
+    if answer.length:  # the connection closed before Content-Length bytes came
+        raise http.client.IncompleteRead(b"", answer.length)
     return raw.decode("utf-8", errors="replace")[:EXCERPT_CHARS]
+
+
+def _what_failed(exc: Exception, url: str, timeout: float) -> str:
+    """A one-line excerpt of ``exc``: bounded, printable, without the URL's secrets."""
+    cause = exc.reason if isinstance(exc, urllib.error.URLError) and isinstance(
+        exc.reason, BaseException) else exc
+    if isinstance(cause, TimeoutError):
+        return f"timed out: no complete answer within {timeout:g} s"
+    name, text = type(cause).__name__, str(cause).replace(url, shown(url))
+    text = text if text.startswith(name) else f"{name}: {text}"
+    printable = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return printable[:EXCERPT_CHARS]
 
 
 class HttpCallbackTask(DelayedTask):
@@ -185,29 +367,34 @@ def http_callback(self, url: str, json: Any = None, headers: Mapping[str, str] |
                   timeout: float | None = None) -> dict[str, Any]:
     """POST ``json`` to ``url``; 2xx returns ``{"status", "excerpt"}``, else retry or dead."""
     config = DelayQ.of(self.app).config
-    check_url(url, config.http_allowed_hosts)  # the worker's settings may be stricter
+    try:  # again: the worker's settings may be stricter, or the call came by name
+        check_request(url, headers, timeout, config.http_allowed_hosts)
+    except CallbackRefused as refused:
+        _dead_letter(self, url, json, headers, timeout,
+                     f"http_callback refused by the worker: {refused}")
+        raise
     response = post(url, json, headers, timeout or config.http_timeout)
     if response.ok:
         return {"status": response.status, "excerpt": response.excerpt}
     attempt = self.request.retries or 0
     schedule = config.http_retry_schedule
-    failure = CallbackFailed(f"POST {url} failed (attempt {attempt + 1}): {response.describe()}")
+    failure = CallbackFailed(
+        f"POST {shown(url)} failed (attempt {attempt + 1}): {response.describe()}")
     if attempt < len(schedule):
         raise self.retry(countdown=schedule[attempt], exc=failure)
-    _dead_letter(self, url, json, headers, timeout, attempt + 1, response)
+    _dead_letter(self, url, json, headers, timeout,
+                 f"http_callback gave up after {attempt + 1} attempts; "
+                 f"last: {response.describe()}")
     raise failure
 
 
-def _dead_letter(task, url: str, json: Any, headers, timeout, attempts: int,
-                 response: Response) -> None:
-    """Keep the call (replayable, with a fresh schedule) and the last answer as dead."""
+def _dead_letter(task, url: str, json: Any, headers, timeout, reason: str) -> None:
+    """Keep the call (replayable, with a fresh schedule) as dead, with ``reason``."""
     request = task.request
     delayq = DelayQ.of(task.app)
     job_id = request.get(HEADER_JOB) or request.id
     key = request.get(HEADER_KEY)
-    call = build(task.app, task.name, [url], {"json": json, "headers": headers,
-                                               "timeout": timeout},
-                 {"task_id": request.id}, job_id=job_id, key=key,
-                 max_payload_bytes=delayq.config.max_payload_bytes, task_type=task)
-    reason = f"http_callback gave up after {attempts} attempts; last: {response.describe()}"
+    call, _ = delayq._prepare(task.name, [url], {"json": json, "headers": headers,
+                                                 "timeout": timeout},
+                              0, None, key, job_id, task, {"task_id": request.id})
     delayq.store.bury(job_id, key, call.envelope, reason)

@@ -7,17 +7,22 @@ allowed) never reach ``tests.proj``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import select
+import socket
+import ssl
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from celery import Celery
 
-from celery_delayq import DelayQ
+from celery_delayq import DelayQ, http
 from celery_delayq.carrier import Carrier
 
 RETRY_SCHEDULE = (0.3, 0.6)
@@ -132,3 +137,116 @@ def callback_server() -> Iterator[CallbackServer]:
     httpd.shutdown()
     httpd.server_close()
     thread.join(5)
+
+
+@dataclass
+class Attempt:
+    """One connection a :class:`RawServer` accepted (times are ``time.monotonic()``)."""
+
+    opened: float
+    ended: float | None = None  # when the reply ended or the client was seen to hang up
+
+
+@dataclass
+class RawServer:
+    """A TCP server on 127.0.0.1 that answers each connection with ``reply(conn)``: for
+    answers no HTTP server library would send (slow drips, broken protocol, resets)."""
+
+    reply: Callable[[socket.socket], None] = lambda conn: None
+    port: int = 0
+    attempts: list[Attempt] = field(default_factory=list)
+    conns: list[socket.socket] = field(default_factory=list)
+
+    def url(self, path: str = "/hook", scheme: str = "http") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
+
+    def serve(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # the listener was closed: the test is over
+                return
+            attempt = Attempt(time.monotonic())
+            self.attempts.append(attempt)
+            self.conns.append(conn)
+            threading.Thread(target=self._answer, args=(conn, attempt), daemon=True).start()
+
+    def _answer(self, conn: socket.socket, attempt: Attempt) -> None:
+        with conn:
+            try:
+                self.reply(conn)
+            except OSError:
+                pass
+            finally:
+                attempt.ended = time.monotonic()
+
+
+def read_request(conn: socket.socket) -> bytes:
+    """Read one HTTP request (head and Content-Length body) from ``conn``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def hung_up(conn: socket.socket, wait: float) -> bool:
+    """True as soon as the client closes ``conn`` (within ``wait`` seconds), else False."""
+    readable, _, _ = select.select([conn], [], [], wait)
+    if not readable:
+        return False
+    try:
+        return conn.recv(1) == b""
+    except ConnectionError:
+        return True
+
+
+@pytest.fixture
+def raw_server() -> Iterator[RawServer]:
+    server = RawServer()
+    listener = socket.create_server(("127.0.0.1", 0))
+    server.port = listener.getsockname()[1]
+    thread = threading.Thread(target=server.serve, args=(listener,), name="raw-server",
+                              daemon=True)
+    thread.start()
+    yield server
+    for sock in (listener, *server.conns):  # wakes accept() and every reply still running
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    listener.close()
+    thread.join(5)
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory) -> tuple[str, str]:
+    """A self-signed certificate (and its key) for 127.0.0.1, made by the openssl CLI."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture
+def tls_server_context(tls_files, monkeypatch) -> Iterator[ssl.SSLContext]:
+    """A server-side TLS context whose certificate the callback trusts (``SSL_CERT_FILE``,
+    read when the callback's TLS context is made: made afresh here, and again after)."""
+    cert, key = tls_files
+    monkeypatch.setenv("SSL_CERT_FILE", cert)
+    http._opener.cache_clear()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    yield context
+    monkeypatch.undo()
+    http._opener.cache_clear()

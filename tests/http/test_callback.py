@@ -144,12 +144,16 @@ def test_an_empty_allow_list_refuses_every_url_and_says_which_setting_to_change(
         callback(app).apply_delayed(["https://partner.example.com/hook"], delay=60)
 
 
-def test_the_worker_refuses_a_url_its_own_settings_do_not_allow(http_delayq, http_carrier,
-                                                                callback_server):
+def test_the_worker_refuses_a_url_its_own_settings_do_not_allow_and_keeps_it_dead(
+        http_delayq, http_carrier, callback_server):
     # Scheduled by name, so no call-site check: the worker's check is the last line.
-    result = http_delayq.schedule(TASK_NAME, ["http://localhost:9/hook"], delay=0)
+    result = http_delayq.schedule(TASK_NAME, ["http://localhost:9/hook"], delay=0,
+                                  job_id="by-name:1")
 
     wait_for(lambda: result.state == "FAILURE", what="the task to fail")
     assert isinstance(result.result, CallbackRefused)
     assert "retried" not in journal_events(http_delayq)
     assert callback_server.requests == []
+    [dead] = http_delayq.store.dead()  # replayable once the worker allows the host
+    assert dead["job_id"] == "by-name:1"
+    assert "refused by the worker" in dead["reason"] and "localhost:9" in dead["reason"]
