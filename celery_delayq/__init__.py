@@ -8,6 +8,7 @@ from .errors import (
     InvalidOption,
     JobExists,
     PayloadError,
+    StoreFull,
     StoreUnavailable,
     UnknownQueue,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "InvalidOption",
     "JobExists",
     "PayloadError",
+    "StoreFull",
     "StoreUnavailable",
     "UnknownQueue",
     "http_callback",

@@ -22,6 +22,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -33,6 +34,7 @@ from .envelope import ORIGIN, decode
 from .errors import ConfigurationError, PayloadError, StoreUnavailable
 from .extension import DelayQ
 from .keys import ShardKeys, broker_queue
+from .memory import CarrierGuard
 from .message import Message, MessageBuilder
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
@@ -43,6 +45,7 @@ logger = logging.getLogger("celery_delayq.carrier")
 _MAINTAIN_EVERY = 1.0  # longest time between shard-lease renewal + lease-recovery sweeps
 _WAIT_SLICE = 0.25  # longest uninterrupted wait, so a stop request is seen promptly
 _BACKOFF_MAX = 5.0
+_MEMORY_WAIT = 0.1  # seconds between looks at a Redis too full to promote into
 _PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
                   "interval_max": 2}
 _JSON = "application/json"
@@ -104,6 +107,7 @@ class Carrier:
         recovered = 0
         if time.monotonic() >= self._next_maintenance:
             with self.store.unavailable():
+                self._memory.check_policy()
                 if self.direct and self._broker_prefix is None:
                     self._check_broker()
                 self._shards = self.ownership.balance()
@@ -115,6 +119,9 @@ class Carrier:
                 if self.metrics:
                     self.metrics.recovered.inc(recovered)
                 logger.warning("recovered %d jobs whose carrier lease expired", recovered)
+        if self._memory.braking():  # workers on a shared Redis need room to take messages
+            self._settle()
+            return _MEMORY_WAIT
         started = time.monotonic()
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
@@ -330,6 +337,21 @@ class Carrier:
         self.stats.promoted += len(lateness)
         logger.info("promoted %d jobs; lateness p50 %.1f ms, max %.1f ms", len(lateness),
                     lateness[len(lateness) // 2], lateness[-1])
+
+    @cached_property
+    def _memory(self) -> CarrierGuard:
+        store = self.store
+        return CarrierGuard(self.delayq.config.max_memory_fraction, store.memory,
+                            store.eviction_policies, redact(self.delayq.config.redis_url),
+                            shares_broker=self._broker_is_store_server)
+
+    def _broker_is_store_server(self) -> bool:
+        """True when the broker is the store's Redis server (any database)."""
+        with self.app.connection_for_write() as connection:
+            if connection.transport.driver_type != "redis":
+                return False
+            broker = connection.default_channel.client
+            return broker.info("server")["run_id"] == self.store.client.info("server")["run_id"]
 
     @property
     def producer(self):

@@ -14,6 +14,7 @@ import click
 from .carrier import Carrier
 from .errors import DelayQError
 from .extension import DelayQ
+from .memory import eviction_problem
 from .metrics import CarrierMetrics, oldest_overdue_seconds
 from .reading import datetime_of_ms
 
@@ -95,17 +96,55 @@ def stats(ctx: click.Context, as_json: bool) -> None:
               help="Longest a due job may wait unclaimed, seconds.")
 @click.pass_context
 def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None:
-    """Exit 1 when the overdue backlog or its oldest job passes a threshold (liveness probe)."""
+    """Exit 1 when the overdue backlog or its oldest job passes a threshold, or when Redis may
+    evict keys (liveness probe)."""
     try:
-        rows = _delayq(ctx).store.stats()
+        store = _delayq(ctx).store
+        rows = store.stats()
+        problems = sorted({p for p in map(eviction_problem, store.eviction_policies()) if p})
     except DelayQError as exc:
         _fail(exc)
     overdue = sum(row["overdue"] for row in rows)
     age = oldest_overdue_seconds(rows)
-    healthy = overdue <= max_overdue and age <= max_overdue_age
+    healthy = overdue <= max_overdue and age <= max_overdue_age and not problems
     click.echo(f"{'ok' if healthy else 'unhealthy'}: {overdue} overdue jobs (max {max_overdue}), "
                f"oldest waiting {age:.1f}s (max {max_overdue_age:g}s)")
+    for problem in problems:
+        click.echo(f"unsafe: {problem}")
     sys.exit(0 if healthy else 1)
+
+
+@delayq.command(name="check")
+@click.option("--repair", is_flag=True,
+              help="Dead-letter orphaned envelopes, remove dangling members, fix counts.")
+@click.pass_context
+def check_store(ctx: click.Context, repair: bool) -> None:
+    """Verify the store's invariants; exit 1 when damage is left (see celery_delayq.check)."""
+    from .check import KINDS, check
+
+    try:
+        reports = check(_delayq(ctx).store, repair=repair)
+    except DelayQError as exc:
+        _fail(exc)
+    left = 0
+    for report in reports:
+        if report.error:
+            left += 1
+            click.echo(f"shard {report.shard}: cannot be checked: {report.error}")
+        if not report.counts_checked:
+            click.echo(f"shard {report.shard}: counts not checked, jobs changed during the "
+                       "scan; run it again when the store is quiet")
+        for kind in KINDS:
+            found, fixed = report.found[kind], report.repaired[kind]
+            if found:
+                left += found - fixed
+                click.echo(f"shard {report.shard}: {found} {kind.replace('_', ' ')}"
+                           f"{f', {fixed} repaired' if repair else ''}; e.g. "
+                           f"{', '.join(report.examples[kind])}")
+    jobs, both = sum(r.jobs for r in reports), sum(r.in_both for r in reports)
+    click.echo(f"{'clean' if not left else f'{left} problems left'}: {jobs} jobs checked on "
+               f"{len(reports)} shards ({both} scheduled again while in flight)")
+    sys.exit(1 if left else 0)
 
 
 @delayq.command(name="ls")

@@ -69,6 +69,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("redis_socket_timeout", 5.0, float, "Socket timeout of store connections, seconds."),
     Setting("redis_retries", 3, int,
             "Retries with exponential backoff before a store call raises StoreUnavailable."),
+    Setting("max_memory_fraction", 0.9, float,
+            "Producers get StoreFull once the store's Redis uses this fraction of its "
+            "maxmemory (read about once a second per process, sooner near it), so promotion "
+            "keeps room on a shared broker; 1 leaves the limit to Redis itself."),
     Setting("redis_ssl", None, TlsOptions,
             "TLS for store connections: redis-py's ssl_* options (ssl_cert_reqs, ssl_ca_certs, "
             "ssl_certfile, ssl_keyfile, ...) or True. Default: broker_use_ssl when the store "
@@ -177,6 +181,7 @@ class DelayQConfig:
     worker_events: bool
     redis_socket_timeout: float
     redis_retries: int
+    max_memory_fraction: float
     redis_ssl: TlsOptions | None
     redis_transport_options: dict[str, Any]
     http_retry_schedule: SecondsList
@@ -209,6 +214,8 @@ class DelayQConfig:
                      "redis_socket_timeout", "http_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"delayq_{name} must be greater than 0")
+        if not 0 < self.max_memory_fraction <= 1:
+            raise ConfigurationError("delayq_max_memory_fraction must be in (0, 1], e.g. 0.9")
         if any(not 0 <= delay <= self.max_delay for delay in self.http_retry_schedule):
             raise ConfigurationError(
                 "delayq_http_retry_schedule must hold delays between 0 and delayq_max_delay "

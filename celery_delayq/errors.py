@@ -48,3 +48,21 @@ class JobExists(DelayQError):
 
 class StoreUnavailable(DelayQError):
     """Redis could not be reached after the configured retries."""
+
+
+class StoreFull(StoreUnavailable):
+    """Redis is (nearly) full: new jobs are refused until promotion frees memory.
+
+    ``stored`` lists the ids of the jobs of the refused call that were written anyway
+    (a batch is written one script call per shard chunk); every other job was not.
+    """
+
+    def __init__(self, detail: str, stored: list[str] | None = None) -> None:
+        self.stored = stored or []
+        written = (f"; {len(self.stored)} jobs of this call were stored (their ids are in "
+                   "the exception's .stored), the others were not") if self.stored else ""
+        super().__init__(
+            f"{detail}{written}. New delayed jobs are refused until the carriers promote due "
+            "jobs and free memory: retry later; make room with a larger maxmemory, or start "
+            "carriers and workers if none run"
+        )

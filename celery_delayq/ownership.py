@@ -4,6 +4,9 @@ Every carrier heartbeats into the ``carriers`` set and holds its share of the sh
 leases (shares differ by at most one); it releases extras when others join and takes
 free shards when others leave or die (their leases expire). Two carriers may both
 claim from a shard during a handover; that is harmless, ``claim_due`` is atomic.
+
+This bookkeeping never blocks promotion: while a full Redis refuses its writes, a carrier
+serves every shard (promotion is what frees memory).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 from zlib import crc32
 
+from .errors import StoreFull
 from .keys import ShardKeys
 from .store import Store
 
@@ -28,9 +32,25 @@ class ShardOwnership:
         start = crc32(carrier_id.encode()) % len(shards)
         self._preference = shards[start:] + shards[:start]  # spreads first picks
         self.owned: list[ShardKeys] = []
+        self._refused = False  # the last balance met a full Redis
 
     def balance(self) -> list[ShardKeys]:
-        """Renew, release or take shard leases; returns the shards to serve now."""
+        """Renew, release or take shard leases; returns the shards to serve now: all of them
+        while Redis refuses these writes for memory."""
+        try:
+            with self.store.unavailable():
+                owned = self._balance()
+        except StoreFull:
+            if not self._refused:
+                logger.warning("Redis is full: the heartbeat and shard leases cannot be "
+                               "written; serving every shard until it has room again "
+                               "(claims are atomic, so sharing shards is harmless)")
+            self._refused = True
+            return list(self.store.keys)
+        self._refused = False
+        return owned
+
+    def _balance(self) -> list[ShardKeys]:
         live = sorted(self.store.heartbeat(self.carrier_id, self.lease_ms))
         shards = len(self._preference)
         rank = live.index(self.carrier_id) if self.carrier_id in live else 0

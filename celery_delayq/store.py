@@ -23,8 +23,9 @@ from redis.exceptions import ClusterDownError
 from .conf import DelayQConfig
 from .connection import connect, redact
 from .envelope import Call, Job
-from .errors import ConfigurationError, JobExists, PayloadError, StoreUnavailable
+from .errors import ConfigurationError, JobExists, PayloadError, StoreFull, StoreUnavailable
 from .keys import Keyspace, ShardKeys, bykey_member, pack_id, unpack_id
+from .memory import Headroom, Memory
 from .scripts import SCRIPTS, Deferred, Script, execute
 from .validation import Due
 
@@ -135,9 +136,18 @@ class Store:
         return client
 
     def _check_shard_count(self, client: redis.Redis) -> None:
-        client.hsetnx(self.keys.meta, "shards", self.keys.shards)
-        stored = int(client.hget(self.keys.meta, "shards"))
-        if stored != self.keys.shards:
+        """Refuse a shard count other than the store's; a read unless the store is new, so
+        a full Redis does not stop a start (the first write records it then)."""
+        stored = client.hget(self.keys.meta, "shards")
+        if stored is None:
+            try:
+                client.hsetnx(self.keys.meta, "shards", self.keys.shards)
+            except redis.ResponseError as exc:
+                if not _refused_for_memory(exc):
+                    raise
+                return
+            stored = client.hget(self.keys.meta, "shards")
+        if int(stored) != self.keys.shards:
             raise ConfigurationError(
                 f"the store under prefix {self.keys.prefix!r} was created with "
                 f"delayq_shards={stored}, this app says {self.keys.shards}; use the same value "
@@ -146,7 +156,8 @@ class Store:
 
     @contextlib.contextmanager
     def unavailable(self) -> Iterator[None]:
-        """Turn Redis network errors into :class:`StoreUnavailable` with a safe URL."""
+        """Turn Redis network errors into :class:`StoreUnavailable` with a safe URL, and a
+        write refused for memory into :class:`StoreFull`."""
         try:
             yield
         except _NETWORK_ERRORS as exc:
@@ -155,6 +166,12 @@ class Store:
                 f"{self.config.redis_retries} retries ({exc}); check that it runs and that "
                 "delayq_redis_url points at it"
             ) from exc
+        except redis.ResponseError as exc:
+            if _refused_for_memory(exc):
+                self.headroom.refused()
+                raise StoreFull(f"Redis at {redact(self.config.redis_url)} refused a write: "
+                                "it is at its maxmemory") from exc
+            raise
 
     def now_ms(self) -> int:
         """Redis's clock, in ms: the clock every due time follows."""
@@ -190,16 +207,34 @@ class Store:
                               args))
                 owners.append(chunk)
         with self.unavailable():
+            self.headroom.check(sum(len(call.envelope) for call, _ in items))
             if len(calls) == 1:  # one round trip either way; a lone EVALSHA costs less
                 replies = [calls[0][0].call(self.client, calls[0][1], calls[0][2])]
             else:
-                replies = execute(self.client, calls)
+                replies = execute(self.client, calls, raise_errors=False)
+        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+        if failed is not None:
+            self._refuse(failed, [items[index][0].job_id
+                                  for chunk, reply in zip(owners, replies, strict=True)
+                                  if not isinstance(reply, Exception)
+                                  for offset, index in enumerate(chunk)
+                                  if reply[3 * offset] in (1, 2)])
         results: list[Scheduled] = [None] * len(items)  # type: ignore[list-item]
         for chunk, reply in zip(owners, replies, strict=True):
             for offset, index in enumerate(chunk):
                 code, due_ms, existing = reply[3 * offset:3 * offset + 3]
                 results[index] = Scheduled(_CODES[code], due_ms, existing)
         return results
+
+    def _refuse(self, failed: Exception, stored: list[str]) -> None:
+        """Raise a failed schedule call's error; each call is atomic (a script refused for
+        memory wrote nothing), so ``stored`` (written by the calls that ran) is exact."""
+        if isinstance(failed, redis.ResponseError) and _refused_for_memory(failed):
+            self.headroom.refused()
+            raise StoreFull(f"Redis at {redact(self.config.redis_url)} refused a write: it is "
+                            "at its maxmemory", stored) from failed
+        with self.unavailable():
+            raise failed
 
     def cancel(self, job_id: str, key: str | None = None, by: str = "") -> CancelOutcome:
         """Cancel one pending job; the outcome says whether it will still run."""
@@ -572,6 +607,42 @@ class Store:
                 pipe.xadd(self.keys.shard(shard).journal, {"event": event, **fields},
                           maxlen=self._maxlen, approximate=True)
             pipe.execute()
+
+    # -- memory (read-only) ------------------------------------------------------------
+
+    @cached_property
+    def headroom(self) -> Headroom:
+        """Producers' gate: StoreFull past ``delayq_max_memory_fraction`` of maxmemory."""
+        return Headroom(self.config.max_memory_fraction, self.memory,
+                        redact(self.config.redis_url))
+
+    def memory(self) -> list[Memory]:
+        """INFO memory of the store's Redis (of each primary on a cluster)."""
+        with self.unavailable():
+            if isinstance(self.client, RedisCluster):
+                infos = self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+                return [Memory.from_info(info) for info in infos.values()]
+            return [Memory.from_info(self.client.info("memory"))]
+
+    def eviction_policies(self) -> list[str]:
+        """``maxmemory-policy`` of the store's Redis (each primary): CONFIG GET, or INFO
+        memory where CONFIG is refused (renamed, ACL); "" where neither says."""
+        try:
+            with self.unavailable():
+                if isinstance(self.client, RedisCluster):
+                    replies = self.client.config_get("maxmemory-policy",
+                                                     target_nodes=RedisCluster.PRIMARIES)
+                    return [reply.get("maxmemory-policy", "") for reply in replies.values()]
+                return [self.client.config_get("maxmemory-policy").get("maxmemory-policy", "")]
+        except redis.ResponseError:
+            return [memory.policy for memory in self.memory()]
+
+
+def _refused_for_memory(exc: redis.ResponseError) -> bool:
+    """True for Redis's OOM refusal: OutOfMemoryError, or inside a script on Redis 6.2
+    ("Error running script ... -OOM command not allowed ...")."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or \
+        "command not allowed when used memory > 'maxmemory'" in str(exc)
 
 
 def _shard_claims(shards: list[ShardKeys], replies: list[Any]) -> list[ShardClaim]:

@@ -71,13 +71,16 @@ def _load() -> dict[str, Script]:
 SCRIPTS: dict[str, Script] = _load()
 
 
-def execute(client, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
+def execute(client, calls: list[tuple[Script, list[str], list[Any]]], *,
+            raise_errors: bool = True) -> list[Any]:
     """Run script calls in one pipeline round trip (one per node on a cluster).
 
     Calls that failed with ``NOSCRIPT`` did not run: their scripts are loaded and those
-    calls alone are sent again. Any other error is raised.
+    calls alone are sent again. Any other error of a call is raised, or with
+    ``raise_errors=False`` returned in its place.
     """
-    return _finish(client, calls, _send(client, calls))
+    return _finish(client, calls, _send(client, calls), raise_errors)
+
 
 
 class Deferred:
@@ -125,8 +128,9 @@ class Deferred:
         self._sent = []
 
 
-def _finish(client, calls, results: list[Any]) -> list[Any]:
-    """Rerun the calls that met ``NOSCRIPT`` after loading their scripts; raise any error."""
+def _finish(client, calls, results: list[Any], raise_errors: bool = True) -> list[Any]:
+    """Rerun the calls that met ``NOSCRIPT`` after loading their scripts; raise any error
+    (with ``raise_errors``)."""
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if missing:
         for script in {calls[i][0] for i in missing}:
@@ -134,7 +138,7 @@ def _finish(client, calls, results: list[Any]) -> list[Any]:
         for i, result in zip(missing, _send(client, [calls[i] for i in missing]), strict=True):
             results[i] = result
     for result in results:
-        if isinstance(result, Exception):
+        if raise_errors and isinstance(result, Exception):
             raise result
     return results
 

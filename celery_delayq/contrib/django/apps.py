@@ -10,6 +10,7 @@ class DelayQConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)
         from .transactional import connect
 
         connect()

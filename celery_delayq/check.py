@@ -1,0 +1,178 @@
+"""``delayq check [--repair]``: verify the store's invariants, report and repair damage.
+
+What the scripts keep true on every shard (``scripts/*.lua``), and what breaks it (an
+evicting Redis, a hand-edited key, a bug):
+
+1. Every ``due`` member has a ``jobs`` entry (a pending job has its envelope).
+2. Every ``inflight`` member has a ``jobs`` entry (a claimed job has its envelope).
+3. Every ``jobs`` field is in ``due`` or ``inflight``; one in neither is an *orphaned
+   envelope*: no carrier will ever promote it.
+4. A job in both ``due`` and ``inflight`` is legal, not damage: it was scheduled again while
+   a carrier published it; ``ack`` then keeps it pending and ``recover`` keeps its new due
+   time. It is counted, not repaired.
+5. Every ``bykey`` member ``"<key>\\0<id>"`` names a stored job whose envelope has that key.
+6. ``counts`` holds, per task name, the number of ``jobs`` entries of that task (the field
+   ``""`` counts cancels and is not checked).
+
+Repair (``repair-7.lua``, one call per finding, re-checked atomically so a job that changed
+since the scan is left alone): orphaned envelopes are dead-lettered with the reason
+``orphaned: ...`` (listed by ``delayq ls --dead``, replayable), never deleted; dangling
+``due``/``inflight``/``bykey`` members are removed; counts get the difference added.
+
+Everything is read in chunks (HSCAN/ZSCAN, pipelined lookups per chunk) and repaired chunk
+by chunk, so a store of millions of jobs is never held in memory. Counts are compared only
+when the shard's ``jobs`` did not change during the scan (a scan of a changing hash may
+return an entry twice); otherwise they are reported as unchecked: run it again when quiet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from .keys import ShardKeys, unpack_id
+from .scripts import SCRIPTS, execute
+from .store import Store
+
+_CHUNK = 500
+_EXAMPLES = 5
+_ORPHANED = "orphaned: the envelope was in neither the due nor the in-flight set"
+KINDS = ("dangling_due", "dangling_inflight", "orphaned", "dangling_bykey", "counts")
+
+
+@dataclass
+class ShardReport:
+    """What the check found on one shard (and repaired, with ``--repair``)."""
+
+    shard: int
+    found: Counter = field(default_factory=Counter)  # kind -> findings
+    repaired: Counter = field(default_factory=Counter)  # kind -> repairs made
+    examples: dict[str, list[str]] = field(default_factory=dict)  # kind -> a few ids
+    jobs: int = 0
+    in_both: int = 0  # legal: scheduled again while in flight
+    counts_checked: bool = True
+    error: str | None = None
+
+
+def check(store: Store, repair: bool = False) -> list[ShardReport]:
+    """Check every shard (and repair what it finds, when asked)."""
+    return [_ShardCheck(store, shard, repair).run() for shard in store.keys]
+
+
+class _ShardCheck:
+    def __init__(self, store: Store, shard: ShardKeys, repair: bool) -> None:
+        self.store, self.shard, self.repair = store, shard, repair
+        self.client = store.client
+        self.report = ShardReport(shard.shard)
+
+    def run(self) -> ShardReport:
+        try:
+            with self.store.unavailable():
+                self._jobs()
+                for kind, key in (("dangling_due", self.shard.due),
+                                  ("dangling_inflight", self.shard.inflight)):
+                    self._members(kind, key)
+                self._bykey()
+        except redis.ResponseError as exc:  # e.g. a key of the wrong type
+            self.report.error = str(exc)
+        return self.report
+
+    def _jobs(self) -> None:
+        shard, tasks = self.shard, Counter()
+        before = self.client.hlen(shard.jobs)
+        for chunk in _chunks(self.client.hscan_iter(shard.jobs, count=_CHUNK)):
+            ids = [stored for stored, _ in chunk]
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zmscore(shard.due, ids)
+            pipe.zmscore(shard.inflight, ids)
+            due, inflight = pipe.execute()
+            orphaned = []
+            for (stored, envelope), in_due, in_flight in zip(chunk, due, inflight, strict=True):
+                task = _first_line(envelope).get("t")
+                tasks[task if isinstance(task, str) else ""] += 1
+                if in_due is None and in_flight is None:
+                    orphaned.append(stored)
+                self.report.in_both += in_due is not None and in_flight is not None
+            self.report.jobs += len(chunk)
+            self._found("orphaned", orphaned, [("orphan", s, _ORPHANED) for s in orphaned])
+        self._counts(tasks, same=before == self.client.hlen(shard.jobs) == self.report.jobs)
+
+    def _counts(self, tasks: Counter, same: bool) -> None:
+        if not same:
+            self.report.counts_checked = False
+            return
+        stored = {task: int(n) for task, n in self.client.hgetall(self.shard.counts).items()
+                  if task != ""}
+        diffs = {task: tasks.get(task, 0) - stored.get(task, 0)
+                 for task in set(tasks) | set(stored) if task != ""}
+        wrong = sorted(task for task, diff in diffs.items() if diff)
+        self._found("counts", wrong, [("count", task, diffs[task]) for task in wrong])
+
+    def _members(self, kind: str, key: str) -> None:
+        for chunk in _chunks(self.client.zscan_iter(key, count=_CHUNK)):
+            ids = [member for member, _ in chunk]
+            pipe = self.client.pipeline(transaction=False)
+            for stored in ids:
+                pipe.hexists(self.shard.jobs, stored)
+            missing = [s for s, held in zip(ids, pipe.execute(), strict=True) if not held]
+            what = kind.removeprefix("dangling_")
+            self._found(kind, missing, [(what, s, "") for s in missing])
+
+    def _bykey(self) -> None:
+        for chunk in _chunks(self.client.zscan_iter(self.shard.bykey, count=_CHUNK)):
+            members = [member for member, _ in chunk]
+            parts = [member.partition("\x00") for member in members]
+            envelopes = self.client.hmget(self.shard.jobs, [stored for _, _, stored in parts])
+            wrong = [member for member, (key, _, _), envelope
+                     in zip(members, parts, envelopes, strict=True)
+                     if envelope is None or _first_line(envelope).get("y") != key]
+            self._found("dangling_bykey", wrong, [("bykey", m, "") for m in wrong])
+
+    def _found(self, kind: str, items: list[str], repairs: list[tuple[str, str, Any]]) -> None:
+        if not items:
+            return
+        self.report.found[kind] += len(items)
+        examples = self.report.examples.setdefault(kind, [])
+        examples.extend(_shown(kind, item) for item in items[:_EXAMPLES - len(examples)])
+        if self.repair:
+            s = self.shard
+            calls = [(SCRIPTS["repair"],
+                      [s.due, s.inflight, s.jobs, s.bykey, s.dead, s.counts, s.journal],
+                      [what, value, extra, self.store.config.journal_maxlen])
+                     for what, value, extra in repairs]
+            self.report.repaired[kind] += sum(execute(self.client, calls))
+
+
+def _chunks(items: Iterator[Any]) -> Iterator[list[Any]]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == _CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _first_line(envelope: str | None) -> dict[str, Any]:
+    """The fields of an envelope's first line; {} when it cannot be read."""
+    try:
+        fields = json.loads((envelope or "").split("\n", 1)[0])
+    except ValueError:
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
+def _shown(kind: str, item: str) -> str:
+    """A finding as printed: job ids unpacked, bykey members as key/id."""
+    if kind == "counts":
+        return item
+    if kind == "dangling_bykey":
+        key, _, stored = item.partition("\x00")
+        return f"{key!r}/{unpack_id(stored)}"
+    return unpack_id(item)

@@ -1,0 +1,31 @@
+"""Django system checks of the delay store: ``delayq.W001`` warns when its Redis may evict
+keys (a ``maxmemory-policy`` other than ``noeviction``), ``delayq.W002`` when that cannot
+be read.
+
+They ask Redis, so they are deployment checks (``manage.py check --deploy``): every other
+``manage.py`` command, and Celery's worker start (which runs Django's checks), stays free
+of a Redis round trip and of its timeouts during an outage.
+"""
+
+from __future__ import annotations
+
+from django.core.checks import Warning, register
+
+from celery_delayq import DelayQError
+from celery_delayq.memory import eviction_problem
+
+from .runtime import delayq
+
+
+@register("delayq", deploy=True)
+def check_eviction_policy(app_configs=None, **kwargs) -> list[Warning]:
+    """Warn when the delay store's Redis may evict stored jobs."""
+    try:
+        policies = delayq().store.eviction_policies()
+    except DelayQError as exc:
+        return [Warning(f"cannot read the delay store's maxmemory-policy: {exc}",
+                        hint="Check that Redis runs; `celery -A proj delayq health` says more.",
+                        id="delayq.W002")]
+    return [Warning(problem, hint="Run `CONFIG SET maxmemory-policy noeviction` on the store's "
+                    "Redis and set it in redis.conf.", id="delayq.W001")
+            for problem in sorted({p for p in map(eviction_problem, policies) if p})]
