@@ -1,0 +1,417 @@
+"""The store against a reference model: Hypothesis drives the public API on a real Redis.
+
+Each example starts from an empty store and runs a random sequence of schedule /
+schedule_many (if_exists keep, replace, error), cancel, cancel_key, reschedule, run_now,
+claim (every shard), ack, recover (expired leases), release, dead_letter and replay, with
+job ids and business keys chosen to collide: ids that differ only by case, UUIDs in
+canonical form (stored packed), ``~``-prefixed ids and an id equal to another's packed form,
+unicode. After every step, what the store says (``get``, ``pending`` in due order, by key
+and by task, ``stats``, ``counts``, ``dead``) must agree with the model.
+
+The model says what a job *should* be: one job id is one job in the whole store, whatever
+its business key (issue 15, point 4), and ``if_exists`` applies across keys.
+
+Due times are absolute (``eta``): far in the past (due) or far in the future (not due),
+one second apart so the due order is total; ``run_now``, ``recover`` and ``replay`` make a
+job due on Redis's clock, which the model reads back and checks against Redis's clock
+before and after the call.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import astuple, dataclass
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from celery_delayq import envelope
+from celery_delayq.errors import JobExists
+from celery_delayq.keys import pack_id
+from celery_delayq.store import CancelOutcome, Claimed, Promoted, ShardClaim
+
+UUID = "0b5f6c2e-7f3a-4d2b-9c1e-2a3b4c5d6e7f"
+JOB_IDS = [
+    "a", "A", "~", "~a", "~~a", "order:42:close",
+    UUID, UUID.upper(), UUID.replace("-4d2b-", "-1d2b-"),  # packed, and two that are not
+    pack_id(UUID),  # the stored form of UUID, as an id of its own
+    "é", "e\u0301", "ключ", "\U0001f642 x", "\x85\u2028",
+]
+KEYS = [None, "order:1", "order:10", "order:1:x", "ключ", "~k", "K", "k", "\u2028"]
+TASKS = ["t.alpha", "t.beta", "tâche.ü"]
+PAST = datetime(2001, 1, 1, tzinfo=timezone.utc)
+FUTURE = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=300)
+LONG_LEASE_MS = 600_000  # never expires during a test; a lease of 0 has expired at once
+BATCH = 1000  # more than a store of this test ever holds: a claim takes every due job
+
+
+@dataclass
+class Call:
+    """What a job's stored envelope says (its task id is known once it is written)."""
+
+    task: str
+    key: str | None
+    task_id: str = ""
+
+
+@dataclass
+class Model:
+    """One job id as the model sees it."""
+
+    stored: Call | None = None  # the envelope in the jobs hash (pending or being promoted)
+    due_ms: int | None = None  # on the due set: pending
+    leased: bool = False  # in the in-flight set
+    lease_expired: bool = False
+    dead: Call | None = None  # dead-lettered
+
+
+@dataclass
+class Held:
+    """A claim a carrier holds: it will publish the job, then ack (or release, bury) it."""
+
+    claim: Claimed
+    shard: object
+    call: Call
+    lease_expired: bool
+    cancelled_while_held: bool = False  # cancel() said True while this lease held
+
+
+@dataclass
+class Expected:
+    """What one schedule call should answer: the call it wrote, or the one it kept."""
+
+    code: str  # "created", "kept", "conflict"
+    call: Call | None = None
+    due_ms: int | None = None
+
+
+ids = st.sampled_from(JOB_IDS)
+keys = st.sampled_from(KEYS)
+tasks = st.sampled_from(TASKS)
+
+
+def ms_of(moment: datetime | None) -> int | None:
+    return None if moment is None else round(moment.timestamp() * 1000)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    def __init__(self, delayq) -> None:
+        super().__init__()
+        self.delayq = delayq
+        self.store = delayq.store
+        stale = list(self.store.client.scan_iter(f"{self.store.keys.prefix}:*"))
+        if stale:
+            self.store.client.delete(*stale)
+        self.jobs: dict[str, Model] = {job_id: Model() for job_id in JOB_IDS}
+        self.held: list[Held] = []
+        self.cancelled = 0
+        self.seq = 0
+        self.scheduled: set[str] = set()  # ids, keys and tasks ever scheduled: the others
+        self.keys_used: set[str] = set()  # can only be absent, which the listings and
+        self.tasks_used: set[str] = set()  # totals check (and skipping them keeps a step fast)
+
+    @initialize()
+    def start(self) -> None:
+        assert self.store.pending() == []
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def eta(self, due: bool) -> datetime:
+        self.seq += 1
+        return (PAST if due else FUTURE) + timedelta(seconds=self.seq)
+
+    def expect_schedule(self, job_id: str, call: Call, due_ms: int, if_exists: str
+                        ) -> Expected:
+        """The model's answer to one schedule call, applied to the model."""
+        self.scheduled.add(job_id)
+        self.tasks_used.add(call.task)
+        if call.key:
+            self.keys_used.add(call.key)
+        job = self.jobs[job_id]
+        if job.stored is not None and if_exists != "replace":
+            if if_exists == "error":
+                return Expected("conflict")
+            return Expected("kept", job.stored, job.due_ms)
+        job.stored, job.due_ms = call, due_ms
+        return Expected("created", call, due_ms)
+
+    @staticmethod
+    def check_result(result, expected: Expected, job_id: str) -> None:
+        """Results are checked in call order, so a call kept from earlier in the same
+        batch already knows its task id."""
+        assert result.job_id == job_id
+        if expected.code == "kept":
+            assert (result.id, ms_of(result.eta)) == (expected.call.task_id, expected.due_ms), \
+                f"if_exists='keep' did not return the stored job {job_id!r}"
+        else:
+            assert ms_of(result.eta) == expected.due_ms
+            expected.call.task_id = result.id
+
+    def due_now(self, job_id: str, before_ms: int) -> int:
+        """The due time Redis gave a job made due now (run_now, recover, replay)."""
+        after_ms = self.store.now_ms()
+        job = self.delayq.get(job_id)
+        assert job is not None and job.due is not None, f"{job_id!r} is not pending"
+        due_ms = ms_of(job.due)
+        assert before_ms <= due_ms <= after_ms
+        return due_ms
+
+    def held_of(self, job_id: str) -> list[Held]:
+        return [h for h in self.held if h.claim.job_id == job_id]
+
+    def give_back(self, job_id: str, before_ms: int) -> None:
+        """A lease ended by recover / release: the job is due now unless it is pending."""
+        job = self.jobs[job_id]
+        job.leased = job.lease_expired = False
+        if job.due_ms is None:
+            job.due_ms = self.due_now(job_id, before_ms)
+
+    # -- producer side -----------------------------------------------------------------
+
+    @rule(job_id=ids, key=keys, task=tasks, due=st.booleans(),
+          if_exists=st.sampled_from(["keep", "replace", "error"]))
+    def schedule(self, job_id, key, task, due, if_exists) -> None:
+        eta = self.eta(due)
+        expected = self.expect_schedule(job_id, Call(task, key), ms_of(eta), if_exists)
+        if expected.code == "conflict":
+            with pytest.raises(JobExists):
+                self.delayq.schedule(task, [self.seq], eta=eta, key=key, job_id=job_id,
+                                     if_exists=if_exists)
+            return
+        result = self.delayq.schedule(task, [self.seq], eta=eta, key=key, job_id=job_id,
+                                      if_exists=if_exists)
+        self.check_result(result, expected, job_id)
+
+    @rule(items=st.lists(st.tuples(ids, keys, st.booleans()), min_size=1, max_size=5),
+          task=tasks, if_exists=st.sampled_from(["keep", "replace"]))
+    def schedule_many(self, items, task, if_exists) -> None:
+        calls, expected = [], []
+        for job_id, key, due in items:
+            eta = self.eta(due)
+            calls.append({"args": [self.seq], "eta": eta, "key": key, "job_id": job_id})
+            expected.append(self.expect_schedule(job_id, Call(task, key), ms_of(eta),
+                                                 if_exists))
+        results = self.delayq.schedule_many(task, calls, if_exists=if_exists)
+        for result, want, (job_id, _, _) in zip(results, expected, items, strict=True):
+            self.check_result(result, want, job_id)
+
+    @rule(job_id=ids, by_key=st.booleans())
+    def cancel(self, job_id, by_key) -> None:
+        job = self.jobs[job_id]
+        key = job.stored.key if by_key and job.stored else None
+        outcome = self.delayq.cancel_outcome(job_id, key)
+        if job.due_ms is not None:
+            assert outcome is CancelOutcome.CANCELLED
+            self.cancelled += 1
+            job.due_ms = None
+            if not job.leased:
+                job.stored = None
+            for held in self.held_of(job_id):
+                held.cancelled_while_held |= not held.lease_expired
+        elif job.leased:
+            assert outcome is CancelOutcome.TOO_LATE
+        else:
+            assert outcome is CancelOutcome.UNKNOWN
+
+    @rule(key=st.sampled_from(KEYS[1:]))
+    def cancel_key(self, key) -> None:
+        pending = [job_id for job_id, job in self.jobs.items()
+                   if job.due_ms is not None and job.stored.key == key]
+        assert self.delayq.cancel_key(key) == len(pending)
+        for job_id in pending:
+            job = self.jobs[job_id]
+            job.due_ms = None
+            if not job.leased:
+                job.stored = None
+            for held in self.held_of(job_id):
+                held.cancelled_while_held |= not held.lease_expired
+        self.cancelled += len(pending)
+
+    @rule(job_id=ids, due=st.booleans())
+    def reschedule(self, job_id, due) -> None:
+        eta = self.eta(due)
+        job = self.jobs[job_id]
+        new_due = self.delayq.reschedule(job_id, eta=eta)
+        if job.due_ms is None:
+            assert new_due is None
+        else:
+            assert new_due == eta
+            job.due_ms = ms_of(eta)
+
+    @rule(job_id=ids)
+    def run_now(self, job_id) -> None:
+        before_ms = self.store.now_ms()
+        job = self.jobs[job_id]
+        assert self.delayq.run_now(job_id) is (job.due_ms is not None)
+        if job.due_ms is not None:
+            job.due_ms = self.due_now(job_id, before_ms)
+
+    # -- carrier side ------------------------------------------------------------------
+
+    @rule(long_lease=st.booleans())
+    def claim(self, long_lease) -> None:
+        now_ms = self.store.now_ms()
+        claims = self.store.claim(list(self.store.keys), BATCH,
+                                  LONG_LEASE_MS if long_lease else 0)
+        assert [c.error for c in claims if c.error] == []
+        due = {job_id for job_id, job in self.jobs.items()
+               if job.due_ms is not None and job.due_ms <= now_ms}
+        claimed = [(c.shard, job) for c in claims for job in c.jobs]
+        assert sorted(job.job_id for _, job in claimed) == sorted(due)
+        for shard, claimed_job in claimed:
+            job = self.jobs[claimed_job.job_id]
+            fields = envelope.decode(claimed_job.envelope)
+            call = Call(fields["t"], fields.get("y"), fields.get("i", claimed_job.job_id))
+            assert (call, claimed_job.due_ms) == (job.stored, job.due_ms)
+            job.due_ms = None
+            job.leased, job.lease_expired = True, not long_lease
+            for held in self.held_of(claimed_job.job_id):
+                held.lease_expired = True  # its lease is this claim's now
+            self.held.append(Held(claimed_job, shard, call, not long_lease))
+
+    @precondition(lambda self: self.held)
+    @rule(pick=st.integers(0, 50))
+    def ack(self, pick) -> None:
+        """The carrier published a claimed job; ack it as the carrier does."""
+        held = self.held.pop(pick % len(self.held))
+        job_id = held.claim.job_id
+        self.store.ack({held.shard: [Promoted(job_id, held.call.task, held.call.key,
+                                              held.claim.due_ms, held.claim.stored_id)]})
+        job = self.jobs[job_id]
+        job.leased = job.lease_expired = False
+        if job.due_ms is None:
+            job.stored = None
+        assert not held.cancelled_while_held, (
+            f"cancel({job_id!r}) returned True while a carrier held a live lease on it; "
+            "that copy was then published")
+
+    @precondition(lambda self: any(j.leased and j.lease_expired for j in self.jobs.values()))
+    @rule()
+    def recover(self) -> None:
+        before_ms = self.store.now_ms()
+        expired = [job_id for job_id, job in self.jobs.items()
+                   if job.leased and job.lease_expired]
+        recovered, failed = self.store.recover(list(self.store.keys), BATCH)
+        assert (recovered, failed) == (len(expired), {})
+        for job_id in expired:
+            self.give_back(job_id, before_ms)
+
+    @precondition(lambda self: self.held)
+    @rule(pick=st.integers(0, 50))
+    def release(self, pick) -> None:
+        """The carrier could not publish: it gives the claim back at once."""
+        held = self.held.pop(pick % len(self.held))
+        job_id = held.claim.job_id
+        before_ms = self.store.now_ms()
+        released = self.store.release([ShardClaim(held.shard, before_ms, None, [held.claim],
+                                                  [])])
+        job = self.jobs[job_id]
+        assert released == int(job.leased)
+        if job.leased:
+            self.give_back(job_id, before_ms)
+
+    @precondition(lambda self: self.held)
+    @rule(pick=st.integers(0, 50))
+    def dead_letter(self, pick) -> None:
+        """The carrier cannot publish a claimed job: it dead-letters that copy alone."""
+        held = self.held.pop(pick % len(self.held))
+        job_id = held.claim.job_id
+        job = self.jobs[job_id]
+        assert self.store.dead_letter(held.shard, held.claim, "fuzzed reason") is job.leased
+        if job.leased:
+            job.leased = job.lease_expired = False
+            job.dead = held.call
+            if job.due_ms is None:
+                job.stored = None
+
+    @rule(job_id=ids)
+    def replay(self, job_id) -> None:
+        job = self.jobs[job_id]
+        before_ms = self.store.now_ms()
+        if job.dead is not None and job.stored is not None:
+            with pytest.raises(JobExists):
+                self.store.replay(job_id)
+            return
+        assert self.store.replay(job_id) is (job.dead is not None)
+        if job.dead is not None:
+            job.stored, job.dead = job.dead, None
+            job.due_ms = self.due_now(job_id, before_ms)
+
+    # -- agreement ---------------------------------------------------------------------
+
+    def pending_model(self, key=None, task=None) -> list[tuple[int, str, tuple]]:
+        return sorted((job.due_ms, job_id, astuple(job.stored))
+                      for job_id, job in self.jobs.items()
+                      if job.due_ms is not None and (key is None or job.stored.key == key)
+                      and (task is None or job.stored.task == task))
+
+    def assert_pending(self, listed, want) -> None:
+        got = [(ms_of(j.due), j.job_id, (j.task, j.key, j.task_id)) for j in listed]
+        assert [due for due, _, _ in got] == sorted(due for due, _, _ in got), "not in due order"
+        assert sorted(got) == want
+
+    @invariant()
+    def jobs_agree(self) -> None:
+        for job_id in sorted(self.scheduled):
+            model, job = self.jobs[job_id], self.delayq.get(job_id)
+            if model.stored is not None:
+                assert job is not None, f"{job_id!r} is missing"
+                state = "scheduled" if model.due_ms is not None else "claimed"
+                assert (job.job_id, job.state, Call(job.task, job.key, job.task_id),
+                        ms_of(job.due)) == (job_id, state, model.stored, model.due_ms)
+                if model.stored.key:
+                    assert self.delayq.get(job_id, key=model.stored.key) == job
+            elif model.dead is not None:
+                assert job is not None and job.state == "dead", f"{job_id!r} is not dead"
+                assert (job.task, job.key) == (model.dead.task, model.dead.key)
+            else:
+                assert job is None, f"{job_id!r} should be gone, found {job}"
+
+    @invariant()
+    def listings_agree(self) -> None:
+        self.assert_pending(self.delayq.pending(limit=BATCH), self.pending_model())
+        for key in sorted(self.keys_used):
+            self.assert_pending(self.delayq.pending(key=key, limit=BATCH),
+                                self.pending_model(key=key))
+        for task in sorted(self.tasks_used):
+            self.assert_pending(self.delayq.pending(task=task, limit=BATCH),
+                                self.pending_model(task=task))
+        dead = {entry["job_id"]: entry for entry in self.store.dead(limit=BATCH)}
+        assert dead.keys() == {job_id for job_id, job in self.jobs.items() if job.dead}
+        for job_id, entry in dead.items():
+            fields = envelope.decode(entry["envelope"])
+            assert (fields["t"], fields.get("y")) == (self.jobs[job_id].dead.task,
+                                                      self.jobs[job_id].dead.key)
+
+    @invariant()
+    def totals_agree(self) -> None:
+        now_ms = self.store.now_ms()
+        rows = self.store.stats()
+        models = self.jobs.values()
+        assert sum(r["pending"] for r in rows) == sum(j.due_ms is not None for j in models)
+        assert sum(r["overdue"] for r in rows) == sum(
+            j.due_ms is not None and j.due_ms <= now_ms for j in models)
+        assert sum(r["inflight"] for r in rows) == sum(j.leased for j in models)
+        assert sum(r["dead"] for r in rows) == sum(j.dead is not None for j in models)
+        tasks = Counter(j.stored.task for j in models if j.stored is not None)
+        assert self.store.counts() == (dict(tasks), self.cancelled)
+
+
+def test_store_agrees_with_its_model_after_every_step(delayq):
+    """About 15 s when it passes. A failure is shrunk to a short sequence of calls, printed
+    as ``state.<rule>(...)`` lines; one failure at a time, so shrinking stays well within
+    the test timeout."""
+    run_state_machine_as_test(
+        lambda: StoreMachine(delayq),
+        settings=settings(max_examples=60, stateful_step_count=20, deadline=None,
+                          report_multiple_bugs=False))
