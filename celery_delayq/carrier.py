@@ -27,11 +27,18 @@ from typing import Any
 
 import redis
 from kombu.entity import maybe_delivery_mode
-from kombu.exceptions import KombuError
+from kombu.exceptions import KombuError, OperationalError, SerializationError
 
 from .connection import redact
-from .envelope import ORIGIN, decode
-from .errors import ConfigurationError, PayloadError, StoreUnavailable
+from .envelope import ORIGIN
+from .errors import (
+    ConfigurationError,
+    DamagedShard,
+    DelayQError,
+    PayloadError,
+    StoreUnavailable,
+    UnknownQueue,
+)
 from .extension import DelayQ
 from .keys import ShardKeys, broker_queue
 from .memory import CarrierGuard
@@ -49,6 +56,7 @@ _MEMORY_WAIT = 0.1  # seconds between looks at a Redis too full to promote into
 _PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
                   "interval_max": 2}
 _JSON = "application/json"
+_REASON_MAX = 500  # characters of a dead letter's reason
 
 
 @dataclass
@@ -99,6 +107,7 @@ class Carrier:
         self._considered: set[str] = set()  # queue names looked at for direct promotion
         self._ahead: ClaimAhead | None = None  # the next claim, sent while publishing
         self._unacked: dict[ShardKeys, list[Promoted]] = {}  # to be acked with it
+        self._failing: dict[int, str] = {}  # shards whose last claim or recover failed: why
 
     # -- one iteration -----------------------------------------------------------------
 
@@ -112,7 +121,8 @@ class Carrier:
                     self._check_broker()
                 self._shards = self.ownership.balance()
                 # a carrier that died in a backlog held two batches: the last and the next
-                recovered = self.store.recover(self._shards, 2 * self.batch)
+                recovered, failed = self.store.recover(self._shards, 2 * self.batch)
+            self._note_failed_shards("recover", failed)
             self._next_maintenance = time.monotonic() + self._maintain_every
             if recovered:
                 self.stats.recovered += recovered
@@ -129,6 +139,8 @@ class Carrier:
         else:
             claims = self.store.claim(self._shards, self.batch, self.lease_ms, self._direct)
             claimed_at = time.monotonic()
+        self._note_failed_shards("claim", {c.shard: c.error for c in claims if c.error},
+                                 served=[c.shard for c in claims if not c.error])
         taken = [len(c.jobs) + len(c.promoted) for c in claims]
         if self.metrics:
             self.metrics.observe_claim(sum(taken), time.monotonic() - started)
@@ -187,7 +199,7 @@ class Carrier:
         """
         ahead, self._ahead = self._ahead, None
         unacked, self._unacked = self._unacked, {}
-        with contextlib.suppress(StoreUnavailable, redis.RedisError):
+        with contextlib.suppress(DelayQError, redis.RedisError):
             if ahead is not None:
                 claims = ahead.result()  # acks what was sent with it, too
                 self.store.release(claims)
@@ -234,7 +246,13 @@ class Carrier:
             session.close()
 
     def _publish(self, shard: ShardKeys, job: Claimed, dead: list[str]) -> Promoted | None:
-        """Publish one claimed job; dead-letter it (noted in ``dead``) when it cannot be."""
+        """Publish one claimed job; dead-letter it (noted in ``dead``) when it cannot be.
+
+        A failure of the broker or of Redis fails the batch. Any other exception is the
+        job's own: the job is dead-lettered (replayable) and every other job goes on. An
+        exception that is not a known data error may be a bug of ours: it is logged with
+        its traceback, and the dead letter says so.
+        """
         raw = job.envelope
         try:
             if raw is not None and len(raw) > self._max_payload:
@@ -242,23 +260,42 @@ class Carrier:
             message = self._messages.build(job.job_id, raw, shard=shard.shard,
                                            due_ms=job.due_ms)
             queue, delivery_mode = self._queue(message.queue)
-        except (PayloadError, KeyError, TypeError, ValueError) as exc:
-            dead.append(self._dead_letter(shard, job.job_id, raw, exc))
+            self._deliver(message, queue, delivery_mode)
+        except self._batch_errors:
+            raise
+        except (PayloadError, UnknownQueue, SerializationError) as exc:
+            dead.append(self._dead_letter(shard, job, exc))
             return None
-        if self._session is not None:
-            self._send(message, queue, delivery_mode)
-        else:
-            declare = [] if queue.name in self._declared else [queue]
-            self.producer.publish(
-                message.body, exchange=message.exchange, routing_key=message.routing_key,
-                content_type=_JSON, content_encoding="utf-8", headers=message.headers,
-                declare=declare, delivery_mode=delivery_mode, retry=True,
-                retry_policy=_PUBLISH_RETRY, **message.properties,
-            )
-            self._declared.add(queue.name)
+        except Exception as exc:  # one job must never stop the others
+            logger.exception("unexpected error promoting job %s; it is dead-lettered, replay "
+                             "it with `celery delayq replay %s` once the cause is fixed",
+                             job.job_id, job.job_id)
+            dead.append(self._dead_letter(shard, job, exc, internal=True))
+            return None
         if self._broker_prefix is not None and queue.name not in self._considered:
             self._route_directly([queue.name])  # e.g. created by task_create_missing_queues
         return Promoted(job.job_id, message.task, message.key, job.due_ms, job.stored_id)
+
+    def _deliver(self, message: Message, queue, delivery_mode: int) -> None:
+        """Into the channel's publish batch, or published now when there is none."""
+        if self._session is not None:
+            self._send(message, queue, delivery_mode)
+            return
+        declare = [] if queue.name in self._declared else [queue]
+        self.producer.publish(
+            message.body, exchange=message.exchange, routing_key=message.routing_key,
+            content_type=_JSON, content_encoding="utf-8", headers=message.headers,
+            declare=declare, delivery_mode=delivery_mode, retry=True,
+            retry_policy=_PUBLISH_RETRY, **message.properties,
+        )
+        self._declared.add(queue.name)
+
+    @cached_property
+    def _batch_errors(self) -> tuple[type[BaseException], ...]:
+        """Exceptions that mean the broker or Redis failed, not the job in hand."""
+        connection = self.producer.connection
+        return (StoreUnavailable, redis.RedisError, OSError, OperationalError,
+                *connection.connection_errors, *connection.channel_errors)
 
     def _send(self, message: Message, queue, delivery_mode: int) -> None:
         """Into the channel's batch, the message ``Producer.publish`` would send, without
@@ -312,23 +349,36 @@ class Carrier:
             try:
                 queue = self.app.amqp.queues[name]
             except KeyError:
-                raise KeyError(f"unknown queue {name!r} (task_create_missing_queues is off)"
-                               ) from None
+                raise UnknownQueue(f"unknown queue {name!r} (task_create_missing_queues is "
+                                   "off)") from None
             mode = maybe_delivery_mode(
                 queue.exchange.delivery_mode or self.app.conf.task_default_delivery_mode)
             found = self._queues[name] = (queue, mode)
         return found
 
-    def _dead_letter(self, shard: ShardKeys, job_id: str, raw: str | None,
-                     exc: Exception) -> str:
+    def _dead_letter(self, shard: ShardKeys, job: Claimed, exc: Exception,
+                     internal: bool = False) -> str:
         """Move a job to the dead letters; returns "job id: reason" for the batch log."""
         reason = str(exc.args[0]) if exc.args else type(exc).__name__
-        key = None
-        with contextlib.suppress(PayloadError):
-            key = decode(raw).get("y")
-        with self.store.unavailable():
-            self.store.dead_letter(shard, job_id, reason, key)
-        return f"{job_id}: {reason}"
+        if internal:
+            reason = (f"carrier error {type(exc).__name__}: {reason} (see the carrier log; "
+                      "replay once fixed)")
+        reason = reason[:_REASON_MAX]
+        self.store.dead_letter(shard, job, reason)
+        return f"{job.job_id}: {reason}"
+
+    def _note_failed_shards(self, step: str, failed: dict[ShardKeys, DelayQError],
+                            served: list[ShardKeys] = ()) -> None:
+        """Log a shard that fails (once per episode) and when it works again."""
+        for shard, error in failed.items():
+            if shard.shard not in self._failing:
+                logger.error("shard %d cannot be served (%s): %s", shard.shard, step, error)
+            self._failing[shard.shard] = str(error)
+            if self.metrics:
+                self.metrics.shard_errors.labels(str(shard.shard)).inc()
+        for shard in served:
+            if self._failing.pop(shard.shard, None) is not None:
+                logger.info("shard %d is served again", shard.shard)
 
     def _log_batch(self, lateness: list[float]) -> None:
         if self.metrics:
@@ -376,7 +426,8 @@ class Carrier:
                     logger.info("carrier recovered after %d failed attempts", failures)
                 failures = 0
                 self._wait(sleep)
-            except (StoreUnavailable, redis.RedisError, KombuError, OSError) as exc:
+            except (StoreUnavailable, DamagedShard, redis.RedisError, KombuError,
+                    OSError) as exc:
                 if failures == 0:
                     logger.error("carrier paused: %s; retrying with backoff", exc)
                 failures += 1

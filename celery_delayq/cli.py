@@ -106,11 +106,15 @@ def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None
         _fail(exc)
     overdue = sum(row["overdue"] for row in rows)
     age = oldest_overdue_seconds(rows)
-    healthy = overdue <= max_overdue and age <= max_overdue_age and not problems
+    damaged = [row for row in rows if row["damaged"]]
+    healthy = overdue <= max_overdue and age <= max_overdue_age and not problems and not damaged
     click.echo(f"{'ok' if healthy else 'unhealthy'}: {overdue} overdue jobs (max {max_overdue}), "
                f"oldest waiting {age:.1f}s (max {max_overdue_age:g}s)")
     for problem in problems:
         click.echo(f"unsafe: {problem}")
+    for row in damaged:
+        click.echo(f"damaged: shard {row['shard']} is not served, {row['damaged']}; move the "
+                   "key away (RENAME), then run `celery delayq check --repair`")
     sys.exit(0 if healthy else 1)
 
 

@@ -44,6 +44,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Largest stored envelope (task name, arguments, options) in bytes."),
     Setting("max_delay", 366 * 24 * 3600.0, float, "Longest accepted delay, in seconds."),
     Setting("max_id_length", 200, int, "Longest accepted job id or business key, in characters."),
+    Setting("max_nesting", 64, int,
+            "Deepest nesting of lists and objects accepted in a call's arguments and options "
+            "(at most 500, so every carrier and worker can decode them)."),
     Setting("countdown_threshold", 0.0, float,
             "DelayedTask.apply_async sends countdown/eta longer than this many seconds through "
             "the store; shorter ones go to the broker as native Celery ETA."),
@@ -160,6 +163,12 @@ SETTINGS += (
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 
 
+#: Deepest ``delayq_max_nesting``: Python decodes ~990 levels, carriers and workers need room.
+MAX_NESTING = 500
+#: Longest ``delayq_max_delay``: 100 years.
+MAX_DELAY = 100 * 365.25 * 24 * 3600
+
+
 @dataclass(frozen=True)
 class DelayQConfig:
     """Every ``delayq_*`` setting of one app, resolved and validated."""
@@ -170,6 +179,7 @@ class DelayQConfig:
     max_payload_bytes: int
     max_delay: float
     max_id_length: int
+    max_nesting: int
     countdown_threshold: float
     route_send_task: bool
     direct_promotion: bool
@@ -181,9 +191,9 @@ class DelayQConfig:
     worker_events: bool
     redis_socket_timeout: float
     redis_retries: int
-    max_memory_fraction: float
     redis_ssl: TlsOptions | None
     redis_transport_options: dict[str, Any]
+    max_memory_fraction: float
     http_retry_schedule: SecondsList
     http_allowed_hosts: HostList
     http_timeout: float
@@ -207,6 +217,14 @@ class DelayQConfig:
 
     def validate(self) -> None:
         check_settings(self)
+        if not 1 <= self.max_nesting <= MAX_NESTING:
+            raise ConfigurationError(
+                f"delayq_max_nesting must be between 1 and {MAX_NESTING} (deeper data cannot "
+                f"be decoded safely by every carrier and worker); got {self.max_nesting}")
+        if self.max_delay > MAX_DELAY:
+            raise ConfigurationError(
+                f"delayq_max_delay must be at most {MAX_DELAY:g} s (100 years), so every due "
+                f"time is a date a reader can show; got {self.max_delay:g}")
         for name in ("shards", "max_payload_bytes", "max_id_length", "claim_batch"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"delayq_{name} must be at least 1")
@@ -272,4 +290,3 @@ def _broker_redis_url(app) -> str:
         "celery-delayq needs a Redis URL: set app.conf.delayq_redis_url "
         "(or CELERY_DELAYQ_REDIS_URL in Django settings) to e.g. redis://localhost:6379/0"
     )
-

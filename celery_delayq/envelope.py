@@ -25,6 +25,7 @@ verbatim, in Python and in the direct promotion script (Lua's cjson would round 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -66,9 +67,14 @@ _RESERVED = frozenset({"content_type", "content_encoding", "serializer"})
 _JSON = "json"
 ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
 # kombu's dumps() and loads() build an encoder / decoder per call; these do the same
-# (datetime, UUID, Decimal ... as kombu encodes them), compact, built once.
-encode_json = JSONEncoder(separators=(",", ":")).encode
+# (datetime, UUID, Decimal ... as kombu encodes them), compact, built once. NaN and
+# Infinity are refused: they are not JSON, and the direct promotion script could not
+# pass them on.
+encode_json = JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _decode_json = json.JSONDecoder(object_hook=object_hook).decode
+# The tokens that nest (and strings, skipped whole), and the escapes of a JSON text.
+_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_ESCAPE = re.compile(r"\\(?:u(d[89a-f][0-9a-f]{2})|.)")
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class Call:
     key: str | None
     envelope: str
     stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
+    drawn: bool = False  # the job id was drawn at random for this call: no job has it yet
 
     def __post_init__(self) -> None:
         if not self.stored_id:
@@ -98,7 +105,7 @@ class Template:
     fixed: dict[str, Any]  # envelope fields q, x, r, o, h, p
 
     def call(self, args, kwargs, *, job_id: str | None, key: str | None,
-             max_payload_bytes: int) -> Call:
+             max_payload_bytes: int, max_nesting: int) -> Call:
         """The stored form of one call with these options; raises on bad arguments."""
         args = _check_args(args, kwargs)
         job_id = job_id or self.job_id
@@ -118,14 +125,15 @@ class Template:
         fields = self._fields if not own else _encode_fields(
             {"t": self.name, **own, **self.fixed}, self.name)
         encoded = _join(fields, args, kwargs, self.name)
-        size = len(encoded.encode())
+        size = len(encoded)  # ASCII: non-ASCII characters are escaped
         if size > max_payload_bytes:
             raise PayloadError(
                 f"{self.name} call is {size} bytes encoded, over delayq_max_payload_bytes="
                 f"{max_payload_bytes}; store large data elsewhere and pass a reference"
             )
+        _check_readable(encoded, self.name, max_nesting)
         return Call(job_id=job_id or task_id, task_id=task_id, task=self.name, key=key,
-                    envelope=encoded, stored_id=stored_id)
+                    envelope=encoded, stored_id=stored_id, drawn=bool(stored_id))
 
     @cached_property
     def _fields(self) -> str:
@@ -196,12 +204,13 @@ def routes_depend_on_arguments(app) -> bool:
 
 
 def build(app, name: str, args, kwargs, options: dict[str, Any], *,
-          job_id: str | None, key: str | None, max_payload_bytes: int,
+          job_id: str | None, key: str | None, max_payload_bytes: int, max_nesting: int,
           task_type=None) -> Call:
     """Resolve an ``apply_async``-style call into a :class:`Call`; raise on bad input."""
     args = _check_args(args, kwargs)
     return template(app, name, options, task_type=task_type, args=args, kwargs=kwargs).call(
-        args, kwargs, job_id=job_id, key=key, max_payload_bytes=max_payload_bytes)
+        args, kwargs, job_id=job_id, key=key, max_payload_bytes=max_payload_bytes,
+        max_nesting=max_nesting)
 
 
 def _check_args(args, kwargs) -> list:
@@ -225,7 +234,7 @@ def encode(env: dict[str, Any]) -> str:
 def _encode_fields(fields: dict[str, Any], name: str | None) -> str:
     try:
         return encode_json(fields)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise _not_json(name, exc) from exc
 
 
@@ -234,14 +243,60 @@ def _join(fields: str, args, kwargs, name: str | None) -> str:
     try:
         return (f"{fields}\n{encode_json(args) if args else ''}\n"
                 f"{encode_json(kwargs) if kwargs else ''}")
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise _not_json(name, exc) from exc
 
 
 def _not_json(name: str | None, exc: Exception) -> PayloadError:
+    if isinstance(exc, RecursionError):
+        return PayloadError(f"arguments or options of {name} are nested too deeply (or hold "
+                            "themselves) to be stored as JSON")
     return PayloadError(
         f"arguments or options of {name} are not JSON-serialisable ({exc}); pass plain data "
-        "(str, int, float, bool, None, list, dict, datetime, UUID, Decimal)")
+        "(str, int, float, bool, None, list, dict, datetime, UUID, Decimal; finite numbers)")
+
+
+def _check_readable(encoded: str, name: str, max_nesting: int) -> None:
+    """Refuse what a carrier could not read back: lists and objects nested deeper than
+    ``delayq_max_nesting``, strings holding half of a surrogate pair."""
+    if encoded.count("[") + encoded.count("{") > max_nesting and \
+            _nesting(encoded) > max_nesting:
+        raise PayloadError(
+            f"arguments or options of {name} are nested more than delayq_max_nesting="
+            f"{max_nesting} levels deep; flatten them or raise the setting")
+    if "\\ud" in encoded and _lone_surrogate(encoded):
+        raise PayloadError(
+            f"arguments or options of {name} hold a lone surrogate (half of a UTF-16 pair), "
+            "which is not text; decode the bytes they came from properly")
+
+
+def _nesting(text: str) -> int:
+    """How deep lists and objects nest in a JSON text (or several, one per line)."""
+    depth = deepest = 0
+    for token in _NESTING.findall(text):
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+def _lone_surrogate(text: str) -> bool:
+    """True when a JSON text escapes half of a surrogate pair without the other half."""
+    high_end = None  # where an escaped high half ended, waiting for its low half
+    for escape in _ESCAPE.finditer(text):
+        unit = escape[1]
+        low = unit is not None and unit[1] in "cdef"
+        if high_end is not None:
+            if not (low and escape.start() == high_end):
+                return True
+            high_end = None
+        elif low:
+            return True
+        elif unit is not None:
+            high_end = escape.end()
+    return high_end is not None
 
 
 def _resolve_route(app, routed: dict[str, Any]) -> tuple[str, str, str]:
@@ -274,21 +329,30 @@ def _inherit_parent(app, message: dict[str, Any]) -> None:
 
 
 def _absolute(expires) -> str:
-    if isinstance(expires, (int, float)):
-        expires = datetime.now(timezone.utc) + timedelta(seconds=expires)
-    if isinstance(expires, datetime):
-        if expires.tzinfo is None:
-            raise PayloadError("expires must be a timezone-aware datetime or seconds")
-        return expires.isoformat()
-    return str(expires)
+    try:
+        if isinstance(expires, (int, float)):
+            expires = datetime.now(timezone.utc) + timedelta(seconds=expires)
+        elif isinstance(expires, str):
+            expires = datetime.fromisoformat(expires)
+    except (ValueError, OverflowError) as exc:
+        raise PayloadError(f"expires {expires!r} is not a time: {exc}") from exc
+    if not isinstance(expires, datetime) or expires.tzinfo is None:
+        raise PayloadError("expires must be seconds or a timezone-aware datetime "
+                           f"(or its ISO 8601 text); got {expires!r}")
+    return expires.isoformat()
 
 
 def split(raw: str | bytes | None) -> tuple[str, str, str]:
     """A stored envelope's three lines: first line, args and kwargs ("" when absent)."""
     if raw is None:
         raise PayloadError("envelope missing")
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8", errors="replace")
+    try:  # the store reads bytes that are not UTF-8 as lone surrogates
+        if isinstance(raw, bytes):
+            raw = raw.decode()
+        elif not raw.isascii():
+            raw.encode()
+    except UnicodeError as exc:
+        raise PayloadError(f"envelope is not valid UTF-8 ({exc.reason})") from exc
     fields, args, kwargs = [*raw.split("\n", 2), "", ""][:3]
     return fields, args, kwargs
 
@@ -297,8 +361,8 @@ def decode_fields(line: str) -> dict[str, Any]:
     """An envelope's first line; :class:`PayloadError` says why it is unusable."""
     try:
         env = _decode_json(line)
-    except ValueError as exc:
-        raise PayloadError(f"envelope is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise _unreadable(exc) from exc
     if not isinstance(env, dict) or not isinstance(env.get("t"), str) or not env["t"]:
         raise PayloadError("envelope has no task name")
     if {"a", "k"} & env.keys() or any(not isinstance(env.get(name, {}), dict)
@@ -313,11 +377,17 @@ def decode_arguments(args: str, kwargs: str) -> tuple[list, dict]:
     """An envelope's args and kwargs lines; :class:`PayloadError` says why unusable."""
     try:
         decoded = _decode_json(args) if args else [], _decode_json(kwargs) if kwargs else {}
-    except ValueError as exc:
-        raise PayloadError(f"envelope is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise _unreadable(exc) from exc
     if not isinstance(decoded[0], list) or not isinstance(decoded[1], dict):
         raise PayloadError("envelope args/kwargs have the wrong type")
     return decoded
+
+
+def _unreadable(exc: Exception) -> PayloadError:
+    if isinstance(exc, RecursionError):
+        return PayloadError("envelope is nested too deeply to decode")
+    return PayloadError(f"envelope is not valid JSON: {exc}")
 
 
 def decode(raw: str | bytes | None) -> dict[str, Any]:

@@ -50,6 +50,17 @@ class StoreUnavailable(DelayQError):
     """Redis could not be reached after the configured retries."""
 
 
+class DamagedShard(DelayQError):
+    """A key of one shard holds the wrong type of value; nothing was written to it."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"{detail}; the shard's other jobs wait, the other shards are served. See what "
+            "it holds with `redis-cli TYPE <key>`, move it away (RENAME), then run "
+            "`celery -A proj delayq check --repair`"
+        )
+
+
 class StoreFull(StoreUnavailable):
     """Redis is (nearly) full: new jobs are refused until promotion frees memory.
 

@@ -174,10 +174,12 @@ class DelayQ:
             validation.identifier(options["task_id"], "task_id", config.max_id_length)
         if shared is None:
             call = build(self.app, name, args, kwargs, options, job_id=job_id, key=key,
-                         max_payload_bytes=config.max_payload_bytes, task_type=task_type)
+                         max_payload_bytes=config.max_payload_bytes,
+                         max_nesting=config.max_nesting, task_type=task_type)
         else:
             call = shared.call(args, kwargs, job_id=job_id, key=key,
-                               max_payload_bytes=config.max_payload_bytes)
+                               max_payload_bytes=config.max_payload_bytes,
+                               max_nesting=config.max_nesting)
         if call.key is not None and call.key != key:  # carried over from a retried task
             validation.identifier(call.key, "key", config.max_id_length)
         return call, due
@@ -208,7 +210,7 @@ class DelayQ:
                 raise JobExists(call.job_id)
             task_id = call.task_id
             if scheduled.code is ScheduleCode.KEPT:
-                task_id = Job.from_envelope(call.job_id, scheduled.existing, None, "", 0).task_id
+                task_id = Job.read(call.job_id, scheduled.existing, None, "", 0).task_id
             due_at = None if scheduled.due_ms < 0 else _from_ms(scheduled.due_ms)
             results.append(DelayedResult(task_id, call.job_id, due_at, self, key=call.key))
         return results

@@ -52,6 +52,11 @@ class ShardKeys:
     counts: str
 
 
+#: The Redis type each key of a shard holds (``TYPE``); any other type means damage.
+KEY_TYPES = {"due": "zset", "inflight": "zset", "jobs": "hash", "bykey": "zset",
+             "dead": "hash", "journal": "stream", "owner": "string", "counts": "hash"}
+
+
 class Keyspace:
     """Names under one prefix; the only place key names are built."""
 
@@ -132,6 +137,15 @@ def _packed(digits: str) -> str:
     digits and a 0 make 128 bits, 21 characters and 2 bits of a 22nd, left out."""
     return PACKED + base64.urlsafe_b64encode(bytes.fromhex(f"{digits[:12]}{digits[13:]}0")
                                              )[:21].decode()
+
+
+def raw_id(stored: str) -> str | bytes:
+    """A stored id read back from Redis, as it must be written to Redis again.
+
+    The store's client reads bytes that are not UTF-8 (a damaged id) as lone surrogates;
+    those ids go back as the exact bytes they were.
+    """
+    return stored if stored.isascii() else stored.encode("utf-8", "surrogateescape")
 
 
 def unpack_id(stored: str) -> str:

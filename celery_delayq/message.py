@@ -77,9 +77,16 @@ class MessageBuilder:
         self._shapes: dict[str, _Shape] = {}
 
     def build(self, job_id: str, raw: str | bytes | None, *, shard: int,
-              due_ms: int) -> Message:
-        """The message of one stored job; :class:`PayloadError` when its envelope is
-        unusable (the carrier then dead-letters it)."""
+              due_ms: int | None) -> Message:
+        """The message of one stored job; :class:`PayloadError` when its envelope or due
+        time is unusable (the carrier then dead-letters it)."""
+        if due_ms is None:
+            raise PayloadError("its stored due time is not a finite number")
+        if not job_id.isascii():
+            try:
+                job_id.encode()
+            except UnicodeEncodeError:  # the store reads bytes that are not UTF-8 so
+                raise PayloadError("its job id is not valid UTF-8") from None
         line, args_line, kwargs_line = split(raw)
         shape, own = self._shapes.get(line), None
         if shape is None:
@@ -93,7 +100,7 @@ class MessageBuilder:
             headers[name] = task_id
         if len(args_line) + len(kwargs_line) < self._repr_max // 4:  # short: plain repr
             headers["argsrepr"], headers["kwargsrepr"] = repr(args), repr(kwargs)
-        else:  # as Celery shortens them
+        else:  # as Celery shortens them (it stops at task_repr_maxlevels: never too deep)
             headers["argsrepr"] = saferepr(args, self._repr_max, maxlevels=self._repr_levels)
             headers["kwargsrepr"] = saferepr(kwargs, self._repr_max,
                                              maxlevels=self._repr_levels)
@@ -129,8 +136,9 @@ class MessageBuilder:
             headers, properties, body, _ = self._create(
                 _TASK_ID, fields["t"], [], {}, argsrepr="", kwargsrepr="", **options)
             expires_at = datetime.fromisoformat(expires).timestamp() if expires else None
-        except (TypeError, ValueError) as exc:
-            raise PayloadError(f"envelope options are unusable: {exc}") from exc
+            embed = encode_json(body[2])
+        except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+            raise PayloadError(f"envelope options are unusable: {exc!r}") from exc
         headers.update(fields.get("h", {}))
         properties.update(fields.get("p", {}))
         queue = fields.get("q") or self._default_queue
@@ -139,6 +147,6 @@ class MessageBuilder:
             id_headers=tuple(name for name, value in headers.items() if value == _TASK_ID),
             id_properties=tuple(name for name, value in properties.items()
                                 if value == _TASK_ID),
-            embed=encode_json(body[2]),
+            embed=embed,
             expires_at=expires_at,
             queue=queue, exchange=fields.get("x", ""), routing_key=fields.get("r", queue))

@@ -43,6 +43,10 @@ class CarrierMetrics:
         self.dead_lettered = Counter("delayq_dead_lettered",
                                      "Jobs moved to the dead letters by this carrier.",
                                      registry=r)
+        self.shard_errors = Counter("delayq_shard_errors",
+                                    "Claims or recovers of a shard that failed (e.g. a key "
+                                    "of the shard holds the wrong type).",
+                                    ["shard"], registry=r)
         self.lateness = Histogram("delayq_promotion_lateness_seconds",
                                   "Publish time minus due time (Redis clock).",
                                   buckets=_LATENESS_BUCKETS, registry=r)
@@ -98,6 +102,12 @@ class StoreCollector:
             for row in rows:
                 gauge.add_metric([str(row["shard"])], row[field])
             yield gauge
+        damaged = GaugeMetricFamily("delayq_damaged_shard",
+                                    "1 while a key of the shard holds the wrong type of value "
+                                    "(the shard is not served), else 0.", labels=["shard"])
+        for row in rows:
+            damaged.add_metric([str(row["shard"])], 1 if row["damaged"] else 0)
+        yield damaged
         stored = GaugeMetricFamily("delayq_stored_jobs",
                                    "Jobs stored per task (pending or being promoted).",
                                    labels=["task"])

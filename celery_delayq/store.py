@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -23,15 +25,26 @@ from redis.exceptions import ClusterDownError
 from .conf import DelayQConfig
 from .connection import connect, redact
 from .envelope import Call, Job
-from .errors import ConfigurationError, JobExists, PayloadError, StoreFull, StoreUnavailable
-from .keys import Keyspace, ShardKeys, bykey_member, pack_id, unpack_id
+from .errors import (
+    ConfigurationError,
+    DamagedShard,
+    DelayQError,
+    InvalidOption,
+    JobExists,
+    StoreFull,
+    StoreUnavailable,
+)
+from .keys import KEY_TYPES, Keyspace, ShardKeys, bykey_member, pack_id, raw_id, unpack_id
 from .memory import Headroom, Memory
+from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
 from .scripts import SCRIPTS, Deferred, Script, execute
 from .validation import Due
 
+_logger = logging.getLogger(__name__)
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
 _SCAN_CHUNK = 500
 _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
+_DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wrong type
 
 
 class CancelOutcome(str, Enum):
@@ -67,7 +80,7 @@ class Claimed(NamedTuple):
     """A due job leased to a carrier, which publishes it and then acks it."""
 
     job_id: str
-    due_ms: int
+    due_ms: int | None  # None: the stored due time is not a finite number (damaged)
     envelope: str | None
     stored_id: str  # the job id as stored (keys.pack_id)
 
@@ -89,6 +102,7 @@ class ShardClaim:
     next_due_ms: int | None
     jobs: list[Claimed]  # claimed: the carrier publishes them, then acks
     promoted: list[int]  # due ms of the jobs the claim script pushed to the broker itself
+    error: DelayQError | None = None  # the shard's claim failed (e.g. DamagedShard)
 
 
 @dataclass(frozen=True)
@@ -111,9 +125,13 @@ class ClaimAhead:
         self.sent_at = sent_at  # time.monotonic() when sent: about when Redis ran it
 
     def result(self) -> list[ShardClaim]:
-        """The claims; raises if the acks sent with them or the claim failed. Call once."""
+        """The claims (a shard's failure in its claim's ``error``); raises if an ack sent
+        with them failed, or Redis did. Call once."""
         with self.store.unavailable():
-            replies = self._sent.replies()
+            replies = self._sent.replies(raise_errors=False)
+            for reply in replies[:self._acks]:
+                if isinstance(reply, Exception):
+                    raise reply
         return _shard_claims(self.shards, replies[self._acks:])
 
 
@@ -167,6 +185,8 @@ class Store:
                 "delayq_redis_url points at it"
             ) from exc
         except redis.ResponseError as exc:
+            if str(exc).startswith(_DAMAGED):
+                raise DamagedShard(str(exc)) from exc
             if _refused_for_memory(exc):
                 self.headroom.refused()
                 raise StoreFull(f"Redis at {redact(self.config.redis_url)} refused a write: "
@@ -189,10 +209,22 @@ class Store:
     # -- producer side -----------------------------------------------------------------
 
     def schedule(self, items: list[tuple[Call, Due]], if_exists: str) -> list[Scheduled]:
-        """Store calls in one round trip: one script call per shard and batch."""
+        """Store calls: one script call per shard and batch, in one round trip.
+
+        A job id is one job whatever its business key, so a call that brings an id of its
+        own first looks for it on the other shards (one more round trip): ``if_exists``
+        applies to a copy found there, and ``replace`` moves the job to its new shard.
+        """
+        results: list[Scheduled] = [None] * len(items)  # type: ignore[list-item]
+        for index, found in self._stored_elsewhere(items).items():
+            if if_exists == "replace":
+                self._cancel(found, "id", items[index][0].job_id, "replaced under another key")
+            else:  # None when it went meanwhile (promoted): then it is scheduled here
+                results[index] = self._existing(found, items[index][0], if_exists)
         by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
         for index, (call, _) in enumerate(items):
-            by_shard[self.keys.shard_for(call.job_id, call.key)].append(index)
+            if results[index] is None:
+                by_shard[self.keys.shard_for(call.job_id, call.key)].append(index)
         calls, owners = [], []
         for shard, indexes in by_shard.items():
             for start in range(0, len(indexes), _SCHEDULE_CHUNK):
@@ -219,12 +251,51 @@ class Store:
                                   if not isinstance(reply, Exception)
                                   for offset, index in enumerate(chunk)
                                   if reply[3 * offset] in (1, 2)])
-        results: list[Scheduled] = [None] * len(items)  # type: ignore[list-item]
         for chunk, reply in zip(owners, replies, strict=True):
             for offset, index in enumerate(chunk):
                 code, due_ms, existing = reply[3 * offset:3 * offset + 3]
                 results[index] = Scheduled(_CODES[code], due_ms, existing)
         return results
+
+    def _stored_elsewhere(self, items: list[tuple[Call, Due]]) -> dict[int, ShardKeys]:
+        """For each call with a job id of its own: the shard other than its own that holds
+        that id (stored under another business key)."""
+        checks, homes = [], {}
+        for index, (call, _) in enumerate(items):
+            if call.drawn:  # a fresh random id: no other job has it
+                continue
+            home = self.keys.shard_for(call.job_id, call.key)
+            if homes.setdefault(call.stored_id, home) is not home:
+                raise InvalidOption(
+                    f"job id {call.job_id!r} is given twice in one batch with business keys "
+                    "of different shards; one job id is one job: give each its own id")
+            checks += [(index, shard, call.stored_id) for shard in self.keys
+                       if shard is not home]
+        if not checks:
+            return {}
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for _, shard, stored in checks:
+                pipe.hexists(shard.jobs, stored)
+            found = pipe.execute()
+        elsewhere: dict[int, ShardKeys] = {}
+        for (index, shard, _), hit in zip(checks, found, strict=True):
+            if hit:
+                elsewhere.setdefault(index, shard)
+        return elsewhere
+
+    def _existing(self, shard: ShardKeys, call: Call, if_exists: str) -> Scheduled | None:
+        """What ``keep`` / ``error`` answer for a job stored on another shard; None when it
+        is gone."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(shard.jobs, call.stored_id)
+            pipe.zscore(shard.due, call.stored_id)
+            envelope, due_ms = pipe.execute()
+        if envelope is None:
+            return None
+        code = ScheduleCode.KEPT if if_exists == "keep" else ScheduleCode.CONFLICT
+        return Scheduled(code, -1 if due_ms is None else int(due_ms), envelope)
 
     def _refuse(self, failed: Exception, stored: list[str]) -> None:
         """Raise a failed schedule call's error; each call is atomic (a script refused for
@@ -237,15 +308,18 @@ class Store:
             raise failed
 
     def cancel(self, job_id: str, key: str | None = None, by: str = "") -> CancelOutcome:
-        """Cancel one pending job; the outcome says whether it will still run."""
-        shards = [self.keys.shard_for(job_id, key)]
-        code = self._cancel(shards[0], "id", job_id, by)[0]
-        if code == -1 and key is None:
-            found = self._shards_holding(job_id)
-            if found and found[0] is not shards[0]:
-                code = self._cancel(found[0], "id", job_id, by)[0]
-        return {1: CancelOutcome.CANCELLED, 0: CancelOutcome.TOO_LATE}.get(
-            code, CancelOutcome.UNKNOWN)
+        """Cancel a pending job; the outcome says whether anything of that id will run.
+
+        A job id names one job whatever its business key: a copy stored under another
+        key (two producers racing with different keys) is cancelled as well.
+        """
+        home = self.keys.shard_for(job_id, key)
+        codes = {self._cancel(home, "id", job_id, by)[0]}
+        codes |= {self._cancel(shard, "id", job_id, by)[0]
+                  for shard in self._shards_holding(job_id) if shard is not home}
+        if 0 in codes:  # a carrier holds a copy: it will be delivered
+            return CancelOutcome.TOO_LATE
+        return CancelOutcome.CANCELLED if 1 in codes else CancelOutcome.UNKNOWN
 
     def cancel_key(self, key: str, by: str = "") -> int:
         """Cancel every pending job with this business key; returns how many."""
@@ -305,69 +379,85 @@ class Store:
             raw, due_ms, dead = replies[3 * i:3 * i + 3]
             if raw is not None:
                 state = "scheduled" if due_ms is not None else "claimed"
-                return Job.from_envelope(job_id, raw, due_ms, state, shard.shard,
-                                         self.config.default_queue)
-            if dead is not None:
-                return Job.dead(job_id, json.loads(dead), shard.shard,
+                return Job.read(job_id, raw, due_ms, state, shard.shard,
                                 self.config.default_queue)
+            if dead is not None:
+                return Job.dead(job_id, _dead_letter(stored, dead, shard.shard)[0],
+                                shard.shard, self.config.default_queue)
         return None
 
     def pending(self, task: str | None = None, key: str | None = None,
                 limit: int = 100) -> list[Job]:
-        """Pending jobs in due order, optionally of one task and/or one business key."""
+        """Pending jobs in due order, optionally of one task and/or one business key.
+
+        Jobs that cannot be read (:meth:`get` shows why) are left out, counted and logged
+        once per call; the carrier dead-letters them when they fall due.
+        """
         shards = [self.keys.shard_for("", key)] if key else list(self.keys)
         jobs: list[Job] = []
+        skipped = Unreadable("pending jobs", _logger)
         with self.unavailable():
             for shard in shards:
-                jobs.extend(self._pending_in(shard, task, key, limit))
+                jobs.extend(self._pending_in(shard, task, key, limit, skipped))
+        skipped.log()
         jobs.sort(key=lambda job: job.due)
         return jobs[:limit]
 
     def _pending_in(self, shard: ShardKeys, task: str | None, key: str | None,
-                    limit: int) -> list[Job]:
+                    limit: int, skipped: Unreadable) -> list[Job]:
         if key:
             members = self.client.zrangebylex(shard.bykey, f"[{key}\x00", f"({key}\x01")
-            ids = [m.split("\x00", 1)[1] for m in members]
+            ids = [m.partition("\x00")[2] for m in members]
             pipe = self.client.pipeline(transaction=False)
-            for job_id in ids:
-                pipe.zscore(shard.due, job_id)
+            for stored in ids:
+                pipe.zscore(shard.due, raw_id(stored))
             scored = [(i, s) for i, s in zip(ids, pipe.execute(), strict=True) if s is not None]
-            return self._jobs_of(shard, scored, task)[:limit]
+            return self._jobs_of(shard, scored, task, skipped)[:limit]
         found: list[Job] = []
         start = 0
         while len(found) < limit:
             chunk = self.client.zrange(shard.due, start, start + _SCAN_CHUNK - 1, withscores=True)
             if not chunk:
                 break
-            found.extend(self._jobs_of(shard, chunk, task))
+            found.extend(self._jobs_of(shard, chunk, task, skipped))
             start += _SCAN_CHUNK
         return found[:limit]
 
     def _jobs_of(self, shard: ShardKeys, scored: list[tuple[str, float]],
-                 task: str | None) -> list[Job]:
+                 task: str | None, skipped: Unreadable) -> list[Job]:
         if not scored:
             return []
-        raws = self.client.hmget(shard.jobs, [stored for stored, _ in scored])
+        raws = self.client.hmget(shard.jobs, [raw_id(stored) for stored, _ in scored])
         jobs = []
         for (stored, due_ms), raw in zip(scored, raws, strict=True):
-            try:
-                job = Job.from_envelope(unpack_id(stored), raw, due_ms, "scheduled",
-                                        shard.shard, self.config.default_queue)
-            except PayloadError:
-                continue  # unreadable: the carrier dead-letters it when due
-            if task is None or job.task == task:
+            job_id = job_id_of(stored)
+            job = Job.read(job_id or stored, raw, due_ms, "scheduled", shard.shard,
+                           self.config.default_queue)
+            if job_id is None or job.unreadable:
+                skipped.add(f"job {stored!r} on shard {shard.shard}",
+                            job.unreadable or "not a stored job id")
+            elif task is None or job.task == task:
                 jobs.append(job)
         return jobs
 
     def dead(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Dead-lettered jobs with their reason, newest first."""
+        """Dead-lettered jobs with their reason, newest first.
+
+        Entries that cannot be read come last, with ``at`` None, a reason that starts
+        "unreadable dead letter" and the stored text as ``envelope``; they are counted and
+        logged once per call.
+        """
         entries = []
+        skipped = Unreadable("dead letters", _logger)
         with self.unavailable():
             for shard in self.keys:
                 for stored, raw in self.client.hscan_iter(shard.dead, count=_SCAN_CHUNK):
-                    entries.append({"job_id": unpack_id(stored), "shard": shard.shard,
-                                    **json.loads(raw)})
-        entries.sort(key=lambda e: e["at"], reverse=True)
+                    entry, why = _dead_letter(stored, raw, shard.shard)
+                    if why:
+                        skipped.add(f"dead letter {stored!r} on shard {shard.shard}", why)
+                    entries.append(entry)
+        skipped.log()
+        entries.sort(key=lambda e: (e["at"] is not None, e["at"] or 0), reverse=True)
         return entries[:limit]
 
     def replay(self, job_id: str, envelope: str = "") -> bool:
@@ -386,7 +476,10 @@ class Store:
         return False
 
     def stats(self) -> list[dict[str, Any]]:
-        """Per-shard counts: pending, overdue, in flight, dead, journal length, next due.
+        """Per-shard counts: pending, overdue, in flight, dead, journal length, next due,
+        and ``unreadable_due``: pending jobs whose due score is no time (±inf, after the year
+        9999), which ``next_due_ms`` passes over. ``damaged`` says which key of the shard
+        holds the wrong type ("" when none); its counts are then 0.
 
         "Overdue" (due but not yet claimed) and ``now_ms`` follow Redis's clock.
         """
@@ -399,28 +492,41 @@ class Store:
                 pipe.zcard(shard.inflight)
                 pipe.hlen(shard.dead)
                 pipe.xlen(shard.journal)
-                pipe.zrange(shard.due, 0, 0, withscores=True)
-            replies = pipe.execute()
+                pipe.zcount(shard.due, MIN_MS, MAX_MS)
+                self._head(pipe, shard)
+            replies = pipe.execute(raise_on_error=False)
+            damaged = self.damaged() if any(isinstance(r, Exception) for r in replies) else {}
         rows = []
         for shard in self.keys:
-            pending, overdue, inflight, dead, journal, head = replies[:6]
-            replies = replies[6:]
+            shard_replies, replies = replies[:7], replies[7:]
+            pending, overdue, inflight, dead, journal, readable, head = (
+                (0, 0, 0, 0, 0, 0, []) if shard.shard in damaged else shard_replies)
             rows.append({
                 "shard": shard.shard, "pending": pending, "overdue": overdue,
                 "inflight": inflight, "dead": dead, "journal": journal,
+                "unreadable_due": pending - readable,
                 "next_due_ms": int(head[0][1]) if head else None, "now_ms": now_ms,
+                "damaged": damaged.get(shard.shard, ""),
             })
         return rows
 
     def earliest(self) -> tuple[int, str, ShardKeys] | None:
-        """(due ms, job id, shard) of the first pending job, or None."""
+        """(due ms, job id, shard) of the first pending job whose due score is a time, or
+        None."""
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
             for shard in self.keys:
-                pipe.zrange(shard.due, 0, 0, withscores=True)
-            heads = [(int(head[0][1]), unpack_id(head[0][0]), shard)
-                     for shard, head in zip(self.keys, pipe.execute(), strict=True) if head]
+                self._head(pipe, shard)
+            heads = [(int(head[0][1]), job_id_of(head[0][0]) or head[0][0], shard)
+                     for shard, head in zip(self.keys, pipe.execute(raise_on_error=False),
+                                            strict=True)
+                     if head and not isinstance(head, Exception)]  # not a damaged shard
         return min(heads, key=lambda head: head[0], default=None)
+
+    @staticmethod
+    def _head(pipe, shard: ShardKeys) -> None:
+        """Queue a read of the shard's first pending job whose due score is a time."""
+        pipe.zrangebyscore(shard.due, MIN_MS, MAX_MS, start=0, num=1, withscores=True)
 
     def counts(self) -> tuple[dict[str, int], int]:
         """Jobs stored per task name (pending or being promoted), and cancels so far."""
@@ -428,11 +534,19 @@ class Store:
             pipe = self.client.pipeline(transaction=False)
             for shard in self.keys:
                 pipe.hgetall(shard.counts)
-            per_shard = pipe.execute()
+            per_shard = pipe.execute(raise_on_error=False)
         tasks: dict[str, int] = defaultdict(int)
-        for counts in per_shard:
+        skipped = Unreadable("job counts", _logger)
+        for shard, counts in zip(self.keys, per_shard, strict=True):
+            if isinstance(counts, Exception):  # a damaged shard (stats() says which key)
+                skipped.add(f"counts of shard {shard.shard}", str(counts))
+                continue
             for task, n in counts.items():
-                tasks[task] += int(n)
+                if is_text(task) and n.lstrip("-").isdecimal():
+                    tasks[task] += int(n)
+                else:
+                    skipped.add(f"count {task!r} on shard {shard.shard}", f"holds {n!r}")
+        skipped.log()
         cancelled = tasks.pop("", 0)
         return {task: n for task, n in tasks.items() if n}, cancelled
 
@@ -443,7 +557,8 @@ class Store:
         """Claim up to ``batch`` due jobs on each shard, in one round trip; with ``direct``,
         plain jobs for those queues are pushed to the broker by the script instead."""
         with self.unavailable():
-            replies = execute(self.client, self._claim_calls(shards, batch, lease_ms, direct))
+            replies = execute(self.client, self._claim_calls(shards, batch, lease_ms, direct),
+                              raise_errors=False)
         return _shard_claims(shards, replies)
 
     def claim_ahead(self, shards: list[ShardKeys], batch: int, lease_ms: int,
@@ -465,7 +580,8 @@ class Store:
             origin, repr_max, default = direct.origin, direct.repr_max, direct.default_queue
         return [(SCRIPTS["claim_due"],
                  [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, *lists],
-                 [batch, lease_ms, self._maxlen, s.shard, origin, repr_max, default, *routes])
+                 [batch, lease_ms, self._maxlen, s.shard, origin, repr_max, default,
+                  self.config.max_nesting, *routes])
                 for s in shards]
 
     def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:
@@ -482,25 +598,31 @@ class Store:
             args: list[Any] = [self._maxlen]
             for job in jobs:
                 stored = job.stored_id or pack_id(job.job_id)
-                args += [stored, bykey_member(job.key, stored), job.task, job.key or "",
-                         job.due_ms]
+                args += [raw_id(stored), raw_id(bykey_member(job.key, stored)), job.task,
+                         job.key or "", job.due_ms]
             calls.append((SCRIPTS["ack"],
                           [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal,
                            shard.counts],
                           args))
         return calls
 
-    def recover(self, shards: list[ShardKeys], batch: int) -> int:
-        """Return expired leases to the due set; how many were recovered."""
+    def recover(self, shards: list[ShardKeys], batch: int
+                ) -> tuple[int, dict[ShardKeys, DelayQError]]:
+        """Return expired leases to the due set: how many were recovered, and the shards
+        where that failed (e.g. :class:`DamagedShard`) with why."""
         calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal, s.jobs],
                   [batch, self._maxlen]) for s in shards]
-        return sum(execute(self.client, calls))
+        with self.unavailable():
+            replies = execute(self.client, calls, raise_errors=False)
+        failed = {shard: _shard_error(reply) for shard, reply in zip(shards, replies, strict=True)
+                  if isinstance(reply, Exception)}
+        return sum(r for r in replies if not isinstance(r, Exception)), failed
 
     def release(self, claims: list[ShardClaim]) -> int:
         """Return claimed jobs a carrier could not publish to the due set, due now."""
         calls = [(SCRIPTS["recover"], [c.shard.inflight, c.shard.due, c.shard.journal,
                                        c.shard.jobs],
-                  [len(c.jobs), self._maxlen, *(job.stored_id for job in c.jobs)])
+                  [len(c.jobs), self._maxlen, *(raw_id(job.stored_id) for job in c.jobs)])
                  for c in claims if c.jobs]
         if not calls:
             return 0
@@ -535,14 +657,16 @@ class Store:
         self.hold(shards, carrier_id, 0, keep=False)
         self.client.zrem(self.keys.carriers, carrier_id)
 
-    def dead_letter(self, shard: ShardKeys, job_id: str, reason: str,
-                    key: str | None) -> bool:
-        """Move a claimed job that cannot be published to the dead letters."""
-        stored = pack_id(job_id)
-        return bool(SCRIPTS["dead"].call(
-            self.client,
-            [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal, shard.counts],
-            [stored, reason, bykey_member(key, stored), self._maxlen]))
+    def dead_letter(self, shard: ShardKeys, job: Claimed, reason: str) -> bool:
+        """Move a claimed job that cannot be published to the dead letters (its business
+        key, if any, is read from its envelope by the script)."""
+        reason = reason.encode("utf-8", "backslashreplace").decode()  # no lone surrogates
+        with self.unavailable():
+            return bool(SCRIPTS["dead"].call(
+                self.client,
+                [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal,
+                 shard.counts],
+                [raw_id(job.stored_id), reason, "", self._maxlen]))
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
         """Dead-letter a call that is no longer in the store (e.g. a task out of retries).
@@ -560,6 +684,27 @@ class Store:
                 pipe.xadd(shard.journal, {"event": "dead", "job": stored, "reason": reason},
                           maxlen=self._maxlen, approximate=True)
             pipe.execute()
+
+    def damaged(self) -> dict[int, str]:
+        """Shards with a key that holds the wrong type of value: shard -> what is wrong.
+
+        Every script refuses to run on such a shard, so its jobs wait until the key is
+        moved away (see :class:`DamagedShard`)."""
+        names = list(KEY_TYPES)
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                for name in names:
+                    pipe.type(getattr(shard, name))
+            types = pipe.execute()
+        damaged: dict[int, str] = {}
+        for n, shard in enumerate(self.keys):
+            for name, found in zip(names, types[n * len(names):(n + 1) * len(names)],
+                                   strict=True):
+                if found not in (KEY_TYPES[name], "none"):
+                    damaged.setdefault(shard.shard, f"{getattr(shard, name)} holds a {found}, "
+                                                    f"not a {KEY_TYPES[name]}")
+        return damaged
 
     def held(self, jobs: list[tuple[str, str | None]]) -> list[bool]:
         """For each (job id, business key): is the job stored, live or dead-lettered?"""
@@ -582,13 +727,22 @@ class Store:
 
     def read_journal(self, shard: ShardKeys, after: str | None = None, until: str = "+",
                      count: int | None = None) -> list[tuple[str, dict[str, str]]]:
-        """Journal entries of a shard after the entry id ``after`` (all when None)."""
+        """Journal entries of a shard after the entry id ``after`` (all when None).
+
+        A ``job`` field that is not a stored job id is left out, and the field
+        ``unreadable`` says so.
+        """
         with self.unavailable():
             entries = self.client.xrange(shard.journal, f"({after}" if after else "-", until,
                                          count=count)
         for _, fields in entries:
             if "job" in fields:
-                fields["job"] = unpack_id(fields["job"])
+                job_id = job_id_of(fields["job"])
+                if job_id is None:
+                    del fields["job"]
+                    fields["unreadable"] = "the job field is not a stored job id"
+                else:
+                    fields["job"] = job_id
         return entries
 
     def journal(self, shard: int, event: str, fields: dict[str, Any]) -> None:
@@ -646,12 +800,51 @@ def _refused_for_memory(exc: redis.ResponseError) -> bool:
 
 
 def _shard_claims(shards: list[ShardKeys], replies: list[Any]) -> list[ShardClaim]:
-    """The claim script's replies, one per shard."""
+    """The claim script's replies (or errors), one per shard."""
     claims = []
     for shard, reply in zip(shards, replies, strict=True):
+        if isinstance(reply, Exception):
+            claims.append(ShardClaim(shard, 0, None, [], [], _shard_error(reply)))
+            continue
         now_ms, next_due, promoted, rest = reply[0], reply[1], reply[2], reply[3:]
-        jobs = [Claimed(unpack_id(rest[i]), int(float(rest[i + 1])), rest[i + 2], rest[i])
+        jobs = [Claimed(unpack_id(rest[i]), _due_ms(rest[i + 1]), rest[i + 2], rest[i])
                 for i in range(0, len(rest), 3)]
         claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs,
                                  promoted))
     return claims
+
+
+def _due_ms(score: str) -> int | None:
+    """A due score as Redis replied it; None when it is not a finite number."""
+    due = float(score)
+    return int(due) if math.isfinite(due) else None
+
+
+def _shard_error(exc: Exception) -> DelayQError:
+    """What a failed script call on one shard means to its caller."""
+    if str(exc).startswith(_DAMAGED):
+        return DamagedShard(str(exc))
+    return DelayQError(f"Redis refused the call: {exc}")
+
+
+def _dead_letter(stored: str, raw: str, shard: int) -> tuple[dict[str, Any], str]:
+    """A dead letter as :meth:`Store.dead` lists it, and why it cannot be read ("" when
+    it can)."""
+    try:  # the dead script keeps an envelope that is not UTF-8 byte for byte
+        entry = json.loads(raw)
+    except (ValueError, RecursionError):
+        entry = None
+    if not isinstance(entry, dict):
+        why = "not a JSON object"
+    elif type(entry.get("at")) not in (int, float) or datetime_of_ms(entry["at"]) is None:
+        why = "no time of death"
+    elif not all(isinstance(text, str)
+                 for text in (entry.get("reason"), entry.setdefault("envelope", ""))):
+        why = "no reason, or an envelope that is not text"
+    else:  # a job dead-lettered for its damaged id or bytes: listed, shown printable
+        return {**entry, "job_id": job_id_of(stored) or printable(stored), "shard": shard,
+                "reason": printable(entry["reason"]),
+                "envelope": printable(entry["envelope"])}, ""
+    job_id = job_id_of(stored)
+    return {"job_id": job_id or printable(stored), "shard": shard, "at": None,
+            "reason": f"unreadable dead letter ({why})", "envelope": printable(raw)}, why

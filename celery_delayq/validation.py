@@ -69,6 +69,12 @@ def identifier(value: object, what: str, max_length: int) -> str:
         )
     if _CONTROL.search(value):
         raise InvalidJobId(f"{what} {value!r} contains control characters")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidJobId(f"{what} {value!r} holds a lone surrogate: it is not text"
+                               ) from None
     return value
 
 

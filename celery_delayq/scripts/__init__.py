@@ -1,8 +1,10 @@
 """The Lua scripts of the store, loaded once from the ``.lua`` files beside this module.
 
 A file ``name-N.lua`` is the script ``name`` taking exactly ``N`` keys (``name-N+.lua``:
-at least ``N``); its header documents each ``KEYS[i]`` and ``ARGV[i]``. Scripts are called
-by SHA and loaded into Redis on the first ``NOSCRIPT`` (a restarted Redis forgets them).
+at least ``N``); its header documents each ``KEYS[i]`` and ``ARGV[i]``. A line
+``-- include: file.lua`` is replaced by ``include/file.lua`` (Lua shared by several scripts).
+Scripts are called by SHA and loaded into Redis on the first ``NOSCRIPT`` (a restarted
+Redis forgets them).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 _FILE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)(?P<more>\+?)\.lua$")
+_INCLUDE = re.compile(r"^-- include: (?P<file>[a-z_]+\.lua)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,13 @@ class Script:
 
 def _load() -> dict[str, Script]:
     scripts = {}
-    for entry in resources.files(__package__).iterdir():
+    folder = resources.files(__package__)
+    for entry in folder.iterdir():
         match = _FILE.match(entry.name)
         if match:
-            source = entry.read_text()
+            source = _INCLUDE.sub(
+                lambda m: folder.joinpath("include", m["file"]).read_text().rstrip("\n"),
+                entry.read_text())
             scripts[match["name"]] = Script(
                 name=match["name"],
                 numkeys=int(match["keys"]),
@@ -82,7 +88,6 @@ def execute(client, calls: list[tuple[Script, list[str], list[Any]]], *,
     return _finish(client, calls, _send(client, calls), raise_errors)
 
 
-
 class Deferred:
     """Script calls written to Redis now, their replies read later by :meth:`replies`:
     Redis runs them while the caller does other work.
@@ -104,8 +109,8 @@ class Deferred:
             self._release(broken=True)
             raise
 
-    def replies(self) -> list[Any]:
-        """The replies, in order; raises as :func:`execute` does. Call it once."""
+    def replies(self, raise_errors: bool = True) -> list[Any]:
+        """The replies, in order; errors as :func:`execute` has them. Call it once."""
         results: list[Any] = [None] * len(self._calls)
         try:
             for _, connection, indexes in self._sent:
@@ -118,7 +123,7 @@ class Deferred:
             self._release(broken=True)  # replies left unread would answer the next command
             raise
         self._release(broken=False)
-        return _finish(self._client, self._calls, results)
+        return _finish(self._client, self._calls, results, raise_errors)
 
     def _release(self, broken: bool) -> None:
         for node, connection, _ in self._sent:
@@ -128,7 +133,7 @@ class Deferred:
         self._sent = []
 
 
-def _finish(client, calls, results: list[Any], raise_errors: bool = True) -> list[Any]:
+def _finish(client, calls, results: list[Any], raise_errors: bool) -> list[Any]:
     """Rerun the calls that met ``NOSCRIPT`` after loading their scripts; raise any error
     (with ``raise_errors``)."""
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]

@@ -13,7 +13,13 @@ ARGV[2..] five values per job: job id, bykey member or "", task name, business k
 
 A job that was scheduled again (same id) while it was in flight keeps its new envelope.
 Returns the number of jobs acknowledged.
+
+Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
+its keys holds the wrong type of value.
 ]]
+-- include: damaged.lua
+local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream', 6, 'hash'})
+if problem then return redis.error_reply(problem) end
 local maxlen = tonumber(ARGV[1])
 local n = 0
 local per_task = {}  -- task name -> jobs forgotten, counted down once per call

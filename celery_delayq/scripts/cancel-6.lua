@@ -14,7 +14,13 @@ ARGV[4] who cancelled / why (journal), may be ""
 
 Returns {code, number cancelled}. For "id", code is 1 cancelled, 0 too late (a carrier
 holds it: it will be delivered), -1 unknown. For "key", code is 1.
+
+Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
+its keys holds the wrong type of value.
 ]]
+-- include: damaged.lua
+local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream', 6, 'hash'})
+if problem then return redis.error_reply(problem) end
 local ids
 if ARGV[1] == 'key' then
   local members = redis.call('ZRANGEBYLEX', KEYS[4], '[' .. ARGV[2] .. '\0', '(' .. ARGV[2] .. '\1')

@@ -24,22 +24,34 @@ ARGV[4]   shard number (the delayq_shard header)
 ARGV[5]   origin header (the promoting carrier)
 ARGV[6]   longest argsrepr / kwargsrepr header, in bytes
 ARGV[7]   the default queue (of envelopes that name none)
-ARGV[8..] two values per KEYS[7..], in the same order: queue name, delivery mode
+ARGV[8]   delayq_max_nesting: args and kwargs with more brackets than this are claimed
+          (the carrier decodes them; too deep, they are dead-lettered, never pushed)
+ARGV[9..] two values per KEYS[7..], in the same order: queue name, delivery mode
 
 Returns {now ms, next due ms or -1, {due ms of each job promoted directly},
          id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs.
 Job ids are stored packed (keys.pack_id); messages carry them unpacked.
 The next due time is that of the earliest job left on the due set.
+
+Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
+its keys holds the wrong type of value.
 ]]
+-- include: damaged.lua
+local problem = damaged({1, 'zset', 2, 'zset', 3, 'hash', 4, 'zset', 5, 'stream', 6, 'hash'})
+if problem then return redis.error_reply(problem) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
 local maxlen = tonumber(ARGV[3])
 local repr_max = tonumber(ARGV[6])
+local max_nesting = tonumber(ARGV[8])
 
 local routes = {}
 for n = 7, #KEYS do
-  routes[ARGV[2 * n - 6]] = {index = n, mode = tonumber(ARGV[2 * n - 5])}
+  local found = redis.call('TYPE', KEYS[n]).ok
+  if found == 'list' or found == 'none' then  -- a damaged queue list: those jobs are claimed
+    routes[ARGV[2 * n - 5]] = {index = n, mode = tonumber(ARGV[2 * n - 4])}
+  end
 end
 
 local function repr(text)
@@ -77,10 +89,30 @@ local function route(line)
   }
 end
 
+-- True when text is valid UTF-8 (what Python decodes): every well-formed sequence of two
+-- to four bytes removed, no byte of 128 or more is left.
+local UTF8 = {
+  '[\194-\223][\128-\191]', '\224[\160-\191][\128-\191]',
+  '[\225-\236\238\239][\128-\191][\128-\191]', '\237[\128-\159][\128-\191]',
+  '\240[\144-\191][\128-\191][\128-\191]', '[\241-\243][\128-\191][\128-\191][\128-\191]',
+  '\244[\128-\143][\128-\191][\128-\191]',
+}
+local function utf8(text)
+  if not string.find(text, '[\128-\255]') then return true end  -- ASCII, as producers write
+  for _, sequence in ipairs(UTF8) do text = string.gsub(text, sequence, '') end
+  return not string.find(text, '[\128-\255]')
+end
+
 -- The route of a job open to direct promotion and its raw args and kwargs, else nil.
+-- Envelopes that are not UTF-8 or whose due time is not a finite number are claimed
+-- instead, so the carrier dead-letters them rather than pushing them to a worker.
 local routed = {}  -- first line -> route (the jobs of a batch share a few first lines)
-local function plain(env)
-  if not env or next(routes) == nil then return nil end
+local function plain(job_id, env, due)
+  if not env or next(routes) == nil or not utf8(env) or not utf8(job_id) then
+    return nil
+  end
+  local d = tonumber(due)
+  if not d or d ~= d or d == math.huge or d == -math.huge then return nil end
   local nl1 = string.find(env, '\n', 1, true)
   local nl2 = nl1 and string.find(env, '\n', nl1 + 1, true)
   if not nl2 then return nil end
@@ -91,7 +123,12 @@ local function plain(env)
     routed[line] = r
   end
   if not r then return nil end
-  return r, string.sub(env, nl1 + 1, nl2 - 1), string.sub(env, nl2 + 1)
+  local args, kwargs = string.sub(env, nl1 + 1, nl2 - 1), string.sub(env, nl2 + 1)
+  if #args + #kwargs > max_nesting
+      and select(2, string.gsub(args .. kwargs, '[%[{]', '')) > max_nesting then
+    return nil  -- maybe nested too deeply for a worker to decode
+  end
+  return r, args, kwargs
 end
 
 -- The job id keys.pack_id stored as "~" + 21 base64url characters: the 31 hex digits of a
@@ -170,7 +207,7 @@ if #ids > 0 then
   local envelopes = each_chunk('HMGET', KEYS[3], names)
   for n, job_id in ipairs(names) do
     local due, env = ids[2 * n], envelopes[n]
-    local r, args, kwargs = plain(env)
+    local r, args, kwargs = plain(job_id, env, due)
     if r then
       local fields = r.fields
       local queue = r.index
@@ -199,5 +236,7 @@ each_chunk('ZREM', KEYS[4], unkeyed)
 for task, n in pairs(per_task) do redis.call('HINCRBY', KEYS[6], task, -n) end
 if #direct > 0 and maxlen > 0 then redis.call('XTRIM', KEYS[5], 'MAXLEN', '~', maxlen) end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if head[2] then out[2] = tonumber(head[2]) end
+local next_due = head[2] and tonumber(head[2])
+-- (a damaged score past year 30,000 reads as never due: Redis replies integers only)
+if next_due and next_due < 1e15 then out[2] = math.max(next_due, now) end
 return out

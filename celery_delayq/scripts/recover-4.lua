@@ -12,7 +12,13 @@ ARGV[3..] job ids to return now whatever their lease (none: the expired ones)
 
 A recovered job is due now; a job scheduled again while in flight keeps its new due time.
 Returns the number of jobs returned to the due set.
+
+Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
+its keys holds the wrong type of value.
 ]]
+-- include: damaged.lua
+local problem = damaged({1, 'zset', 2, 'zset', 3, 'stream', 4, 'hash'})
+if problem then return redis.error_reply(problem) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ids = {}

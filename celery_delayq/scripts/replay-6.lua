@@ -14,7 +14,13 @@ ARGV[4] wake channel
 ARGV[5] shard number
 
 Returns 1 when replayed, 0 when no dead job has this id, -1 when a live job has it.
+
+Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
+its keys holds the wrong type of value.
 ]]
+-- include: damaged.lua
+local problem = damaged({1, 'hash', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream', 6, 'hash'})
+if problem then return redis.error_reply(problem) end
 local job_id = ARGV[1]
 local dead = redis.call('HGET', KEYS[1], job_id)
 if not dead then return 0 end

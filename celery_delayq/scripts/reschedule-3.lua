@@ -13,7 +13,13 @@ ARGV[6] journal maxlen (0: no journal)
 
 Returns {1, new due ms} when rescheduled, {0, -1} when the job is not pending (already
 claimed or promoted, cancelled, or unknown).
+
+Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
+its keys holds the wrong type of value.
 ]]
+-- include: damaged.lua
+local problem = damaged({1, 'zset', 2, 'hash', 3, 'stream'})
+if problem then return redis.error_reply(problem) end
 local job_id = ARGV[1]
 if not redis.call('ZSCORE', KEYS[1], job_id) then return {0, -1} end
 local t = redis.call('TIME')

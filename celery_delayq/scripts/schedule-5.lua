@@ -18,7 +18,13 @@ ARGV[5..] seven values per job:
 Returns three values per job: code, due ms, the existing envelope (or nil). Codes:
    1 scheduled    2 replaced an existing job
    0 kept the existing job (if_exists=keep)    -1 exists (if_exists=error), nothing written
+
+Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
+its keys holds the wrong type of value.
 ]]
+-- include: damaged.lua
+local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'stream', 5, 'hash'})
+if problem then return redis.error_reply(problem) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local if_exists = ARGV[1]

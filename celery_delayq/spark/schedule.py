@@ -242,7 +242,8 @@ def _prepare(plan: _Plan, app, config, row) -> tuple:
     if queue is not None:
         options["queue"] = queue
     call = build(app, plan.task, args, kwargs, options, job_id=job_id, key=key,
-                 max_payload_bytes=config.max_payload_bytes, task_type=None)
+                 max_payload_bytes=config.max_payload_bytes,
+                 max_nesting=config.max_nesting, task_type=None)
     return call, due
 
 

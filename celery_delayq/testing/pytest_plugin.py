@@ -236,12 +236,14 @@ class DelayQTester:
         jobs: list[tuple[Claimed, Message]] = []
         acks: dict[ShardKeys, list[Promoted]] = {}
         for claim in claims:
+            if claim.error:
+                raise claim.error
             for job in claim.jobs:
                 try:
                     message = self._messages.build(job.job_id, job.envelope,
                                                    shard=claim.shard.shard, due_ms=job.due_ms)
                 except PayloadError as exc:
-                    store.dead_letter(claim.shard, job.job_id, str(exc), None)
+                    store.dead_letter(claim.shard, job, str(exc))
                     continue
                 jobs.append((job, message))
                 acks.setdefault(claim.shard, []).append(

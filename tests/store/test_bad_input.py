@@ -5,8 +5,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from celery import Celery
 
+from celery_delayq.conf import DelayQConfig
 from celery_delayq.errors import (
+    ConfigurationError,
     DelayQError,
     InvalidDelay,
     InvalidJobId,
@@ -16,6 +19,15 @@ from celery_delayq.errors import (
 from tests.conftest import store_keys
 
 NOW = datetime.now(timezone.utc)
+
+
+def nested(depth: int) -> list:
+    """A list nested ``depth`` levels deep (the outermost counts)."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
 
 CASES = [
     ({"delay": -5}, InvalidDelay, ">= 0"),
@@ -30,6 +42,19 @@ CASES = [
     ({"delay": 1, "key": "order\x00:1"}, InvalidJobId, "control characters"),
     ({"delay": 1, "if_exists": "overwrite"}, InvalidOption, "keep, replace, error"),
     ({"delay": 1, "serializer": "pickle"}, PayloadError, "JSON only"),
+    # what a carrier could not read back is refused here, not dead-lettered later
+    ({"delay": 1, "args": (nested(65),)}, PayloadError, "delayq_max_nesting=64"),
+    ({"delay": 1, "args": (nested(985),)}, PayloadError, "nested too deeply"),
+    ({"delay": 1, "kwargs": {"deep": {"a": nested(70)}}}, PayloadError, "delayq_max_nesting"),
+    ({"delay": 1, "args": (float("nan"),)}, PayloadError, "finite numbers"),
+    ({"delay": 1, "kwargs": {"n": float("-inf")}}, PayloadError, "finite numbers"),
+    ({"delay": 1, "args": ("half \ud800 a pair",)}, PayloadError, "lone surrogate"),
+    ({"delay": 1, "kwargs": {"\udcff": 1}}, PayloadError, "lone surrogate"),
+    ({"delay": 1, "args": ("\ude00\ud83d",)}, PayloadError, "lone surrogate"),
+    ({"delay": 1, "expires": 10 ** 12}, PayloadError, "expires"),
+    ({"delay": 1, "expires": "next tuesday"}, PayloadError, "expires"),
+    ({"delay": 1, "job_id": "id-\udc80"}, InvalidJobId, "not text"),
+    ({"delay": 1, "key": "\ud800"}, InvalidJobId, "not text"),
 ]
 
 
@@ -60,3 +85,21 @@ def test_negative_countdown_runs_now_as_in_celery(proj, delayq):
     # Celery treats countdown <= 0 as "no delay": the store is not involved.
     result = proj.record.apply_async(("x",), countdown=-timedelta(seconds=1).total_seconds())
     assert delayq.get(result.id) is None
+
+
+@pytest.mark.parametrize("args", [
+    (nested(63),),  # with the args list itself: 64 levels, the limit
+    ("emoji \U0001f600 make surrogate pairs in JSON",),
+    ("a backslash then ud800: \\ud800",),
+    (1e308, -1e308, 0.1),
+], ids=["nesting-at-the-limit", "surrogate-pair", "escaped-backslash", "large-floats"])
+def test_data_a_carrier_can_read_is_accepted_as_it_was_given(proj, delayq, redis_client, args):
+    result = proj.record.apply_delayed(args=args, delay=60)
+    assert delayq.get(result.job_id).args == list(args)
+
+
+def test_max_delay_past_a_hundred_years_is_refused_when_configured():
+    app = Celery("bad-input", broker="redis://localhost", set_as_current=False)
+    app.conf.delayq_max_delay = 1e12  # due times past year 9999: no reader could show them
+    with pytest.raises(ConfigurationError, match=r"at most .* \(100 years\)"):
+        DelayQConfig.from_app(app)

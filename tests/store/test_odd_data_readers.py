@@ -122,12 +122,16 @@ def test_dead_lists_garbage_entries_as_unreadable_next_to_real_ones(
 
     assert [(d["job_id"], d["reason"]) for d in dead[:2]] == [
         ("real:2", "unknown queue"), ("real:1", "task out of retries")]
-    odd = {d["job_id"]: d for d in dead[2:]}
-    assert set(odd) == {*garbage, "~\\xff"}
+    # a dead letter whose id or text holds bytes that are not UTF-8 (the dead script
+    # keeps a damaged job's bytes) is listed, shown with those bytes as \xNN
+    damaged = {d["job_id"]: d["reason"] for d in dead[2:] if d["at"] is not None}
+    assert damaged == {"g:utf8": "\\xff", "~\\xff": "x"}
+    odd = {d["job_id"]: d for d in dead[2:] if d["job_id"] not in damaged}
+    assert set(odd) == set(garbage) - {"g:utf8"}
     assert all(d["reason"].startswith("unreadable dead letter") for d in odd.values())
     assert all(d["at"] is None for d in odd.values())
     [warning] = _warnings(caplog)
-    assert "9 unreadable" in warning
+    assert "7 unreadable" in warning
 
 
 def test_stats_earliest_and_overdue_age_skip_due_scores_out_of_range(

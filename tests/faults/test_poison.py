@@ -1,0 +1,173 @@
+"""Poison isolation: no stored job and no damaged key can stop the delivery of other jobs.
+
+Bad data is planted with raw Redis commands beside healthy jobs (on every shard), then a
+carrier (kombu and direct promotion) runs until nothing is due. Jobs go to the queue
+``parked``, which no worker consumes, so every published message can be counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import redis
+from prometheus_client import generate_latest
+
+from celery_delayq import envelope
+from celery_delayq.carrier import Carrier
+from celery_delayq.errors import DamagedShard
+from celery_delayq.metrics import CarrierMetrics
+from celery_delayq.reading import printable
+from tests.conftest import PROMOTIONS, finish
+from tests.faults.test_carrier_faults import PARKED, parked_messages, schedule_due_now
+
+DEEP = "[" * 985 + "]" * 985
+#: job id -> (what is stored under it, score in the due set, start of the dead-letter reason)
+POISON = {
+    "deep-args": (f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n[{DEEP}]\n', 0,
+                  "envelope is nested too deeply"),
+    "deep-fields": (f'{{"t":"tests.proj.record","o":{{"x":{DEEP}}}}}\n\n', 0,
+                    "envelope is nested too deeply"),
+    "not-utf8": (f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n["\xff\xfe"]\n'
+                 .encode("latin-1"), 0, "envelope is not valid UTF-8"),
+    "minus-inf": (f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n[1]\n', "-inf",
+                  "its stored due time is not a finite number"),
+    "bad-options": ('{"t":"tests.proj.record","o":{"expires":"soon"}}\n[1]\n', 0,
+                    "envelope options are unusable"),
+    "\xff-id-not-utf8".encode("latin-1"): (
+        f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n[2]\n', 0, "its job id is not valid UTF-8"),
+}
+
+
+def plant(client: redis.Redis, keys, job: str | bytes, raw: str | bytes, score) -> None:
+    client.hset(keys.jobs, job, raw)
+    client.zadd(keys.due, {job: score})
+
+
+def carry_until_quiet(app, direct: bool, rounds: int = 20) -> Carrier:
+    carrier = Carrier(app, direct=direct)
+    try:
+        for _ in range(rounds):
+            if carrier.run_once() > 0:
+                break
+    finally:
+        carrier.close()
+    return carrier
+
+
+@pytest.mark.parametrize("promotion", PROMOTIONS)
+def test_poison_jobs_are_dead_lettered_and_every_healthy_job_is_delivered(
+        proj, delayq, redis_client, promotion, caplog):
+    raw_client = redis.Redis.from_url(delayq.config.redis_url)  # writes bytes as they are
+    for shard in delayq.store.keys:
+        for job, (raw, score, _) in POISON.items():
+            suffix = f"-{shard.shard}".encode() if isinstance(job, bytes) else f"-{shard.shard}"
+            plant(raw_client, shard, job + suffix, raw, score)
+        plant(raw_client, shard, f"never-{shard.shard}", f'{{"t":"x","q":"{PARKED}"}}\n\n',
+              "+inf")
+    healthy = schedule_due_now(proj, 400, prefix="ok")
+
+    with caplog.at_level(logging.ERROR, logger="celery_delayq.carrier"):
+        carrier = carry_until_quiet(proj.app, direct=promotion == "direct")
+
+    delivered = [h["delayq_job"] for h in parked_messages(redis_client)]
+    assert sorted(delivered) == sorted(healthy)
+    dead = {d["job_id"]: d["reason"] for d in delayq.store.dead(limit=1000)}
+    shards = delayq.store.keys.shards
+    assert len(dead) == shards * len(POISON) and carrier.stats.dead == len(dead)
+    for job, (_, _, reason) in POISON.items():
+        job = printable(job.decode(errors="surrogateescape")) if isinstance(job, bytes) else job
+        assert all(dead[f"{job}-{n}"].startswith(reason) for n in range(shards)), job
+    assert not [r for r in caplog.records if r.exc_info], "a data error was logged as a bug"
+    # the jobs due at +inf stay stored (shown as unreadable) and a carrier sleeps on them
+    assert all(delayq.get(f"never-{n}").unreadable for n in range(shards))
+    idle = Carrier(proj.app, direct=promotion == "direct")
+    assert idle.run_once() > 0.5  # tests.proj's idle timeout is 1 s: no busy loop
+    idle.close()
+    fixed = envelope.encode({"t": proj.record.name, "a": ["fixed"], "q": PARKED})
+    assert delayq.store.replay("deep-args-0", envelope=fixed)
+    carry_until_quiet(proj.app, direct=promotion == "direct")
+    assert "deep-args-0" in [h["delayq_job"] for h in parked_messages(redis_client)]
+    print(f"\n{promotion}: planted={len(dead)} dead-lettered={len(dead)} "
+          f"healthy-delivered={len(delivered)}/{len(healthy)}")
+
+
+@pytest.mark.parametrize("promotion", PROMOTIONS)
+def test_damaged_key_stops_only_its_shard_and_removes_nothing(
+        proj, delayq, redis_client, promotion, caplog, spawn):
+    healthy = schedule_due_now(proj, 400, prefix="ok")
+    damaged = delayq.store.keys.shard(1)
+    stranded = set(delayq.store.client.zrange(damaged.due, 0, -1))
+    redis_client.set(damaged.inflight, "not a sorted set")  # claim_due writes here first
+
+    with caplog.at_level(logging.ERROR, logger="celery_delayq.carrier"):
+        carry_until_quiet(proj.app, direct=promotion == "direct")
+
+    delivered = {h["delayq_job"] for h in parked_messages(redis_client)}
+    assert delivered == healthy - stranded and stranded
+    assert set(delayq.store.client.zrange(damaged.due, 0, -1)) == stranded  # nothing removed
+    errors = [r.getMessage() for r in caplog.records if "shard 1 cannot be served" in
+              r.getMessage()]
+    assert len(errors) == 1 and "holds a string, not a zset" in errors[0]
+    redis_client.set(damaged.bykey, "not a sorted set")  # the schedule script writes here
+    with pytest.raises(DamagedShard, match=r"delayq:\{1\}:bykey holds a string"):
+        proj.record.apply_delayed(args=(1,), delay=0, key=_key_on(delayq, 1), queue=PARKED)
+    assert set(delayq.store.client.zrange(damaged.due, 0, -1)) == stranded  # nothing written
+
+    health = spawn("delayq", "health")
+    assert health.wait(30) == 1
+    assert "damaged: shard 1 is not served, delayq:{1}:inflight holds a string" in \
+        finish(health)
+    scraped = generate_latest(CarrierMetrics(delayq.store).registry).decode()
+    assert 'delayq_damaged_shard{shard="1"} 1.0' in scraped
+    assert 'delayq_damaged_shard{shard="0"} 0.0' in scraped
+
+    redis_client.delete(damaged.inflight, damaged.bykey)  # the operator moves them away
+    carry_until_quiet(proj.app, direct=promotion == "direct")
+    assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy
+    print(f"\n{promotion}: healthy={len(healthy)} delivered-while-damaged="
+          f"{len(delivered)} waited-on-damaged-shard={len(stranded)}, all after repair")
+
+
+def test_unexpected_error_of_ours_is_logged_with_its_traceback_and_the_job_kept(
+        proj, delayq, redis_client, monkeypatch, caplog):
+    healthy = schedule_due_now(proj, 50, prefix="ok")
+    carrier = Carrier(proj.app)
+    build = carrier._messages.build
+
+    def bug_on_one_job(job_id, *args, **kwargs):  # stands in for a bug in our own code
+        if job_id == "ok-7":
+            raise ZeroDivisionError("division by zero")
+        return build(job_id, *args, **kwargs)
+
+    monkeypatch.setattr(carrier._messages, "build", bug_on_one_job)
+    with caplog.at_level(logging.ERROR, logger="celery_delayq.carrier"):
+        carrier.run_once()
+    carrier.close()
+
+    assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy - {"ok-7"}
+    (logged,) = [r for r in caplog.records if r.exc_info]
+    assert "ok-7" in logged.getMessage() and logged.exc_info[0] is ZeroDivisionError
+    (dead,) = delayq.store.dead()
+    assert dead["job_id"] == "ok-7" and dead["reason"].startswith(
+        "carrier error ZeroDivisionError: division by zero (see the carrier log")
+    assert delayq.store.replay("ok-7")
+    carry_until_quiet(proj.app, direct=False)
+    assert sorted(h["delayq_job"] for h in parked_messages(redis_client)) == sorted(healthy)
+
+
+def _key_on(delayq, shard: int) -> str:
+    """A business key whose jobs live on ``shard``."""
+    return next(f"k{n}" for n in range(1000)
+                if delayq.store.keys.shard_for("", f"k{n}").shard == shard)
+
+
+def test_dead_letter_of_a_planted_envelope_keeps_its_bytes(proj, delayq, redis_client):
+    raw_client = redis.Redis.from_url(delayq.config.redis_url)
+    raw = POISON["not-utf8"][0]
+    plant(raw_client, delayq.store.keys.shard(0), "not-utf8", raw, 0)
+    carry_until_quiet(proj.app, direct=False)
+    stored = json.loads(raw_client.hget(delayq.store.keys.shard(0).dead, "not-utf8")
+                        .decode("utf-8", "surrogateescape"))
+    assert stored["envelope"].encode("utf-8", "surrogateescape") == raw
