@@ -259,8 +259,9 @@ class Store:
 
     def _stored_elsewhere(self, items: list[tuple[Call, Due]]) -> dict[int, ShardKeys]:
         """For each call with a job id of its own: the shard other than its own that holds
-        that id (stored under another business key)."""
-        checks, homes = [], {}
+        that id (stored under another business key). One ``exists`` call per shard."""
+        homes: dict[str, ShardKeys] = {}
+        looked_for: dict[ShardKeys, list[int]] = defaultdict(list)  # shard -> item indexes
         for index, (call, _) in enumerate(items):
             if call.drawn:  # a fresh random id: no other job has it
                 continue
@@ -269,19 +270,25 @@ class Store:
                 raise InvalidOption(
                     f"job id {call.job_id!r} is given twice in one batch with business keys "
                     "of different shards; one job id is one job: give each its own id")
-            checks += [(index, shard, call.stored_id) for shard in self.keys
-                       if shard is not home]
-        if not checks:
+            for shard in self.keys:
+                if shard is not home:
+                    looked_for[shard].append(index)
+        calls, owners = [], []
+        for shard, indexes in looked_for.items():
+            for start in range(0, len(indexes), _SCHEDULE_CHUNK):
+                chunk = indexes[start:start + _SCHEDULE_CHUNK]
+                calls.append((SCRIPTS["exists"], [shard.jobs],
+                              [items[index][0].stored_id for index in chunk]))
+                owners.append((shard, chunk))
+        if not calls:
             return {}
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
-            for _, shard, stored in checks:
-                pipe.hexists(shard.jobs, stored)
-            found = pipe.execute()
+            replies = execute(self.client, calls)
         elsewhere: dict[int, ShardKeys] = {}
-        for (index, shard, _), hit in zip(checks, found, strict=True):
-            if hit:
-                elsewhere.setdefault(index, shard)
+        for (shard, chunk), found in zip(owners, replies, strict=True):
+            for index, hit in zip(chunk, found, strict=True):
+                if hit == "1":
+                    elsewhere.setdefault(index, shard)
         return elsewhere
 
     def _existing(self, shard: ShardKeys, call: Call, if_exists: str) -> Scheduled | None:

@@ -9,7 +9,7 @@ import pytest
 from celery_delayq.scripts import SCRIPTS
 
 EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead", "own",
-            "replay", "repair"}
+            "replay", "exists", "repair"}
 
 
 def test_every_operation_has_a_script():

@@ -1,0 +1,108 @@
+"""A job id is one job in the whole store, whatever business key it is scheduled with.
+
+A job lives on the shard of its business key, so the same id with two keys could land on
+two shards; ``if_exists`` applies across them, and ``cancel(job_id)`` reaches every copy.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from celery_delayq.carrier import Carrier
+from celery_delayq.errors import InvalidOption, JobExists
+from tests.conftest import store_keys
+
+
+def keys_on_two_shards(delayq, job_id: str = "close-42") -> tuple[str, str]:
+    """Two business keys whose jobs live on different shards, neither the shard of
+    ``job_id`` itself (where it lives without a key)."""
+    shard_for = delayq.store.keys.shard_for
+    keys = (f"order:{n}" for n in range(1000)
+            if shard_for("", f"order:{n}") is not shard_for(job_id))
+    first = next(keys)
+    return first, next(k for k in keys if shard_for("", k) is not shard_for("", first))
+
+
+def stored_copies(delayq, job_id: str) -> int:
+    stored = delayq.store.client
+    return sum(stored.hexists(shard.jobs, job_id) for shard in delayq.store.keys)
+
+
+@pytest.mark.parametrize("keys", [(0, 1), (0, None), (None, 0)],
+                         ids=["two-keys", "key-then-none", "none-then-key"])
+def test_keep_returns_the_job_stored_under_another_key(proj, delayq, redis_client, keys):
+    chosen = keys_on_two_shards(delayq)
+    first_key, second_key = (None if n is None else chosen[n] for n in keys)
+    first = proj.record.apply_delayed(args=(1,), delay=60, job_id="close-42", key=first_key)
+    again = proj.record.apply_delayed(args=(2,), delay=60, job_id="close-42", key=second_key)
+    assert again.id == first.id
+    assert stored_copies(delayq, "close-42") == 1
+    assert [(j.job_id, j.args, j.key) for j in delayq.pending()] == [("close-42", [1], first_key)]
+
+
+def test_error_refuses_the_id_stored_under_another_key_and_writes_nothing(
+        proj, delayq, redis_client):
+    first_key, second_key = keys_on_two_shards(delayq)
+    proj.record.apply_delayed(args=(1,), delay=60, job_id="close-42", key=first_key)
+    before = {k: redis_client.dump(k) for k in store_keys(delayq)}
+    with pytest.raises(JobExists, match="close-42"):
+        proj.record.apply_delayed(args=(2,), delay=60, job_id="close-42", key=second_key,
+                                  if_exists="error")
+    assert {k: redis_client.dump(k) for k in store_keys(delayq)} == before
+
+
+def test_replace_moves_the_job_to_its_new_key(proj, delayq, redis_client):
+    first_key, second_key = keys_on_two_shards(delayq)
+    proj.record.apply_delayed(args=(1,), delay=60, job_id="close-42", key=first_key)
+    proj.record.apply_delayed(args=(2,), delay=60, job_id="close-42", key=second_key,
+                              if_exists="replace")
+    assert stored_copies(delayq, "close-42") == 1
+    assert [(j.args, j.key) for j in delayq.pending()] == [([2], second_key)]
+    assert delayq.cancel_key(first_key) == 0 and delayq.cancel_key(second_key) == 1
+
+
+def test_a_batch_applies_if_exists_across_keys(proj, delayq, redis_client):
+    first_key, second_key = keys_on_two_shards(delayq)
+    proj.record.apply_delayed(args=(0,), delay=60, job_id="dup", key=first_key)
+    results = proj.record.apply_delayed_many([
+        {"args": (1,), "delay": 60, "job_id": "dup", "key": second_key},
+        {"args": (2,), "delay": 60, "job_id": "fresh", "key": second_key},
+    ])
+    assert [r.job_id for r in results] == ["dup", "fresh"]
+    assert stored_copies(delayq, "dup") == 1
+    assert sorted((j.job_id, j.args) for j in delayq.pending()) == [("dup", [0]),
+                                                                    ("fresh", [2])]
+
+
+def test_a_batch_giving_one_id_two_shards_is_refused_and_nothing_written(
+        proj, delayq, redis_client):
+    first_key, second_key = keys_on_two_shards(delayq)
+    with pytest.raises(InvalidOption, match="'dup' is given twice in one batch"):
+        proj.record.apply_delayed_many([
+            {"args": (1,), "delay": 60, "job_id": "dup", "key": first_key},
+            {"args": (2,), "delay": 60, "job_id": "dup", "key": second_key},
+        ])
+    assert [k for k in store_keys(delayq) if k != "delayq:meta"] == []
+
+
+def test_cancel_reaches_a_copy_two_racing_producers_stored_under_two_keys(
+        proj, delayq, redis_client):
+    first_key, second_key = keys_on_two_shards(delayq)
+    result = proj.record.apply_delayed(args=(1,), delay=0.5, job_id="raced", key=first_key,
+                                       queue="parked")
+    # the race: a second producer's write landed between the first's check and its write
+    home, other = (delayq.store.keys.shard_for("", k) for k in (first_key, second_key))
+    envelope = redis_client.hget(home.jobs, "raced").replace(first_key, second_key)
+    redis_client.hset(other.jobs, "raced", envelope)
+    redis_client.zadd(other.due, {"raced": redis_client.zscore(home.due, "raced")})
+    assert stored_copies(delayq, "raced") == 2
+
+    assert result.cancel() is True
+    assert stored_copies(delayq, "raced") == 0
+    time.sleep(0.6)
+    carrier = Carrier(proj.app)
+    carrier.run_once()
+    carrier.close()
+    assert redis_client.llen("parked") == 0
