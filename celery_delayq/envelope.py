@@ -38,7 +38,7 @@ from kombu.utils.json import JSONEncoder, object_hook
 
 from .errors import PayloadError, UnknownQueue
 from .keys import new_job_id, pack_id
-from .reading import datetime_of_ms, printable
+from .reading import datetime_of_ms, is_text, printable
 
 #: Headers the carrier adds to every promoted message; a retry carries them back.
 HEADER_JOB = "delayq_job"
@@ -60,6 +60,8 @@ _MESSAGE = (
 )
 # Values create_task_message uses when an option is absent.
 _MESSAGE_DEFAULTS = {"retries": 0, "replaced_task_nesting": 0, "ignore_result": False}
+# First-line fields that name something (task, task id, key, queue, exchange, routing key).
+_NAMES = ("t", "i", "y", "q", "x", "r")
 # Routing options consumed by build (never stored as properties).
 _ROUTING = frozenset({"queue", "exchange", "routing_key", "exchange_type"})
 # Properties a caller may not set: the payload is always JSON.
@@ -365,6 +367,11 @@ def decode_fields(line: str) -> dict[str, Any]:
         raise _unreadable(exc) from exc
     if not isinstance(env, dict) or not isinstance(env.get("t"), str) or not env["t"]:
         raise PayloadError("envelope has no task name")
+    names = [env[name] for name in _NAMES if name in env]
+    if any(not isinstance(name, str) for name in names):
+        raise PayloadError("envelope fields have the wrong type")
+    if any(not name.isascii() and not is_text(name) for name in names):
+        raise PayloadError("envelope names hold a lone surrogate: they are not text")
     if {"a", "k"} & env.keys() or any(not isinstance(env.get(name, {}), dict)
                                       for name in ("o", "h", "p")):
         raise PayloadError("envelope fields have the wrong type")
@@ -429,8 +436,6 @@ class Job:
         if due_ms is not None and due is None:
             raise PayloadError(f"due time {due_ms!r} ms is not a time between years 1 and 9999")
         env = decode(raw)
-        if any(not isinstance(env.get(name, ""), str) for name in ("i", "y", "q")):
-            raise PayloadError("envelope fields have the wrong type")
         return cls(
             job_id=job_id, task_id=env.get("i", job_id), task=env["t"],
             args=env.get("a", []), kwargs=env.get("k", {}), key=env.get("y"),

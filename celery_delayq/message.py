@@ -120,7 +120,10 @@ class MessageBuilder:
         """The shape of a first line and the fields it holds for one job alone."""
         fields = decode_fields(line)
         own = {name: fields.pop(name) for name in _OWN if name in fields}
-        common = encode_json(fields) if own else line
+        try:
+            common = encode_json(fields) if own else line
+        except ValueError as exc:  # NaN / Infinity in the options
+            raise PayloadError(f"envelope options are unusable: {exc}") from exc
         shape = self._shapes.get(common)
         if shape is None:
             shape = self._build_shape(fields)

@@ -218,7 +218,7 @@ class Store:
         results: list[Scheduled] = [None] * len(items)  # type: ignore[list-item]
         for index, found in self._stored_elsewhere(items).items():
             if if_exists == "replace":
-                self._cancel(found, "id", items[index][0].job_id, "replaced under another key")
+                self._cancel(found, "move", items[index][0].job_id, "replaced under another key")
             else:  # None when it went meanwhile (promoted): then it is scheduled here
                 results[index] = self._existing(found, items[index][0], if_exists)
         by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
@@ -338,7 +338,7 @@ class Store:
                 self.client,
                 [shard.due, shard.jobs, shard.inflight, shard.bykey, shard.journal,
                  shard.counts],
-                [kind, pack_id(value) if kind == "id" else value, self._maxlen, by])
+                [kind, value if kind == "key" else pack_id(value), self._maxlen, by])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
         """Move a pending job to a new due time; returns it (ms) or None if not pending."""
@@ -372,7 +372,8 @@ class Store:
         return [shard for shard, hit in zip(order, found, strict=True) if hit]
 
     def get(self, job_id: str, key: str | None = None) -> Job | None:
-        """The stored job, pending (``scheduled``), being promoted (``claimed``) or ``dead``."""
+        """The stored job: pending (``scheduled``), else being promoted (``claimed``: a job
+        moved to another key while in flight has both), else ``dead``."""
         shards = [self.keys.shard_for(job_id, key)] if key else list(self.keys)
         stored = pack_id(job_id)
         with self.unavailable():
@@ -381,17 +382,19 @@ class Store:
                 pipe.hget(shard.jobs, stored)
                 pipe.zscore(shard.due, stored)
                 pipe.hget(shard.dead, stored)
-            replies = pipe.execute()
-        for i, shard in enumerate(shards):
-            raw, due_ms, dead = replies[3 * i:3 * i + 3]
-            if raw is not None:
-                state = "scheduled" if due_ms is not None else "claimed"
-                return Job.read(job_id, raw, due_ms, state, shard.shard,
-                                self.config.default_queue)
-            if dead is not None:
-                return Job.dead(job_id, _dead_letter(stored, dead, shard.shard)[0],
-                                shard.shard, self.config.default_queue)
-        return None
+            flat = pipe.execute()
+        replies = [tuple(flat[n:n + 3]) for n in range(0, len(flat), 3)]
+        found = sorted((due_ms is None, raw is None, n) for n, (raw, due_ms, dead)
+                       in enumerate(replies) if raw is not None or dead is not None)
+        if not found:
+            return None
+        n = found[0][2]
+        (raw, due_ms, dead), shard = replies[n], shards[n]
+        if raw is not None:
+            state = "scheduled" if due_ms is not None else "claimed"
+            return Job.read(job_id, raw, due_ms, state, shard.shard, self.config.default_queue)
+        return Job.dead(job_id, _dead_letter(stored, dead, shard.shard)[0], shard.shard,
+                        self.config.default_queue)
 
     def pending(self, task: str | None = None, key: str | None = None,
                 limit: int = 100) -> list[Job]:
@@ -468,19 +471,28 @@ class Store:
         return entries[:limit]
 
     def replay(self, job_id: str, envelope: str = "") -> bool:
-        """Put a dead-lettered job back, due now (optionally with a fixed envelope)."""
-        for shard in self.keys:
-            with self.unavailable():
-                code = SCRIPTS["replay"].call(
-                    self.client,
-                    [shard.dead, shard.jobs, shard.due, shard.bykey, shard.journal, shard.counts],
-                    [pack_id(job_id), envelope, self._maxlen, self.keys.wake_channel,
-                     shard.shard])
-            if code == -1:
-                raise JobExists(job_id)
-            if code == 1:
-                return True
-        return False
+        """Put a dead-lettered job back, due now (optionally with a fixed envelope); False
+        when no job of this id is dead, :class:`JobExists` when a live one has its id (on
+        any shard)."""
+        stored = pack_id(job_id)
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.hexists(shard.dead, stored)
+            dead = [shard for shard, hit in zip(self.keys, pipe.execute(), strict=True) if hit]
+        if not dead:
+            return False
+        if self._shards_holding(job_id):
+            raise JobExists(job_id)
+        shard = dead[0]
+        with self.unavailable():
+            code = SCRIPTS["replay"].call(
+                self.client,
+                [shard.dead, shard.jobs, shard.due, shard.bykey, shard.journal, shard.counts],
+                [stored, envelope, self._maxlen, self.keys.wake_channel, shard.shard])
+        if code == -1:
+            raise JobExists(job_id)
+        return code == 1
 
     def stats(self) -> list[dict[str, Any]]:
         """Per-shard counts: pending, overdue, in flight, dead, journal length, next due,

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from .errors import InvalidDelay, InvalidJobId, InvalidOption
+from .reading import is_text
 
 IF_EXISTS = ("keep", "replace", "error")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -69,12 +70,8 @@ def identifier(value: object, what: str, max_length: int) -> str:
         )
     if _CONTROL.search(value):
         raise InvalidJobId(f"{what} {value!r} contains control characters")
-    if not value.isascii():
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            raise InvalidJobId(f"{what} {value!r} holds a lone surrogate: it is not text"
-                               ) from None
+    if not value.isascii() and not is_text(value):
+        raise InvalidJobId(f"{what} {value!r} holds a lone surrogate: it is not text")
     return value
 
 

@@ -7,13 +7,14 @@ KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
 KEYS[6] counts    HASH  task name -> jobs stored; field "" counts cancels
 
-ARGV[1] "id" or "key"
+ARGV[1] "id", "key", or "move": an id whose job is replaced under a business key of another
+        shard (journaled "moved", not counted as a cancel)
 ARGV[2] the job id, or the business key
 ARGV[3] journal maxlen (0: no journal)
 ARGV[4] who cancelled / why (journal), may be ""
 
 Returns {code, number cancelled}. For "id", code is 1 cancelled, 0 too late (a carrier
-holds it: it will be delivered), -1 unknown. For "key", code is 1.
+holds it, or an earlier copy of it: that is delivered), -1 unknown. For "key", code is 1.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -44,16 +45,19 @@ for _, job_id in ipairs(ids) do
         and task ~= '' then
       redis.call('HINCRBY', KEYS[6], task, -1)
     end
-    redis.call('HINCRBY', KEYS[6], '', 1)
+    if ARGV[1] ~= 'move' then redis.call('HINCRBY', KEYS[6], '', 1) end
     if key ~= '' then redis.call('ZREM', KEYS[4], key .. '\0' .. job_id) end
     if maxlen > 0 then
-      redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', 'event', 'cancelled',
+      redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', 'event',
+                 ARGV[1] == 'move' and 'moved' or 'cancelled',
                  'job', job_id, 'task', task, 'key', key, 'by', ARGV[4])
     end
     cancelled = cancelled + 1
   end
 end
 if ARGV[1] == 'key' then return {1, cancelled} end
+-- a carrier holds an earlier copy (the job was scheduled again while in flight): that one
+-- is delivered, so the answer is "too late" even when the pending copy was cancelled
+if redis.call('ZSCORE', KEYS[3], ARGV[2]) then return {0, cancelled} end
 if cancelled == 1 then return {1, 1} end
-if redis.call('ZSCORE', KEYS[3], ARGV[2]) then return {0, 0} end
 return {-1, 0}

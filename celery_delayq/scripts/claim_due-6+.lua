@@ -103,6 +103,30 @@ local function utf8(text)
   return not string.find(text, '[\128-\255]')
 end
 
+-- False when a worker might not decode these args and kwargs lines (producers never write
+-- such lines; the carrier decodes what this passes over and dead-letters what it must):
+-- not an array and an object, a NaN / Infinity token, digits past Python's 4,300 limit for
+-- an int, more brackets than delayq_max_nesting (maybe nested too deeply).
+local function decodable(args, kwargs)
+  if args ~= '' and (string.byte(args, 1) ~= 91 or string.byte(args, -1) ~= 93) then
+    return false  -- not [ ... ]
+  end
+  if kwargs ~= '' and (string.byte(kwargs, 1) ~= 123 or string.byte(kwargs, -1) ~= 125) then
+    return false  -- not { ... }
+  end
+  local text = args .. kwargs
+  if string.find(text, '[%[,:]%s*-?[NI]') then return false end
+  if #text > max_nesting and select(2, string.gsub(text, '[%[{]', '')) > max_nesting then
+    return false
+  end
+  if #text > 4300 then
+    for digits in string.gmatch(text, '%d+') do
+      if #digits > 4300 then return false end
+    end
+  end
+  return true
+end
+
 -- The route of a job open to direct promotion and its raw args and kwargs, else nil.
 -- Envelopes that are not UTF-8 or whose due time is not a finite number are claimed
 -- instead, so the carrier dead-letters them rather than pushing them to a worker.
@@ -124,10 +148,7 @@ local function plain(job_id, env, due)
   end
   if not r then return nil end
   local args, kwargs = string.sub(env, nl1 + 1, nl2 - 1), string.sub(env, nl2 + 1)
-  if #args + #kwargs > max_nesting
-      and select(2, string.gsub(args .. kwargs, '[%[{]', '')) > max_nesting then
-    return nil  -- maybe nested too deeply for a worker to decode
-  end
+  if not decodable(args, kwargs) then return nil end
   return r, args, kwargs
 end
 

