@@ -215,10 +215,13 @@ class Store:
         own first looks for it on the other shards (one more round trip): ``if_exists``
         applies to a copy found there, and ``replace`` moves the job to its new shard.
         """
+        with self.unavailable():
+            self.headroom.check(sum(len(call.envelope) for call, _ in items))
         results: list[Scheduled] = [None] * len(items)  # type: ignore[list-item]
+        moved: dict[int, ShardKeys] = {}  # replaced under a key of another shard
         for index, found in self._stored_elsewhere(items).items():
             if if_exists == "replace":
-                self._cancel(found, "move", items[index][0].job_id, "replaced under another key")
+                moved[index] = found
             else:  # None when it went meanwhile (promoted): then it is scheduled here
                 results[index] = self._existing(found, items[index][0], if_exists)
         by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
@@ -239,7 +242,6 @@ class Store:
                               args))
                 owners.append(chunk)
         with self.unavailable():
-            self.headroom.check(sum(len(call.envelope) for call, _ in items))
             if len(calls) == 1:  # one round trip either way; a lone EVALSHA costs less
                 replies = [calls[0][0].call(self.client, calls[0][1], calls[0][2])]
             else:
@@ -255,6 +257,8 @@ class Store:
             for offset, index in enumerate(chunk):
                 code, due_ms, existing = reply[3 * offset:3 * offset + 3]
                 results[index] = Scheduled(_CODES[code], due_ms, existing)
+        for index, found in moved.items():  # the new copy is stored: the old one goes
+            self._cancel(found, "move", items[index][0].job_id, "replaced under another key")
         return results
 
     def _stored_elsewhere(self, items: list[tuple[Call, Due]]) -> dict[int, ShardKeys]:

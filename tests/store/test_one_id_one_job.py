@@ -11,7 +11,7 @@ import time
 import pytest
 
 from celery_delayq.carrier import Carrier
-from celery_delayq.errors import InvalidOption, JobExists
+from celery_delayq.errors import DamagedShard, InvalidOption, JobExists
 from tests.conftest import store_keys
 
 
@@ -106,3 +106,14 @@ def test_cancel_reaches_a_copy_two_racing_producers_stored_under_two_keys(
     carrier.run_once()
     carrier.close()
     assert redis_client.llen("parked") == 0
+
+
+def test_a_replace_refused_on_its_new_shard_keeps_the_old_copy(proj, delayq, redis_client):
+    first_key, second_key = keys_on_two_shards(delayq)
+    proj.record.apply_delayed(args=(1,), delay=60, job_id="close-42", key=first_key)
+    new_home = delayq.store.keys.shard_for("", second_key)
+    redis_client.set(new_home.bykey, "damaged")
+    with pytest.raises(DamagedShard):
+        proj.record.apply_delayed(args=(2,), delay=60, job_id="close-42", key=second_key,
+                                  if_exists="replace")
+    assert [(j.args, j.key) for j in delayq.pending()] == [([1], first_key)]
