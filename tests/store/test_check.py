@@ -20,6 +20,7 @@ def cli_check(redis_server, *args: str) -> subprocess.CompletedProcess:
 def test_check_reports_each_kind_of_damage_and_repair_loses_no_job(proj, delayq, redis_client,
                                                                      redis_server):
     store, record = delayq.store, proj.record
+    client = store.client  # the store's Redis: a cluster in the cluster pass
     ids = [record.apply_delayed(args=(f"j{n}",), delay=600, key=f"order-{n % 3}",
                                 job_id=f"job-{n}").job_id for n in range(30)]
     clean = check(store)
@@ -29,13 +30,13 @@ def test_check_reports_each_kind_of_damage_and_repair_loses_no_job(proj, delayq,
     def shard_of(n):
         return store.keys.shard_for(ids[n], f"order-{n % 3}")
 
-    redis_client.zadd(shard_of(0).due, {"ghost-due": 1})  # 1: a due member, no envelope
-    redis_client.zadd(shard_of(0).inflight, {"ghost-inflight": 1})  # 2: same, in flight
-    redis_client.zrem(shard_of(1).due, pack_id(ids[1]))  # 3: an orphaned envelope
-    redis_client.zadd(shard_of(2).bykey, {"order-9\x00nosuchjob": 0})  # 5: job gone
-    redis_client.zadd(shard_of(2).bykey, {f"order-7\x00{pack_id(ids[2])}": 0})  # other key
-    redis_client.hincrby(shard_of(3).counts, "tests.proj.record", 5)  # 6: a wrong count
-    redis_client.zadd(shard_of(4).inflight, {pack_id(ids[4]): 1})  # 4: legal, not damage
+    client.zadd(shard_of(0).due, {"ghost-due": 1})  # 1: a due member, no envelope
+    client.zadd(shard_of(0).inflight, {"ghost-inflight": 1})  # 2: same, in flight
+    client.zrem(shard_of(1).due, pack_id(ids[1]))  # 3: an orphaned envelope
+    client.zadd(shard_of(2).bykey, {"order-9\x00nosuchjob": 0})  # 5: job gone
+    client.zadd(shard_of(2).bykey, {f"order-7\x00{pack_id(ids[2])}": 0})  # other key
+    client.hincrby(shard_of(3).counts, "tests.proj.record", 5)  # 6: a wrong count
+    client.zadd(shard_of(4).inflight, {pack_id(ids[4]): 1})  # 4: legal, not damage
 
     found = check(store)
     totals = {kind: sum(r.found[kind] for r in found)

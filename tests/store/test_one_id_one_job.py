@@ -46,11 +46,11 @@ def test_error_refuses_the_id_stored_under_another_key_and_writes_nothing(
         proj, delayq, redis_client):
     first_key, second_key = keys_on_two_shards(delayq)
     proj.record.apply_delayed(args=(1,), delay=60, job_id="close-42", key=first_key)
-    before = {k: redis_client.dump(k) for k in store_keys(delayq)}
+    before = {k: delayq.store.client.dump(k) for k in store_keys(delayq)}
     with pytest.raises(JobExists, match="close-42"):
         proj.record.apply_delayed(args=(2,), delay=60, job_id="close-42", key=second_key,
                                   if_exists="error")
-    assert {k: redis_client.dump(k) for k in store_keys(delayq)} == before
+    assert {k: delayq.store.client.dump(k) for k in store_keys(delayq)} == before
 
 
 def test_replace_moves_the_job_to_its_new_key(proj, delayq, redis_client):
@@ -94,9 +94,10 @@ def test_cancel_reaches_a_copy_two_racing_producers_stored_under_two_keys(
                                        queue="parked")
     # the race: a second producer's write landed between the first's check and its write
     home, other = (delayq.store.keys.shard_for("", k) for k in (first_key, second_key))
-    envelope = redis_client.hget(home.jobs, "raced").replace(first_key, second_key)
-    redis_client.hset(other.jobs, "raced", envelope)
-    redis_client.zadd(other.due, {"raced": redis_client.zscore(home.due, "raced")})
+    client = delayq.store.client  # the store's Redis: a cluster in the cluster pass
+    envelope = client.hget(home.jobs, "raced").replace(first_key, second_key)
+    client.hset(other.jobs, "raced", envelope)
+    client.zadd(other.due, {"raced": client.zscore(home.due, "raced")})
     assert stored_copies(delayq, "raced") == 2
 
     assert result.cancel() is True
@@ -112,7 +113,7 @@ def test_a_replace_refused_on_its_new_shard_keeps_the_old_copy(proj, delayq, red
     first_key, second_key = keys_on_two_shards(delayq)
     proj.record.apply_delayed(args=(1,), delay=60, job_id="close-42", key=first_key)
     new_home = delayq.store.keys.shard_for("", second_key)
-    redis_client.set(new_home.bykey, "damaged")
+    delayq.store.client.set(new_home.bykey, "damaged")
     with pytest.raises(DamagedShard):
         proj.record.apply_delayed(args=(2,), delay=60, job_id="close-42", key=second_key,
                                   if_exists="replace")
