@@ -45,6 +45,7 @@ from .memory import CarrierGuard
 from .message import Message, MessageBuilder
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
+from .stopping import StopFlag
 from .store import ClaimAhead, Claimed, DirectRoutes, Promoted, ShardClaim
 
 logger = logging.getLogger("celery_delayq.carrier")
@@ -90,7 +91,7 @@ class Carrier:
                 "store cannot push to broker queues")
         self.stats = CarrierStats()
         self.metrics = metrics
-        self._stopping = threading.Event()
+        self._stopping = StopFlag()
         self._queues: dict[str, tuple[Any, int]] = {}
         self._declared: set[str] = set()  # queues declared on the current connection
         self._producer = None
@@ -418,7 +419,7 @@ class Carrier:
         logger.info("carrier started: %d shards, batch %d, lease %.0fs",
                     self.store.keys.shards, self.batch, self.lease_ms / 1000)
         failures = 0
-        while not self._stopping.is_set():
+        while not self._stopping.requested:
             try:
                 self._subscribe()  # before claiming, so no wake can slip between the two
                 sleep = self.run_once()
@@ -433,12 +434,13 @@ class Carrier:
                 failures += 1
                 self._settle()
                 self._reset_connections()
-                self._stopping.wait(min(_BACKOFF_MAX, 0.1 * 2 ** failures))
+                self._stopping.sleep(min(_BACKOFF_MAX, 0.1 * 2 ** failures))
         self.close()
         logger.info("carrier stopped: %d promoted, %d dead-lettered, %d recovered",
                     self.stats.promoted, self.stats.dead, self.stats.recovered)
 
     def stop(self) -> None:
+        """Stop after the batch in hand (safe from a signal handler)."""
         self._stopping.set()
 
     def _install_signal_handlers(self) -> None:
@@ -450,7 +452,7 @@ class Carrier:
         """Sleep up to ``seconds``, returning early on a wake message or a stop."""
         self._subscribe()
         deadline = time.monotonic() + seconds
-        while not self._stopping.is_set():
+        while not self._stopping.requested:
             left = deadline - time.monotonic()
             if left <= 0:
                 return

@@ -13,7 +13,6 @@ per :meth:`JournalSync.run_once`, and the cursor moves past them.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from datetime import datetime
 
@@ -23,6 +22,7 @@ from celery_delayq import DelayQ, DelayQError
 from celery_delayq.envelope import Job
 from celery_delayq.keys import ShardKeys
 from celery_delayq.reading import Unreadable, datetime_of_ms, is_text
+from celery_delayq.stopping import StopFlag
 
 from .models import DelayedTask, DelayedTaskEvent, JournalCursor, State
 from .runtime import delayq as project_delayq
@@ -53,7 +53,7 @@ class JournalSync:
         self.delayq = delayq or project_delayq()
         self.store = self.delayq.store
         self.batch = batch
-        self._stop = threading.Event()
+        self._stop = StopFlag()
 
     def run_once(self) -> int:
         """Apply every event journaled so far; returns how many entries were read
@@ -74,7 +74,7 @@ class JournalSync:
     def run(self, interval: float = 0.5) -> None:
         """Apply events until :meth:`stop`, polling every ``interval`` seconds when idle."""
         backoff = interval
-        while not self._stop.is_set():
+        while not self._stop.requested:
             try:
                 applied = self.run_once()
                 backoff = interval
@@ -83,7 +83,7 @@ class JournalSync:
                 applied = 0
                 backoff = min(backoff * 2, 10.0)
             if not applied:
-                self._stop.wait(backoff)
+                self._stop.sleep(backoff)
 
     def stop(self) -> None:
         self._stop.set()
