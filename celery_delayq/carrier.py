@@ -275,7 +275,8 @@ class Carrier:
             return None
         if self._broker_prefix is not None and queue.name not in self._considered:
             self._route_directly([queue.name])  # e.g. created by task_create_missing_queues
-        return Promoted(job.job_id, message.task, message.key, job.due_ms, job.stored_id)
+        return Promoted(job.job_id, message.task, message.key, job.due_ms, job.stored_id,
+                        job.lease)
 
     def _deliver(self, message: Message, queue, delivery_mode: int) -> None:
         """Into the channel's publish batch, or published now when there is none."""

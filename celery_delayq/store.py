@@ -83,6 +83,7 @@ class Claimed(NamedTuple):
     due_ms: int | None  # None: the stored due time is not a finite number (damaged)
     envelope: str | None
     stored_id: str  # the job id as stored (keys.pack_id)
+    lease: str  # its in-flight score as claim_due wrote it: ack, release, dead check it
 
 
 class Promoted(NamedTuple):
@@ -93,6 +94,7 @@ class Promoted(NamedTuple):
     key: str | None
     due_ms: int
     stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
+    lease: str = ""  # Claimed.lease; "" acks whatever lease holds the job
 
 
 @dataclass(frozen=True)
@@ -622,7 +624,7 @@ class Store:
             for job in jobs:
                 stored = job.stored_id or pack_id(job.job_id)
                 args += [raw_id(stored), raw_id(bykey_member(job.key, stored)), job.task,
-                         job.key or "", job.due_ms]
+                         job.key or "", job.due_ms, job.lease]
             calls.append((SCRIPTS["ack"],
                           [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal,
                            shard.counts],
@@ -642,11 +644,15 @@ class Store:
         return sum(r for r in replies if not isinstance(r, Exception)), failed
 
     def release(self, claims: list[ShardClaim]) -> int:
-        """Return claimed jobs a carrier could not publish to the due set, due now."""
-        calls = [(SCRIPTS["recover"], [c.shard.inflight, c.shard.due, c.shard.journal,
-                                       c.shard.jobs],
-                  [len(c.jobs), self._maxlen, *(raw_id(job.stored_id) for job in c.jobs)])
-                 for c in claims if c.jobs]
+        """Return claimed jobs a carrier could not publish to the due set, due now (those
+        their lease still holds)."""
+        leased: dict[tuple[ShardKeys, str], list[Claimed]] = defaultdict(list)
+        for claim in claims:
+            for job in claim.jobs:
+                leased[claim.shard, job.lease].append(job)
+        calls = [(SCRIPTS["recover"], [shard.inflight, shard.due, shard.journal, shard.jobs],
+                  [len(jobs), self._maxlen, lease, *(raw_id(job.stored_id) for job in jobs)])
+                 for (shard, lease), jobs in leased.items()]
         if not calls:
             return 0
         with self.unavailable():
@@ -688,8 +694,8 @@ class Store:
             return bool(SCRIPTS["dead"].call(
                 self.client,
                 [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal,
-                 shard.counts],
-                [raw_id(job.stored_id), reason, "", self._maxlen]))
+                 shard.counts, shard.due],
+                [raw_id(job.stored_id), reason, "", self._maxlen, job.lease]))
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
         """Dead-letter a call that is no longer in the store (e.g. a task out of retries).
@@ -829,8 +835,9 @@ def _shard_claims(shards: list[ShardKeys], replies: list[Any]) -> list[ShardClai
         if isinstance(reply, Exception):
             claims.append(ShardClaim(shard, 0, None, [], [], _shard_error(reply)))
             continue
-        now_ms, next_due, promoted, rest = reply[0], reply[1], reply[2], reply[3:]
-        jobs = [Claimed(unpack_id(rest[i]), _due_ms(rest[i + 1]), rest[i + 2], rest[i])
+        now_ms, next_due, promoted, lease, rest = reply[0], reply[1], reply[2], reply[3], \
+            reply[4:]
+        jobs = [Claimed(unpack_id(rest[i]), _due_ms(rest[i + 1]), rest[i + 2], rest[i], lease)
                 for i in range(0, len(rest), 3)]
         claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs,
                                  promoted))

@@ -8,10 +8,11 @@ KEYS[5] journal   STREAM
 KEYS[6] counts    HASH  task name -> jobs stored (pending or being promoted)
 
 ARGV[1] journal maxlen (0: no journal)
-ARGV[2..] five values per job: job id, bykey member or "", task name, business key or "",
-          due ms
+ARGV[2..] six values per job: job id, bykey member or "", task name, business key or "",
+          due ms, the lease claim_due gave it ("": whatever holds it)
 
-A job that was scheduled again (same id) while it was in flight keeps its new envelope.
+A job that was scheduled again (same id) while it was in flight keeps its new envelope,
+and a lease that is no longer this one (the id claimed again) is left alone.
 Returns the number of jobs acknowledged.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
@@ -23,10 +24,12 @@ if problem then return redis.error_reply(problem) end
 local maxlen = tonumber(ARGV[1])
 local n = 0
 local per_task = {}  -- task name -> jobs forgotten, counted down once per call
-for i = 2, #ARGV, 5 do
+for i = 2, #ARGV, 6 do
   local job_id, task = ARGV[i], ARGV[i + 2]
-  redis.call('ZREM', KEYS[1], job_id)
-  if not redis.call('ZSCORE', KEYS[3], job_id) then
+  local held = redis.call('ZSCORE', KEYS[1], job_id)
+  local ours = ARGV[i + 5] == '' or (held and tonumber(held) == tonumber(ARGV[i + 5]))
+  if ours then redis.call('ZREM', KEYS[1], job_id) end
+  if ours and not redis.call('ZSCORE', KEYS[3], job_id) then
     if redis.call('HDEL', KEYS[2], job_id) == 1 then
       per_task[task] = (per_task[task] or 0) + 1
     end

@@ -28,8 +28,11 @@ ARGV[8]   delayq_max_nesting: args and kwargs with more brackets than this are c
           (the carrier decodes them; too deep, they are dead-lettered, never pushed)
 ARGV[9..] two values per KEYS[7..], in the same order: queue name, delivery mode
 
-Returns {now ms, next due ms or -1, {due ms of each job promoted directly},
-         id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs.
+Returns {now ms, next due ms or -1, {due ms of each job promoted directly}, lease,
+         id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs and
+lease is their in-flight score as text: the deadline with this call's microseconds as
+decimals, a token ack / recover / dead check, so an old copy's ack never takes the lease
+of the same id claimed again (after a replace) by this or another call.
 Job ids are stored packed (keys.pack_id); messages carry them unpacked.
 The next due time is that of the earliest job left on the due set.
 
@@ -218,8 +221,8 @@ end
 
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[1])
 local direct = {}
-local out = {now, -1, direct}
-local deadline = now + tonumber(ARGV[2])
+local lease = string.format('%.3f', now + tonumber(ARGV[2]) + tonumber(t[2]) % 1000 / 1000)
+local out = {now, -1, direct, lease}
 local pushed, forgotten, unkeyed, per_task = {}, {}, {}, {}
 if #ids > 0 then
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids / 2 - 1)
@@ -244,7 +247,7 @@ if #ids > 0 then
       end
       direct[#direct + 1] = tonumber(due)
     else
-      redis.call('ZADD', KEYS[2], deadline, job_id)
+      redis.call('ZADD', KEYS[2], lease, job_id)
       out[#out + 1] = job_id
       out[#out + 1] = due
       out[#out + 1] = env

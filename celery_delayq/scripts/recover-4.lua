@@ -8,7 +8,8 @@ KEYS[4] jobs      HASH  job id -> envelope (for the task name in the journal)
 
 ARGV[1] batch size
 ARGV[2] journal maxlen (0: no journal)
-ARGV[3..] job ids to return now whatever their lease (none: the expired ones)
+ARGV[3] the lease claim_due gave the jobs of ARGV[4..] (absent: return the expired ones)
+ARGV[4..] job ids to return now whatever their deadline, if that lease still holds them
 
 A recovered job is due now; a job scheduled again while in flight keeps its new due time.
 Returns the number of jobs returned to the due set.
@@ -21,15 +22,16 @@ local problem = damaged({1, 'zset', 2, 'zset', 3, 'stream', 4, 'hash'})
 if problem then return redis.error_reply(problem) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = {}
-for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
-if #ids == 0 then
+local ids, lease = {}, tonumber(ARGV[3])
+for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+if not lease then
   ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])
 end
 local maxlen = tonumber(ARGV[2])
 local recovered = 0
 for _, job_id in ipairs(ids) do
-  if redis.call('ZREM', KEYS[1], job_id) == 1 then
+  local held = lease and tonumber(redis.call('ZSCORE', KEYS[1], job_id) or nil)
+  if (not lease or held == lease) and redis.call('ZREM', KEYS[1], job_id) == 1 then
     recovered = recovered + 1
     redis.call('ZADD', KEYS[2], 'NX', now, job_id)
     if maxlen > 0 then

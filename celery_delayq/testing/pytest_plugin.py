@@ -247,7 +247,8 @@ class DelayQTester:
                     continue
                 jobs.append((job, message))
                 acks.setdefault(claim.shard, []).append(
-                    Promoted(job.job_id, message.task, message.key, job.due_ms))
+                    Promoted(job.job_id, message.task, message.key, job.due_ms,
+                             job.stored_id, job.lease))
         store.ack(acks)  # promoted, as the carrier would before a worker runs them
         jobs.sort(key=lambda item: item[0].due_ms)
         return [self._run(job, message) for job, message in jobs]

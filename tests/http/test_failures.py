@@ -60,6 +60,9 @@ def test_a_server_that_never_finishes_its_answer_is_cut_off_at_the_attempt_deadl
     wait_for(lambda: first.ended, timeout=10, what="the first attempt to be cut off")
     [dead] = wait_for(http_delayq.store.dead, timeout=30, what="a dead-lettered callback")
     assert len(raw_server.attempts) == ATTEMPTS
+    # the server sees the last attempt's socket close just after the task gave it up
+    wait_for(lambda: all(a.ended for a in raw_server.attempts), timeout=10,
+             what="the server to see every attempt closed")
     for attempt in raw_server.attempts:
         assert attempt.ended - attempt.opened < DEADLINE + DRIP_EVERY + 1
     assert f"after {ATTEMPTS} attempts" in dead["reason"]
@@ -170,6 +173,9 @@ def test_a_tls_answer_dripping_its_body_is_cut_off_at_the_attempt_deadline(
 
     [dead] = wait_for(http_delayq.store.dead, timeout=30, what="a dead-lettered callback")
     assert len(raw_server.attempts) == ATTEMPTS
+    # the server sees the last attempt's socket close just after the task gave it up
+    wait_for(lambda: all(a.ended for a in raw_server.attempts), timeout=10,
+             what="the server to see every attempt closed")
     for attempt in raw_server.attempts:
         assert attempt.ended - attempt.opened < DEADLINE + DRIP_EVERY + 1
     assert f"HTTP 200, then timed out: no complete answer within {DEADLINE:g} s" in dead["reason"]

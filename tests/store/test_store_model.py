@@ -172,17 +172,22 @@ class StoreMachine(RuleBasedStateMachine):
         if job.due_ms is None:
             job.due_ms = self.due_now(job_id, before_ms)
 
-    def replacing_in_flight(self, job_ids: list[str], if_exists: str) -> bool:
-        """Replacing a job a carrier holds is left out: its ack can still remove the
-        replacement (tests/store/test_replace_in_flight.py, a known bug)."""
-        return if_exists == "replace" and any(self.jobs[j].leased for j in job_ids)
+    def moving_in_flight(self, calls: list[tuple[str, str | None]], if_exists: str) -> bool:
+        """Replacing a job a carrier holds under a key of another shard is left out: the
+        store then holds two copies (the one being delivered, and the new one), which this
+        model of one copy per id does not describe."""
+        shard_for = self.store.keys.shard_for
+        return if_exists == "replace" and any(
+            self.jobs[job_id].leased and self.jobs[job_id].stored is not None
+            and shard_for(job_id, key) is not shard_for(job_id, self.jobs[job_id].stored.key)
+            for job_id, key in calls)
 
     # -- producer side -----------------------------------------------------------------
 
     @rule(job_id=ids, key=keys, task=tasks, due=st.booleans(),
           if_exists=st.sampled_from(["keep", "replace", "error"]))
     def schedule(self, job_id, key, task, due, if_exists) -> None:
-        assume(not self.replacing_in_flight([job_id], if_exists))
+        assume(not self.moving_in_flight([(job_id, key)], if_exists))
         eta = self.eta(due)
         expected = self.expect_schedule(job_id, Call(task, key), ms_of(eta), if_exists)
         if expected.code == "conflict":
@@ -197,7 +202,8 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(items=st.lists(st.tuples(ids, keys, st.booleans()), min_size=1, max_size=5),
           task=tasks, if_exists=st.sampled_from(["keep", "replace"]))
     def schedule_many(self, items, task, if_exists) -> None:
-        assume(not self.replacing_in_flight([job_id for job_id, _, _ in items], if_exists))
+        assume(not self.moving_in_flight([(job_id, key) for job_id, key, _ in items],
+                                         if_exists))
         homes: dict[str, set] = {}
         for job_id, key, _ in items:
             homes.setdefault(job_id, set()).add(self.store.keys.shard_for(job_id, key).shard)
@@ -295,7 +301,8 @@ class StoreMachine(RuleBasedStateMachine):
         held = self.held.pop(pick % len(self.held))
         job_id = held.claim.job_id
         self.store.ack({held.shard: [Promoted(job_id, held.call.task, held.call.key,
-                                              held.claim.due_ms, held.claim.stored_id)]})
+                                              held.claim.due_ms, held.claim.stored_id,
+                                              held.claim.lease)]})
         job = self.jobs[job_id]
         job.leased = job.lease_expired = False
         if job.due_ms is None:
@@ -336,9 +343,8 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.dead_letter(held.shard, held.claim, "fuzzed reason") is job.leased
         if job.leased:
             job.leased = job.lease_expired = False
-            job.dead = held.call
-            if job.due_ms is None:
-                job.stored = None
+            if job.due_ms is None:  # else superseded: the new copy stays, nothing is dead
+                job.dead, job.stored = held.call, None
 
     @rule(job_id=ids)
     def replay(self, job_id) -> None:

@@ -6,22 +6,29 @@ KEYS[3] dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
 KEYS[6] counts    HASH  task name -> jobs stored (pending or being promoted)
+KEYS[7] due       ZSET  job id -> due ms
 
 ARGV[1] job id
 ARGV[2] reason
 ARGV[3] bykey member or "" (then the envelope's business key, if it has one)
 ARGV[4] journal maxlen (0: no journal)
+ARGV[5] the lease claim_due gave the job ("": whatever holds it)
 
-Returns 1 when the job was dead-lettered, 0 when this carrier no longer held it.
+Returns 1 when the job was dead-lettered, 0 when this lease no longer held it. A job
+scheduled again while in flight (pending again) only loses the lease: the new copy stays.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
-local problem = damaged({1, 'zset', 2, 'hash', 3, 'hash', 4, 'zset', 5, 'stream', 6, 'hash'})
+local problem = damaged({1, 'zset', 2, 'hash', 3, 'hash', 4, 'zset', 5, 'stream', 6, 'hash',
+                         7, 'zset'})
 if problem then return redis.error_reply(problem) end
 local job_id = ARGV[1]
-if redis.call('ZREM', KEYS[1], job_id) == 0 then return 0 end
+local held = redis.call('ZSCORE', KEYS[1], job_id)
+if not held or (ARGV[5] ~= '' and tonumber(held) ~= tonumber(ARGV[5])) then return 0 end
+redis.call('ZREM', KEYS[1], job_id)
+if redis.call('ZSCORE', KEYS[7], job_id) then return 1 end  -- superseded by a new copy
 local t = redis.call('TIME')
 local env = redis.call('HGET', KEYS[2], job_id)
 redis.call('HSET', KEYS[3], job_id, cjson.encode({
