@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 from kombu.entity import maybe_delivery_mode
-from kombu.exceptions import KombuError, OperationalError, SerializationError
+from kombu.exceptions import KombuError, SerializationError
 
 from .connection import redact
 from .envelope import ORIGIN
@@ -262,11 +262,11 @@ class Carrier:
                                            due_ms=job.due_ms)
             queue, delivery_mode = self._queue(message.queue)
             self._deliver(message, queue, delivery_mode)
-        except self._batch_errors:
-            raise
         except (PayloadError, UnknownQueue, SerializationError) as exc:
             dead.append(self._dead_letter(shard, job, exc))
             return None
+        except self._batch_errors:
+            raise
         except Exception as exc:  # one job must never stop the others
             logger.exception("unexpected error promoting job %s; it is dead-lettered, replay "
                              "it with `celery delayq replay %s` once the cause is fixed",
@@ -294,9 +294,10 @@ class Carrier:
 
     @cached_property
     def _batch_errors(self) -> tuple[type[BaseException], ...]:
-        """Exceptions that mean the broker or Redis failed, not the job in hand."""
+        """Exceptions that mean the broker or Redis failed, not the job in hand (kombu's
+        serialisation errors, the job's own, are caught before these)."""
         connection = self.producer.connection
-        return (StoreUnavailable, redis.RedisError, OSError, OperationalError,
+        return (StoreUnavailable, redis.RedisError, OSError, KombuError,
                 *connection.connection_errors, *connection.channel_errors)
 
     def _send(self, message: Message, queue, delivery_mode: int) -> None:
