@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -371,7 +371,7 @@ class Carrier:
         return f"{job.job_id}: {reason}"
 
     def _note_failed_shards(self, step: str, failed: dict[ShardKeys, DelayQError],
-                            served: list[ShardKeys] = ()) -> None:
+                            served: Sequence[ShardKeys] = ()) -> None:
         """Log a shard that fails (once per episode) and when it works again."""
         for shard, error in failed.items():
             if shard.shard not in self._failing:
@@ -403,8 +403,7 @@ class Carrier:
         with self.app.connection_for_write() as connection:
             if connection.transport.driver_type != "redis":
                 return False
-            broker = connection.default_channel.client
-            return broker.info("server")["run_id"] == self.store.client.info("server")["run_id"]
+            return _run_id(connection.default_channel.client) == _run_id(self.store.client)
 
     @property
     def producer(self):
@@ -488,9 +487,13 @@ class Carrier:
         self._reset_connections()
 
 
+def _run_id(client: redis.Redis) -> str:
+    """The run id of the Redis server a client reaches."""
+    return client.info("server")["run_id"]
+
+
 def _same_database(broker: redis.Redis, store: redis.Redis) -> bool:
     """True when two clients reach the same Redis server (by run id) and database."""
     def where(client: redis.Redis) -> tuple[str, int]:
-        return (client.info("server")["run_id"],
-                int(client.connection_pool.connection_kwargs.get("db") or 0))
+        return _run_id(client), int(client.connection_pool.connection_kwargs.get("db") or 0)
     return where(broker) == where(store)

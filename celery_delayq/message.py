@@ -30,6 +30,7 @@ from .envelope import (
     split,
 )
 from .errors import PayloadError
+from .reading import is_text
 
 _SHAPES_MAX = 1024  # distinct first lines kept; the cache starts over when it is full
 _OWN = ("y", "i")  # first-line fields of one job: its business key and fixed task id
@@ -82,11 +83,8 @@ class MessageBuilder:
         time is unusable (the carrier then dead-letters it)."""
         if due_ms is None:
             raise PayloadError("its stored due time is not a finite number")
-        if not job_id.isascii():
-            try:
-                job_id.encode()
-            except UnicodeEncodeError:  # the store reads bytes that are not UTF-8 so
-                raise PayloadError("its job id is not valid UTF-8") from None
+        if not job_id.isascii() and not is_text(job_id):  # read from bytes not UTF-8
+            raise PayloadError("its job id is not valid UTF-8")
         line, args_line, kwargs_line = split(raw)
         shape, own = self._shapes.get(line), None
         if shape is None:

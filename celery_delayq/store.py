@@ -689,7 +689,7 @@ class Store:
     def dead_letter(self, shard: ShardKeys, job: Claimed, reason: str) -> bool:
         """Move a claimed job that cannot be published to the dead letters (its business
         key, if any, is read from its envelope by the script)."""
-        reason = reason.encode("utf-8", "backslashreplace").decode()  # no lone surrogates
+        reason = printable(reason)  # text read from bytes that are not UTF-8, as \xNN
         with self.unavailable():
             return bool(SCRIPTS["dead"].call(
                 self.client,

@@ -13,6 +13,7 @@ import threading
 import time
 
 from celery_delayq import envelope
+from celery_delayq.carrier import Carrier
 from tests.conftest import finish, wait_for
 
 PARKED = "parked"
@@ -49,6 +50,18 @@ def all_delivered(client) -> bool:
 
 
 LEASE = 1.0  # seconds, job leases and shard leases of the carriers these tests start
+
+
+def carry_until_quiet(app, direct: bool, rounds: int = 20) -> Carrier:
+    """Run an in-process carrier until it expects no work now (at most ``rounds`` times)."""
+    carrier = Carrier(app, direct=direct)
+    try:
+        for _ in range(rounds):
+            if carrier.run_once() > 0:
+                break
+    finally:
+        carrier.close()
+    return carrier
 
 
 def start_carrier(spawn, *extra: str):

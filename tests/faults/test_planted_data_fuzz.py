@@ -25,9 +25,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_delayq.carrier import Carrier
 from tests.conftest import CLUSTER, PROMOTIONS
-from tests.faults.test_carrier_faults import PARKED, schedule_due_now
+from tests.faults.test_carrier_faults import PARKED, carry_until_quiet, schedule_due_now
 from tests.unit.test_envelope_fuzz import (
     DEEP,
     LINE,
@@ -110,16 +109,6 @@ def message_job(raw: bytes) -> str:
     args, kwargs, embed = json.loads(body)
     assert isinstance(args, list) and isinstance(kwargs, dict) and isinstance(embed, dict)
     return message["headers"]["delayq_job"]
-
-
-def carry_until_quiet(app, direct: bool, rounds: int = 20) -> None:
-    carrier = Carrier(app, direct=direct)
-    try:
-        for _ in range(rounds):
-            if carrier.run_once() > 0:
-                break
-    finally:
-        carrier.close()
 
 
 def carrier_handles(proj, jobs: list[Planted], waiting: list[Planted], direct: bool) -> None:

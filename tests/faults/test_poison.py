@@ -20,7 +20,12 @@ from celery_delayq.errors import DamagedShard
 from celery_delayq.metrics import CarrierMetrics
 from celery_delayq.reading import printable
 from tests.conftest import PROMOTIONS, finish
-from tests.faults.test_carrier_faults import PARKED, parked_messages, schedule_due_now
+from tests.faults.test_carrier_faults import (
+    PARKED,
+    carry_until_quiet,
+    parked_messages,
+    schedule_due_now,
+)
 
 DEEP = "[" * 985 + "]" * 985
 #: job id -> (what is stored under it, score in the due set, start of the dead-letter reason)
@@ -43,17 +48,6 @@ POISON = {
 def plant(client: redis.Redis, keys, job: str | bytes, raw: str | bytes, score) -> None:
     client.hset(keys.jobs, job, raw)
     client.zadd(keys.due, {job: score})
-
-
-def carry_until_quiet(app, direct: bool, rounds: int = 20) -> Carrier:
-    carrier = Carrier(app, direct=direct)
-    try:
-        for _ in range(rounds):
-            if carrier.run_once() > 0:
-                break
-    finally:
-        carrier.close()
-    return carrier
 
 
 @pytest.mark.parametrize("promotion", PROMOTIONS)

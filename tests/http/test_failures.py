@@ -45,6 +45,18 @@ def silent(conn: socket.socket) -> None:
         pass
 
 
+def dead_after_every_attempt_cut_off(http_delayq, raw_server) -> dict:
+    """The callback's dead letter, once every attempt was cut off within the deadline."""
+    [dead] = wait_for(http_delayq.store.dead, timeout=30, what="a dead-lettered callback")
+    assert len(raw_server.attempts) == ATTEMPTS
+    # the server sees the last attempt's socket close just after the task gave it up
+    wait_for(lambda: all(a.ended for a in raw_server.attempts), timeout=10,
+             what="the server to see every attempt closed")
+    for attempt in raw_server.attempts:
+        assert attempt.ended - attempt.opened < DEADLINE + DRIP_EVERY + 1
+    return dead
+
+
 @pytest.mark.parametrize("scheme, reply", [
     ("http", dripping(b"HTTP/1.1 200 OK\r\nX-Drip: ")),
     ("http", dripping(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")),
@@ -58,13 +70,7 @@ def test_a_server_that_never_finishes_its_answer_is_cut_off_at_the_attempt_deadl
 
     first = wait_for(lambda: raw_server.attempts, what="the first attempt")[0]
     wait_for(lambda: first.ended, timeout=10, what="the first attempt to be cut off")
-    [dead] = wait_for(http_delayq.store.dead, timeout=30, what="a dead-lettered callback")
-    assert len(raw_server.attempts) == ATTEMPTS
-    # the server sees the last attempt's socket close just after the task gave it up
-    wait_for(lambda: all(a.ended for a in raw_server.attempts), timeout=10,
-             what="the server to see every attempt closed")
-    for attempt in raw_server.attempts:
-        assert attempt.ended - attempt.opened < DEADLINE + DRIP_EVERY + 1
+    dead = dead_after_every_attempt_cut_off(http_delayq, raw_server)
     assert f"after {ATTEMPTS} attempts" in dead["reason"]
     assert f"within {DEADLINE:g} s" in dead["reason"]
 
@@ -171,11 +177,5 @@ def test_a_tls_answer_dripping_its_body_is_cut_off_at_the_attempt_deadline(
     callback(http_delayq).apply_delayed([raw_server.url(scheme="https")],
                                         {"timeout": DEADLINE}, delay=0)
 
-    [dead] = wait_for(http_delayq.store.dead, timeout=30, what="a dead-lettered callback")
-    assert len(raw_server.attempts) == ATTEMPTS
-    # the server sees the last attempt's socket close just after the task gave it up
-    wait_for(lambda: all(a.ended for a in raw_server.attempts), timeout=10,
-             what="the server to see every attempt closed")
-    for attempt in raw_server.attempts:
-        assert attempt.ended - attempt.opened < DEADLINE + DRIP_EVERY + 1
+    dead = dead_after_every_attempt_cut_off(http_delayq, raw_server)
     assert f"HTTP 200, then timed out: no complete answer within {DEADLINE:g} s" in dead["reason"]
