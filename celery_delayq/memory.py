@@ -46,16 +46,21 @@ class Memory:
 
 
 class Headroom:
-    """Whether Redis is past a fraction of its ``maxmemory``. It is read again after
-    ``every`` seconds, or sooner once the caller has written an eighth of the room left
-    (counted in envelope bytes; Redis holds a few times that per job), so a producer reads
-    it about once a second and cannot run past the limit between two readings. Producers
-    get :class:`StoreFull` past ``delayq_max_memory_fraction``; a carrier reads it on every
-    pass and stops claiming past the midpoint between that and ``maxmemory``."""
+    """Whether Redis is past a fraction of its ``maxmemory``. It is read again after a
+    second (``every_near_limit`` while Redis has a ``maxmemory``), or sooner once the caller
+    has written an eighth of the room left (counted in envelope bytes; Redis holds a few
+    times that per job), so a producer reads it about once a second and cannot run past the
+    limit between two readings. Producers get :class:`StoreFull` past
+    ``delayq_max_memory_fraction``; a carrier on the broker's Redis reads it on every pass
+    while a ``maxmemory`` is set, and stops claiming past the midpoint between that fraction
+    and ``maxmemory``."""
 
     def __init__(self, fraction: float, read: Callable[[], list[Memory]], where: str,
-                 every: float = _READ_EVERY) -> None:
-        self.fraction, self._read, self._where, self._every = fraction, read, where, every
+                 every_near_limit: float = _READ_EVERY) -> None:
+        """``every_near_limit``: seconds between readings while Redis has a ``maxmemory``
+        (without one, once a second: there is nothing to run into)."""
+        self.fraction, self._read, self._where = fraction, read, where
+        self._every_near_limit = every_near_limit
         self._lock = threading.Lock()
         self._next_read = 0.0
         self._budget = 0  # bytes the caller may write before the next reading
@@ -70,7 +75,8 @@ class Headroom:
             if now >= self._next_read or self._budget < 0:
                 readings = self._read()
                 self._full = next((m for m in readings if m.over(self.fraction)), None)
-                self._next_read = now + self._every
+                limited = any(m.limit for m in readings)
+                self._next_read = now + (self._every_near_limit if limited else _READ_EVERY)
                 self._budget = min(m.room(self.fraction) for m in readings) // _SHARE
             return self._full
 
@@ -111,7 +117,7 @@ class CarrierGuard:
     def __init__(self, fraction: float, read_memory: Callable[[], list[Memory]],
                  read_policies: Callable[[], list[str]], where: str,
                  shares_broker: Callable[[], bool]) -> None:
-        self._brake = Headroom((1 + fraction) / 2, read_memory, where, every=0)
+        self._brake = Headroom((1 + fraction) / 2, read_memory, where, every_near_limit=0)
         self._read_policies = read_policies
         self._shares_broker = shares_broker  # on a store of its own, promotion frees memory
         self._shared: bool | None = None
