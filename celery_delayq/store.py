@@ -329,7 +329,8 @@ class Store:
         home = self.keys.shard_for(job_id, key)
         codes = {self._cancel(home, "id", job_id, by)[0]}
         codes |= {self._cancel(shard, "id", job_id, by)[0]
-                  for shard in self._shards_holding(job_id) if shard is not home}
+                  for shard in self._shards_holding(job_id, in_flight=True)
+                  if shard is not home}
         if 0 in codes:  # a carrier holds a copy: it will be delivered
             return CancelOutcome.TOO_LATE
         return CancelOutcome.CANCELLED if 1 in codes else CancelOutcome.UNKNOWN
@@ -365,8 +366,9 @@ class Store:
             return [self.keys.shard_for(job_id, key)]
         return self._shards_holding(job_id)
 
-    def _shards_holding(self, job_id: str) -> list[ShardKeys]:
-        """Shards whose job hash holds ``job_id``, the id's own shard first."""
+    def _shards_holding(self, job_id: str, in_flight: bool = False) -> list[ShardKeys]:
+        """Shards whose job hash holds ``job_id`` (with ``in_flight``: or whose carrier
+        holds a copy of it, moved to another shard meanwhile), the id's own shard first."""
         own = self.keys.shard_for(job_id)
         order = [own, *(s for s in self.keys if s is not own)]
         stored = pack_id(job_id)
@@ -374,8 +376,11 @@ class Store:
             pipe = self.client.pipeline(transaction=False)
             for shard in order:
                 pipe.hexists(shard.jobs, stored)
+                if in_flight:
+                    pipe.zscore(shard.inflight, stored)  # a lease deadline, never 0
             found = pipe.execute()
-        return [shard for shard, hit in zip(order, found, strict=True) if hit]
+        step = 2 if in_flight else 1
+        return [shard for n, shard in enumerate(order) if any(found[n * step:(n + 1) * step])]
 
     def get(self, job_id: str, key: str | None = None) -> Job | None:
         """The stored job: pending (``scheduled``), else being promoted (``claimed``: a job

@@ -8,7 +8,8 @@ KEYS[5] journal   STREAM
 KEYS[6] counts    HASH  task name -> jobs stored; field "" counts cancels
 
 ARGV[1] "id", "key", or "move": an id whose job is replaced under a business key of another
-        shard (journaled "moved", not counted as a cancel)
+        shard (journaled "moved", not counted as a cancel); its envelope goes even while a
+        carrier holds it (that copy is then delivered, never given back)
 ARGV[2] the job id, or the business key
 ARGV[3] journal maxlen (0: no journal)
 ARGV[4] who cancelled / why (journal), may be ""
@@ -33,7 +34,11 @@ end
 local maxlen = tonumber(ARGV[3])
 local cancelled = 0
 for _, job_id in ipairs(ids) do
-  if redis.call('ZREM', KEYS[1], job_id) == 1 then
+  local pending = redis.call('ZREM', KEYS[1], job_id) == 1
+  -- a moved job leaves even while a carrier holds it: then its lease stays, without an
+  -- envelope, so ack / recover / dead only end that lease and never bring the old copy back
+  local moving = ARGV[1] == 'move' and redis.call('HEXISTS', KEYS[2], job_id) == 1
+  if pending or moving then
     local env = redis.call('HGET', KEYS[2], job_id)
     local task, key = '', ''
     local ok, decoded = pcall(cjson.decode, string.match(env or '', '^[^\n]*'))
@@ -41,8 +46,8 @@ for _, job_id in ipairs(ids) do
       task = decoded['t'] or ''
       key = decoded['y'] or ''
     end
-    if not redis.call('ZSCORE', KEYS[3], job_id) and redis.call('HDEL', KEYS[2], job_id) == 1
-        and task ~= '' then
+    if (moving or not redis.call('ZSCORE', KEYS[3], job_id))
+        and redis.call('HDEL', KEYS[2], job_id) == 1 and task ~= '' then
       redis.call('HINCRBY', KEYS[6], task, -1)
     end
     if ARGV[1] ~= 'move' then redis.call('HINCRBY', KEYS[6], '', 1) end

@@ -11,7 +11,8 @@ ARGV[2] journal maxlen (0: no journal)
 ARGV[3] the lease claim_due gave the jobs of ARGV[4..] (absent: return the expired ones)
 ARGV[4..] job ids to return now whatever their deadline, if that lease still holds them
 
-A recovered job is due now; a job scheduled again while in flight keeps its new due time.
+A recovered job is due now; a job scheduled again while in flight keeps its new due time;
+a job without an envelope (moved to another shard while in flight) only loses its lease.
 Returns the number of jobs returned to the due set.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
@@ -31,12 +32,15 @@ local maxlen = tonumber(ARGV[2])
 local recovered = 0
 for _, job_id in ipairs(ids) do
   local held = lease and tonumber(redis.call('ZSCORE', KEYS[1], job_id) or nil)
+  local env = nil
   if (not lease or held == lease) and redis.call('ZREM', KEYS[1], job_id) == 1 then
+    env = redis.call('HGET', KEYS[4], job_id)
+  end
+  if env then  -- none: the job moved to another shard while in flight; its lease just ends
     recovered = recovered + 1
     redis.call('ZADD', KEYS[2], 'NX', now, job_id)
     if maxlen > 0 then
-      local ok, decoded = pcall(cjson.decode, string.match(
-        redis.call('HGET', KEYS[4], job_id) or '', '^[^\n]*'))
+      local ok, decoded = pcall(cjson.decode, string.match(env, '^[^\n]*'))
       local task = ok and type(decoded) == 'table' and decoded['t'] or ''
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'event', 'recovered',
                  'job', job_id, 'task', task, 'due', now)

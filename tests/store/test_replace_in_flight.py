@@ -1,5 +1,6 @@
 """Replacing a job while a carrier holds it: the old copy's ack, release or dead-letter
-leaves the replacement alone, even once the replacement is claimed too.
+leaves the replacement alone, even once the replacement is claimed too, or when it moved
+to a business key of another shard.
 
 Each claim leases its jobs under a token of its own (claim_due's lease: the deadline with
 the call's microseconds as decimals), and ack / release / dead act only on their lease.
@@ -7,11 +8,14 @@ the call's microseconds as decimals), and ack / release / dead act only on their
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timezone
 
 import pytest
 
-from celery_delayq.store import Promoted
+from celery_delayq.check import check
+from celery_delayq.store import CancelOutcome, Promoted
+from tests.store.test_one_id_one_job import keys_on_two_shards, stored_copies
 
 PAST = datetime(2020, 1, 1, tzinfo=timezone.utc)
 
@@ -46,3 +50,44 @@ def test_release_or_dead_letter_of_the_old_copy_leaves_the_replacement(proj, del
     assert (job.job_id, job.args) == ("j", ["new"])
     (again,) = [job for claim in store.claim(shards, 10, 60_000) for job in claim.jobs]
     assert again.envelope is not None and '"new"' in again.envelope
+
+
+@pytest.mark.parametrize("step", ["ack", "release", "dead_letter", "recover"])
+def test_the_old_copy_of_a_job_moved_to_another_key_in_flight_never_comes_back(
+        proj, delayq, step):
+    store, shards = delayq.store, list(delayq.store.keys)
+    old_key, new_key = keys_on_two_shards(delayq, "j")
+    proj.record.apply_delayed(args=("old",), eta=PAST, job_id="j", key=old_key)
+    lease_ms = 0 if step == "recover" else 60_000  # a lease of 0 has expired at once
+    (claim,) = [claim for claim in store.claim(shards, 10, lease_ms) if claim.jobs]
+    proj.record.apply_delayed(args=("new",), delay=60, job_id="j", key=new_key,
+                              if_exists="replace")
+    (old,) = claim.jobs
+    if step == "ack":
+        store.ack({claim.shard: [Promoted("j", proj.record.name, old_key, old.due_ms,
+                                          old.stored_id, old.lease)]})
+    elif step == "release":
+        store.release([claim])
+    elif step == "dead_letter":
+        store.dead_letter(claim.shard, old, "cannot publish")
+    else:
+        store.recover(shards, 100)
+
+    assert [(job.job_id, job.args, job.key) for job in delayq.pending()] == [
+        ("j", ["new"], new_key)]
+    assert stored_copies(delayq, "j") == 1
+    assert store.dead() == []
+    assert [report.found for report in check(store)] == [Counter()] * len(shards)
+
+
+def test_cancel_is_too_late_while_the_old_copy_of_a_moved_job_is_in_flight(proj, delayq):
+    store, shards = delayq.store, list(delayq.store.keys)
+    old_key, new_key = keys_on_two_shards(delayq, "j")
+    proj.record.apply_delayed(args=("old",), eta=PAST, job_id="j", key=old_key)
+    store.claim(shards, 10, 60_000)
+    proj.record.apply_delayed(args=("new",), delay=60, job_id="j", key=new_key,
+                              if_exists="replace")
+
+    assert delayq.cancel_outcome("j") is CancelOutcome.TOO_LATE
+    assert delayq.pending() == []
+    assert [report.found for report in check(store)] == [Counter()] * len(shards)

@@ -21,11 +21,11 @@ before and after the call.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import assume, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -66,13 +66,23 @@ class Call:
 
 
 @dataclass
+class Lease:
+    """A job id in one shard's in-flight set, under the lease of the claim that put it."""
+
+    token: str
+    expired: bool
+
+
+@dataclass
 class Model:
     """One job id as the model sees it."""
 
     stored: Call | None = None  # the envelope in the jobs hash (pending or being promoted)
     due_ms: int | None = None  # on the due set: pending
-    leased: bool = False  # in the in-flight set
-    lease_expired: bool = False
+    # shard -> its lease: a carrier holds a copy there. A job replaced under a key of
+    # another shard while in flight keeps that lease on the shard it left (without an
+    # envelope there), and may be claimed on its new shard meanwhile: two leases.
+    leases: dict[int, Lease] = field(default_factory=dict)
     dead: Call | None = None  # dead-lettered
 
 
@@ -165,29 +175,32 @@ class StoreMachine(RuleBasedStateMachine):
         assert before_ms <= due_ms <= after_ms
         return due_ms
 
+    def home(self, job_id: str) -> int | None:
+        """The shard of the job's envelope, if it has one."""
+        stored = self.jobs[job_id].stored
+        return None if stored is None else self.store.keys.shard_for(job_id, stored.key).shard
+
+    def end_lease(self, held: Held) -> bool:
+        """Ack, release and dead act on the lease of their claim alone: whether it held."""
+        leases = self.jobs[held.claim.job_id].leases
+        lease = leases.get(held.shard.shard)
+        if lease is None or lease.token != held.claim.lease:
+            return False
+        del leases[held.shard.shard]
+        return True
+
     def give_back(self, job_id: str, before_ms: int) -> None:
-        """A lease ended by recover / release: the job is due now unless it is pending."""
+        """A lease ended by recover / release where the envelope is: the job is due now
+        unless it is pending."""
         job = self.jobs[job_id]
-        job.leased = job.lease_expired = False
         if job.due_ms is None:
             job.due_ms = self.due_now(job_id, before_ms)
-
-    def moving_in_flight(self, calls: list[tuple[str, str | None]], if_exists: str) -> bool:
-        """Replacing a job a carrier holds under a key of another shard is left out: the
-        store then holds two copies (the one being delivered, and the new one), which this
-        model of one copy per id does not describe."""
-        shard_for = self.store.keys.shard_for
-        return if_exists == "replace" and any(
-            self.jobs[job_id].leased and self.jobs[job_id].stored is not None
-            and shard_for(job_id, key) is not shard_for(job_id, self.jobs[job_id].stored.key)
-            for job_id, key in calls)
 
     # -- producer side -----------------------------------------------------------------
 
     @rule(job_id=ids, key=keys, task=tasks, due=st.booleans(),
           if_exists=st.sampled_from(["keep", "replace", "error"]))
     def schedule(self, job_id, key, task, due, if_exists) -> None:
-        assume(not self.moving_in_flight([(job_id, key)], if_exists))
         eta = self.eta(due)
         expected = self.expect_schedule(job_id, Call(task, key), ms_of(eta), if_exists)
         if expected.code == "conflict":
@@ -202,8 +215,6 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(items=st.lists(st.tuples(ids, keys, st.booleans()), min_size=1, max_size=5),
           task=tasks, if_exists=st.sampled_from(["keep", "replace"]))
     def schedule_many(self, items, task, if_exists) -> None:
-        assume(not self.moving_in_flight([(job_id, key) for job_id, key, _ in items],
-                                         if_exists))
         homes: dict[str, set] = {}
         for job_id, key, _ in items:
             homes.setdefault(job_id, set()).add(self.store.keys.shard_for(job_id, key).shard)
@@ -231,13 +242,13 @@ class StoreMachine(RuleBasedStateMachine):
         if job.due_ms is not None:
             # True means nothing of that id runs: not so while a carrier holds a copy (the
             # job was replaced in flight); the pending replacement is cancelled all the same
-            assert outcome is (CancelOutcome.TOO_LATE if job.leased else
+            assert outcome is (CancelOutcome.TOO_LATE if job.leases else
                                CancelOutcome.CANCELLED)
             self.cancelled += 1
             job.due_ms = None
-            if not job.leased:
+            if self.home(job_id) not in job.leases:  # else kept for the carrier's ack
                 job.stored = None
-        elif job.leased:
+        elif job.leases:
             assert outcome is CancelOutcome.TOO_LATE
         else:
             assert outcome is CancelOutcome.UNKNOWN
@@ -250,7 +261,7 @@ class StoreMachine(RuleBasedStateMachine):
         for job_id in pending:
             job = self.jobs[job_id]
             job.due_ms = None
-            if not job.leased:
+            if self.home(job_id) not in job.leases:
                 job.stored = None
         self.cancelled += len(pending)
 
@@ -291,7 +302,7 @@ class StoreMachine(RuleBasedStateMachine):
             call = Call(fields["t"], fields.get("y"), fields.get("i", claimed_job.job_id))
             assert (call, claimed_job.due_ms) == (job.stored, job.due_ms)
             job.due_ms = None
-            job.leased, job.lease_expired = True, not long_lease
+            job.leases[shard.shard] = Lease(claimed_job.lease, expired=not long_lease)
             self.held.append(Held(claimed_job, shard, call))
 
     @precondition(lambda self: self.held)
@@ -304,19 +315,24 @@ class StoreMachine(RuleBasedStateMachine):
                                               held.claim.due_ms, held.claim.stored_id,
                                               held.claim.lease)]})
         job = self.jobs[job_id]
-        job.leased = job.lease_expired = False
-        if job.due_ms is None:
+        if self.end_lease(held) and self.home(job_id) == held.shard.shard \
+                and job.due_ms is None:
             job.stored = None
 
-    @precondition(lambda self: any(j.leased and j.lease_expired for j in self.jobs.values()))
+    @precondition(lambda self: any(lease.expired for j in self.jobs.values()
+                                   for lease in j.leases.values()))
     @rule()
     def recover(self) -> None:
+        """Expired leases end; where the envelope is, the job is due again."""
         before_ms = self.store.now_ms()
-        expired = [job_id for job_id, job in self.jobs.items()
-                   if job.leased and job.lease_expired]
+        expired = [(job_id, shard) for job_id, job in self.jobs.items()
+                   for shard, lease in job.leases.items() if lease.expired]
+        back = [job_id for job_id, shard in expired if self.home(job_id) == shard]
         recovered, failed = self.store.recover(list(self.store.keys), BATCH)
-        assert (recovered, failed) == (len(expired), {})
-        for job_id in expired:
+        assert (recovered, failed) == (len(back), {})
+        for job_id, shard in expired:
+            del self.jobs[job_id].leases[shard]
+        for job_id in back:
             self.give_back(job_id, before_ms)
 
     @precondition(lambda self: self.held)
@@ -328,9 +344,9 @@ class StoreMachine(RuleBasedStateMachine):
         before_ms = self.store.now_ms()
         released = self.store.release([ShardClaim(held.shard, before_ms, None, [held.claim],
                                                   [])])
-        job = self.jobs[job_id]
-        assert released == int(job.leased)
-        if job.leased:
+        back = self.end_lease(held) and self.home(job_id) == held.shard.shard
+        assert released == int(back)
+        if back:
             self.give_back(job_id, before_ms)
 
     @precondition(lambda self: self.held)
@@ -340,11 +356,11 @@ class StoreMachine(RuleBasedStateMachine):
         held = self.held.pop(pick % len(self.held))
         job_id = held.claim.job_id
         job = self.jobs[job_id]
-        assert self.store.dead_letter(held.shard, held.claim, "fuzzed reason") is job.leased
-        if job.leased:
-            job.leased = job.lease_expired = False
-            if job.due_ms is None:  # else superseded: the new copy stays, nothing is dead
-                job.dead, job.stored = held.call, None
+        ours = self.end_lease(held)
+        assert self.store.dead_letter(held.shard, held.claim, "fuzzed reason") is ours
+        # else superseded (pending again, or moved to another shard): the new copy stays
+        if ours and self.home(job_id) == held.shard.shard and job.due_ms is None:
+            job.dead, job.stored = job.stored, None
 
     @rule(job_id=ids)
     def replay(self, job_id) -> None:
@@ -413,7 +429,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert sum(r["pending"] for r in rows) == sum(j.due_ms is not None for j in models)
         assert sum(r["overdue"] for r in rows) == sum(
             j.due_ms is not None and j.due_ms <= now_ms for j in models)
-        assert sum(r["inflight"] for r in rows) == sum(j.leased for j in models)
+        assert sum(r["inflight"] for r in rows) == sum(len(j.leases) for j in models)
         assert sum(r["dead"] for r in rows) == sum(j.dead is not None for j in models)
         tasks = Counter(j.stored.task for j in models if j.stored is not None)
         assert self.store.counts() == (dict(tasks), self.cancelled)
