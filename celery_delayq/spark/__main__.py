@@ -14,10 +14,18 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from ..connection import redact
 from ..errors import DelayQError
 
 FORMATS = ("parquet", "csv", "json")
+#: Spark's default ``spark.redaction.regex``: the value of any property (system properties
+#: included) whose name or value matches is hidden from the UI and the event log.
+SPARK_REDACTION = "(?i)secret|password|token|access[.]?key"
+#: What this program adds: a URL with a password in its userinfo (``redis://:PW@host``).
+#: spark-submit puts the program's arguments in the driver's ``sun.java.command``.
+URL_PASSWORD = r"://[^/@\s]*:[^/@\s]*@"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,9 +50,13 @@ def _parser() -> argparse.ArgumentParser:
     schedule.add_argument("-A", "--app", help="The Celery app, as for `celery -A` "
                           "(e.g. shop.celery:app); only its config is used. Default: a bare "
                           "app on --broker.")
-    schedule.add_argument("--broker", default=os.environ.get("CELERY_BROKER_URL"),
-                          help="Broker (and delay store) URL when no --app is given "
-                               "[env CELERY_BROKER_URL].")
+    broker = schedule.add_mutually_exclusive_group()
+    broker.add_argument("--broker",
+                        help="Broker (and delay store) URL when no --app is given "
+                             "[env CELERY_BROKER_URL]. A password here is visible in `ps`: "
+                             "use the environment or --broker-file for it.")
+    broker.add_argument("--broker-file", metavar="PATH",
+                        help="Read the broker URL from this file (e.g. a mounted secret).")
     schedule.add_argument("--set", dest="settings", action="append", default=[],
                           metavar="NAME=VALUE",
                           help="Extra app setting, e.g. delayq_shards=16 (repeatable).")
@@ -95,12 +107,24 @@ def _session(args: argparse.Namespace, name: str):
         builder = builder.master(args.master)
     elif not SparkConf().contains("spark.master"):  # not under spark-submit
         builder = builder.master("local[*]")
-    for pair in args.conf:
-        key, _, value = pair.partition("=")
+    given = dict(pair.partition("=")[::2] for pair in args.conf)
+    given["spark.redaction.regex"] = _redaction(given.get("spark.redaction.regex"))
+    for key, value in given.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _redaction(given: str | None) -> str:
+    """``spark.redaction.regex`` (the one given, else spark-submit's, else Spark's default)
+    extended with :data:`URL_PASSWORD`."""
+    if given is None and "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit's JVM runs
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()
+        given = SparkConf().get("spark.redaction.regex", None)
+    return f"{given or SPARK_REDACTION}|{URL_PASSWORD}"
 
 
 def _app(args: argparse.Namespace):
@@ -110,17 +134,35 @@ def _app(args: argparse.Namespace):
         from celery.app.utils import find_app
 
         app = find_app(args.app)
-    elif args.broker:
-        app = Celery("celery_delayq.spark", broker=args.broker, set_as_current=False)
+    elif broker := _broker_url(args):
+        app = Celery("celery_delayq.spark", broker=broker, set_as_current=False)
     else:
-        raise DelayQError("give the Celery app with -A module:app, or a broker URL with "
-                          "--broker redis://host:6379/0 (or CELERY_BROKER_URL)")
+        raise DelayQError("give the Celery app with -A module:app, or a broker URL in "
+                          "CELERY_BROKER_URL, --broker-file PATH or --broker URL")
     for pair in args.settings:
         name, sep, value = pair.partition("=")
         if not sep:
             raise DelayQError(f"--set takes NAME=VALUE, got {pair!r}")
+        _warn_if_password(f"--set {name.strip()}", value)
         app.conf[name.strip()] = value.strip()
     return app
+
+
+def _broker_url(args: argparse.Namespace) -> str | None:
+    if args.broker_file:
+        return Path(args.broker_file).read_text().strip()
+    if args.broker:
+        _warn_if_password("--broker", args.broker)
+        return args.broker
+    return os.environ.get("CELERY_BROKER_URL")
+
+
+def _warn_if_password(option: str, value: str) -> None:
+    """Say that a URL with a password on the command line is there for all to see."""
+    if "://" in value and redact(value) != value:
+        print(f"warning: {option} holds a password, which every user of this machine can "
+              "read in `ps`; give the URL in CELERY_BROKER_URL or a file (--broker-file "
+              "PATH), or with -A in the app's config", file=sys.stderr, flush=True)
 
 
 def _schedule(args: argparse.Namespace) -> int:
