@@ -13,7 +13,7 @@ from .errors import (
     UnknownQueue,
 )
 from .extension import DelayedResult, DelayQ
-from .http import http_callback  # registers celery_delayq.http_callback
+from .http import http_callback  # the current app's task; DelayQ(app) registers it
 from .task import DelayedTask
 
 __all__ = [

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from celery.result import AsyncResult
+from celery.result import AsyncResult, EagerResult
 from celery.utils.time import maybe_make_aware
 from vine import promise
 
-from . import journal, validation
+from . import journal, revoke, validation
 from .conf import DelayQConfig
-from .envelope import Call, Job, Template, build, routes_depend_on_arguments, template
+from .envelope import (
+    Call,
+    Job,
+    Template,
+    build,
+    decode_arguments,
+    routes_depend_on_arguments,
+    split,
+    template,
+)
 from .errors import InvalidOption, JobExists
+from .publishing import Publishing, Sent
 from .store import CancelOutcome, ScheduleCode, Store
 from .validation import Due
 
@@ -59,8 +70,28 @@ class DelayedResult(AsyncResult):
         return DelayedResult(*self.__reduce_args__())
 
     def cancel(self) -> bool:
-        """True if the job was still pending and is now cancelled; False if too late."""
-        return self._delayq.cancel(self.job_id, self.key)
+        """True if the job was still pending and is now cancelled (its result REVOKED);
+        False if too late."""
+        outcome = self._delayq.cancel_outcome(self.job_id, self.key, task_id=self.id)
+        return outcome is CancelOutcome.CANCELLED
+
+    def revoke(self, *args: Any, **kwargs: Any) -> None:
+        """Cancel the job if it is still stored, then revoke it as Celery does (which stops
+        it if it was promoted already)."""
+        self._delayq.cancel_outcome(self.job_id, self.key, by="revoke", task_id=self.id)
+        super().revoke(*args, **kwargs)
+
+
+class EagerDelayedResult(EagerResult):
+    """What a delayed call returns with ``task_always_eager``: the task has run already,
+    so :meth:`cancel` is too late."""
+
+    def __init__(self, *args: Any, job_id: str, eta: datetime, key: str | None) -> None:
+        super().__init__(*args)
+        self.job_id, self.eta, self.key = job_id, eta, key
+
+    def cancel(self) -> bool:
+        return False
 
 
 class DelayQ:
@@ -80,6 +111,7 @@ class DelayQ:
                 setattr(app, _ATTR, existing)
                 existing._route_send_task()
                 journal.connect()
+                revoke.install(existing)
             return existing
 
     def __init__(self, app: Celery) -> None:
@@ -107,6 +139,10 @@ class DelayQ:
     def store(self) -> Store:
         return Store(self.config)
 
+    @cached_property
+    def _publishing(self) -> Publishing:
+        return Publishing(self)
+
     # -- scheduling --------------------------------------------------------------------
 
     def schedule(self, name: str, args=None, kwargs=None, *,
@@ -117,11 +153,20 @@ class DelayQ:
         validation.if_exists(if_exists)
         call, due = self._prepare(name, args, kwargs, delay, eta, key, job_id, task_type,
                                   options)
+        if self.app.conf.task_always_eager:
+            return self._run_eagerly(call, due, task_type, options)
+        sent: Sent | None = None
+        if self._publishing.wanted():
+            call, sent = self._publishing.before(call, due)
         for interceptor in self._interceptors:
-            deferred = interceptor(self, call, due, if_exists)
-            if deferred is not None:
-                return deferred
-        return self.submit([(call, due)], if_exists)[0]
+            result = interceptor(self, call, due, if_exists)
+            if result is not None:
+                break
+        else:
+            result = self.submit([(call, due)], if_exists)[0]
+        if sent is not None:
+            self._publishing.after(call, sent)
+        return result
 
     def schedule_many(self, name: str, items: Iterable[Mapping[str, Any]], *,
                       if_exists: str = "keep", task_type=None,
@@ -130,7 +175,8 @@ class DelayQ:
 
         Each item is a mapping with ``args``, ``kwargs``, ``delay`` or ``eta``, ``key`` and
         ``job_id`` (all optional but the due time); ``options`` apply to every call. Every
-        item is validated before anything is written.
+        item is validated before anything is written. Publish signals and ``task-sent``
+        events fire for each call once all are validated, before the batch is written.
         """
         validation.if_exists(if_exists)
         if if_exists == "error":
@@ -146,6 +192,13 @@ class DelayQ:
             prepared.append(self._prepare(
                 name, item.get("args"), item.get("kwargs"), item.get("delay"), item.get("eta"),
                 item.get("key"), item.get("job_id"), task_type, options, shared))
+        if self.app.conf.task_always_eager:
+            return [self._run_eagerly(call, due, task_type, options) for call, due in prepared]
+        if self._publishing.wanted():  # paired per call, as apply_async calls fire them
+            for n, (call, due) in enumerate(prepared):
+                announced, sent = self._publishing.before(call, due)
+                self._publishing.after(announced, sent)
+                prepared[n] = announced, due
         results: list[DelayedResult | None] = [None] * len(prepared)
         direct = []
         for n, (call, due) in enumerate(prepared):
@@ -184,6 +237,18 @@ class DelayQ:
             validation.identifier(call.key, "key", config.max_id_length)
         return call, due
 
+    def _run_eagerly(self, call: Call, due: Due, task_type, options: dict[str, Any]
+                     ) -> EagerDelayedResult:
+        """Run a validated call now, as ``apply_async`` does with ``task_always_eager``:
+        with the arguments a worker would decode, and no Redis."""
+        task = task_type if task_type is not None else self.app.tasks[call.task]
+        args, kwargs = decode_arguments(*split(call.envelope)[1:])
+        ran = task.apply(args, kwargs, task_id=call.task_id,
+                         **{k: v for k, v in options.items() if k != "task_id"})
+        at_ms = due.at_ms if due.at_ms is not None else time.time() * 1000 + due.delay_ms
+        return EagerDelayedResult(*ran.__reduce_args__(), job_id=call.job_id,
+                                  eta=_from_ms(at_ms), key=call.key)
+
     def set_clock(self, clock: Callable[[Due], Due] | None) -> None:
         """Let ``clock`` adjust every call's due time before anything else sees it.
 
@@ -218,8 +283,9 @@ class DelayQ:
     def store_delay(self, countdown: float | None,
                     eta: datetime | str | None) -> dict[str, Any] | None:
         """``{"delay": s}`` or ``{"eta": dt}`` when a Celery-style countdown/eta should go
-        through the store (longer than ``delayq_countdown_threshold``), else None."""
-        if countdown is None and eta is None:
+        through the store (longer than ``delayq_countdown_threshold``, and not in eager
+        mode: Celery's own path runs the task at once), else None."""
+        if (countdown is None and eta is None) or self.app.conf.task_always_eager:
             return None
         threshold = self.config.countdown_threshold
         if eta is not None:
@@ -252,13 +318,32 @@ class DelayQ:
     # -- managing ----------------------------------------------------------------------
 
     def cancel(self, job_id: str, key: str | None = None) -> bool:
-        """True if the job was pending and is now cancelled; False if promoted or unknown."""
+        """True if the job was pending and is now cancelled; False if promoted or unknown.
+
+        A cancelled job's result is REVOKED, as a revoked task's.
+        """
         return self.cancel_outcome(job_id, key) is CancelOutcome.CANCELLED
 
-    def cancel_outcome(self, job_id: str, key: str | None = None,
-                       by: str = "") -> CancelOutcome:
-        """Like :meth:`cancel`, telling "too late" apart from "unknown"; ``by`` is journaled."""
-        return self.store.cancel(job_id, key, by)
+    def cancel_outcome(self, job_id: str, key: str | None = None, by: str = "",
+                       task_id: str | None = None) -> CancelOutcome:
+        """Like :meth:`cancel`, telling "too late" apart from "unknown"; ``by`` is journaled.
+
+        ``task_id`` (the job's) is marked REVOKED when the job is cancelled; when not given
+        it is read from the store first.
+        """
+        if task_id is None:
+            job = self.store.get(job_id, key)
+            task_id = job.task_id if job is not None else None
+        outcome = self.store.cancel(job_id, key, by)
+        if outcome is CancelOutcome.CANCELLED and task_id is not None:
+            revoke.mark_revoked(self.app, task_id)
+        return outcome
+
+    def revoke(self, task_ids: Iterable[str]) -> int:
+        """Cancel the stored jobs of these Celery task ids, as ``app.control.revoke`` does
+        (see :mod:`celery_delayq.revoke`); returns how many were cancelled."""
+        return sum(self.cancel_outcome(task_id, by="revoke", task_id=task_id)
+                   is CancelOutcome.CANCELLED for task_id in task_ids)
 
     def cancel_key(self, key: str, by: str = "") -> int:
         """Cancel every pending job with this business key; returns how many."""

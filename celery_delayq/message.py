@@ -1,12 +1,12 @@
 """The Celery message of a stored job, rebuilt at promotion.
 
 Celery's own ``create_task_message`` builds the protocol-2 message ``apply_async`` would
-have sent, with ``eta`` cleared and the ``delayq_*`` headers that tell a worker (and a
-retry) which job it runs. What a message takes from an envelope's first line (task,
-routing, options, headers, properties) is built once per distinct line, with the task's
-business key and fixed task id left out, and kept as a :class:`_Shape`; each job then adds
-its ids, key and arguments. The body is the stored args and kwargs lines verbatim: the JSON
-a worker decodes.
+have sent, with ``eta`` the due time (past by then: the worker runs it at once) and the
+``delayq_*`` headers that tell a worker (and a retry) which job it runs. What a message
+takes from an envelope's first line (task, routing, options, headers, properties) is built
+once per distinct line, with the task's business key and fixed task id left out, and kept
+as a :class:`_Shape`; each job then adds its ids, key and arguments. The body is the
+stored args and kwargs lines verbatim: the JSON a worker decodes.
 """
 
 from __future__ import annotations
@@ -30,11 +30,19 @@ from .envelope import (
     split,
 )
 from .errors import PayloadError
-from .reading import is_text
+from .reading import datetime_of_ms, is_text
 
 _SHAPES_MAX = 1024  # distinct first lines kept; the cache starts over when it is full
 _OWN = ("y", "i")  # first-line fields of one job: its business key and fixed task id
 _TASK_ID = "\x00delayq-task-id"  # stands for the task id while a shape is built
+
+
+def eta_header(due_ms: float) -> str | None:
+    """The ``eta`` header of a promoted job: its due time, UTC, to the millisecond (what
+    ``request.eta`` shows; already past when the worker gets it, so it runs at once).
+    None outside years 1-9999; the direct promotion script writes the same text."""
+    due = datetime_of_ms(due_ms)
+    return None if due is None else due.isoformat(timespec="milliseconds")
 
 
 class Message(NamedTuple):
