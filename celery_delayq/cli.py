@@ -1,6 +1,8 @@
 """``celery -A proj delayq ...``: the carrier and commands to inspect the store.
 
-Registered through the ``celery.commands`` entry point.
+Registered through the ``celery.commands`` entry point, so every ``celery`` process imports
+this module: it imports only what the command group needs, and commands import the carrier
+(and with it prometheus_client) when they run.
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ import sys
 
 import click
 
-from .carrier import Carrier
 from .errors import DelayQError
 from .extension import DelayQ
 from .memory import eviction_problem
-from .metrics import CarrierMetrics, oldest_overdue_seconds
 from .reading import datetime_of_ms
 
 
@@ -52,6 +52,9 @@ def carrier(ctx: click.Context, batch: int | None, lease: float | None,
             shard_lease: float | None, idle_timeout: float | None, direct: bool | None,
             metrics_port: int | None, loglevel: str) -> None:
     """Promote due jobs into their Celery queues (run one or more beside beat)."""
+    from .carrier import Carrier
+    from .metrics import CarrierMetrics
+
     logging.basicConfig(level=loglevel.upper(),
                         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
     try:
@@ -98,6 +101,8 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None:
     """Exit 1 when the overdue backlog or its oldest job passes a threshold, or when Redis may
     evict keys (liveness probe)."""
+    from .metrics import oldest_overdue_seconds
+
     try:
         store = _delayq(ctx).store
         rows = store.stats()

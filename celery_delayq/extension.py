@@ -112,6 +112,9 @@ class DelayQ:
                 existing._route_send_task()
                 journal.connect()
                 revoke.install(existing)
+                from . import http  # imports this module: here, not at the top
+
+                http.register(app)  # opted in: the app gets the HTTP callback task
             return existing
 
     def __init__(self, app: Celery) -> None:
@@ -307,8 +310,8 @@ class DelayQ:
         def send_task_via_store(name, args=None, kwargs=None, countdown=None, eta=None,
                                 **options):
             delay = None
-            if self.config.route_send_task:
-                delay = self.store_delay(countdown, eta)
+            if (countdown is not None or eta is not None) and self.config.route_send_task:
+                delay = self.store_delay(countdown, eta)  # settings read only for a delay
             if delay is None:
                 return send_task(name, args, kwargs, countdown=countdown, eta=eta, **options)
             return self.schedule(name, args, kwargs, if_exists="replace", **delay, **options)

@@ -1,10 +1,9 @@
 """``celery_delayq.http_callback``: POST a JSON body to a URL later, retried through the store.
 
-Registered on every Celery app (a shared task, imported by ``celery_delayq``)::
+Registered only on apps that opted in: by ``DelayQ(app)``, or by :func:`register`::
 
-    from celery_delayq.http import http_callback
-
-    http_callback.apply_delayed(
+    DelayQ(app)
+    app.tasks["celery_delayq.http_callback"].apply_delayed(
         ["https://partner.example.com/hooks/payment"],
         {"json": {"order": 42, "status": "paid"}, "headers": {"X-Signature": sig}},
         delay=600, key="order:42")
@@ -37,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-from celery import shared_task
+from celery import Celery, current_app
+from celery.local import Proxy
 
 from .conf import HostList
 from .envelope import HEADER_JOB, HEADER_KEY
@@ -361,10 +361,37 @@ class HttpCallbackTask(DelayedTask):
         return super().apply_async(args, kwargs, *rest, **options)
 
 
-@shared_task(bind=True, base=HttpCallbackTask, name=TASK_NAME, max_retries=None,
-             serializer="json")
-def http_callback(self, url: str, json: Any = None, headers: Mapping[str, str] | None = None,
-                  timeout: float | None = None) -> dict[str, Any]:
+def register(app: Celery) -> None:
+    """Register ``celery_delayq.http_callback`` on ``app`` (``DelayQ(app)`` does it).
+
+    Only on this app, never on every app as a shared task would be. An app not finalized
+    yet gets the task when it is, so its configuration is read as late as Celery reads it.
+    """
+    if not app.finalized:
+        app.on_after_finalize.connect(_on_finalized, weak=False, dispatch_uid=TASK_NAME)
+        return
+    app.task(_http_callback, name=TASK_NAME, base=HttpCallbackTask, bind=True, shared=False,
+             lazy=False, max_retries=None, serializer="json")
+
+
+def _on_finalized(sender: Celery, **_: Any) -> None:
+    register(sender)
+
+
+def _current() -> HttpCallbackTask:
+    app = current_app._get_current_object()
+    if DelayQ.lookup(app) is None:
+        raise DelayQError(f"celery_delayq.http_callback is registered only on apps that use "
+                          f"celery-delayq; call DelayQ(app) on {app.main or 'the app'} first")
+    return app.tasks[TASK_NAME]
+
+
+#: The current app's ``celery_delayq.http_callback`` (it must have a ``DelayQ``).
+http_callback: HttpCallbackTask = Proxy(_current)  # type: ignore[assignment]
+
+
+def _http_callback(self, url: str, json: Any = None, headers: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> dict[str, Any]:
     """POST ``json`` to ``url``; 2xx returns ``{"status", "excerpt"}``, else retry or dead."""
     config = DelayQ.of(self.app).config
     try:  # again: the worker's settings may be stricter, or the call came by name

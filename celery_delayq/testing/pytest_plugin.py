@@ -1,7 +1,9 @@
 """pytest plugin: test code that schedules delayed tasks, without sleeping.
 
-Installed with celery-delayq (entry point ``pytest11``). It offers the ``delayq``
-fixture, a :class:`DelayQTester` over a real Redis and a test clock::
+Installed with celery-delayq (entry point ``pytest11``), so pytest loads it in every run of
+every project: it does nothing until a test asks for one of its fixtures (no autouse fixture,
+no hook that touches an app or creates a ``DelayQ``). It offers the ``delayq`` fixture, a
+:class:`DelayQTester` over a real Redis and a test clock::
 
     def test_unpaid_order_closes_after_30_minutes(delayq):
         order = place_order()                      # schedules close_order in 30 min

@@ -1,0 +1,65 @@
+"""Do no harm: opting in is explicit; an app that opted in sends undelayed calls natively.
+
+Tasks here are ``shared=False``: Celery adds every ``@app.task`` of the default kind to every
+app of the process, and other suites' DelayedTasks would opt apps in. A plain app is checked
+in a fresh interpreter by ``test_do_no_harm_imports``.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from celery_delayq import DelayedTask, DelayQ, http
+from celery_delayq.http import TASK_NAME
+
+
+def memory_app(name: str) -> Celery:
+    return Celery(name, broker="memory://", set_as_current=False)
+
+
+def test_an_app_that_opted_in_sends_calls_without_a_delay_on_a_broker_that_is_not_redis():
+    app = memory_app("opted-in")
+
+    @app.task(name="opted_in.plain", shared=False)
+    def plain():
+        return "plain"
+
+    @app.task(base=DelayedTask, name="opted_in.delayed", shared=False)
+    def delayed():
+        return "delayed"
+
+    DelayQ(app)
+    assert app.send_task("opted_in.plain").id
+    assert plain.delay().id
+    assert delayed.delay().id
+    assert app.send_task("opted_in.unregistered", countdown=None, eta=None).id
+
+
+def test_the_http_callback_is_registered_when_an_app_with_a_delayq_finalizes():
+    app = memory_app("opted-in")
+    DelayQ(app)
+    assert not app.finalized, "registering must not finalize the app"
+    assert isinstance(app.tasks[TASK_NAME], http.HttpCallbackTask)
+
+
+def test_the_http_callback_is_registered_on_an_app_finalized_before_its_delayq():
+    app = memory_app("late")
+    app.finalize()
+    DelayQ(app)
+    assert isinstance(app.tasks[TASK_NAME], http.HttpCallbackTask)
+
+
+def test_http_register_opts_an_app_in_explicitly():
+    app = memory_app("explicit")
+    http.register(app)
+    http.register(app)  # idempotent
+    assert app.tasks[TASK_NAME].name == TASK_NAME
+    assert DelayQ.lookup(app) is not None  # the task is a DelayedTask: its app opted in
+
+
+def test_the_module_level_http_callback_is_the_current_apps_task():
+    app = Celery("current", broker="memory://")
+    DelayQ(app)
+    with app:  # the current app while inside
+        assert http.http_callback.name == TASK_NAME
+        assert http.http_callback.app is app
