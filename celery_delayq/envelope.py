@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import Any
@@ -233,6 +233,20 @@ def encode(env: dict[str, Any]) -> str:
     return _join(fields, env.get("a"), env.get("k"), name)
 
 
+def with_headers(call: Call, headers: dict[str, Any], max_payload_bytes: int) -> Call:
+    """``call`` with more custom headers (delivered with its message); raises
+    :class:`PayloadError` when they are not JSON or make the call too large."""
+    line, args, kwargs = call.envelope.split("\n", 2)
+    fields = decode_fields(line)
+    fields["h"] = {**fields.get("h", {}), **headers}
+    encoded = f"{_encode_fields(fields, call.task)}\n{args}\n{kwargs}"
+    if len(encoded) > max_payload_bytes:
+        raise PayloadError(f"{call.task} call with the headers publish signal handlers added "
+                           f"is {len(encoded)} bytes, over delayq_max_payload_bytes="
+                           f"{max_payload_bytes}")
+    return replace(call, envelope=encoded)
+
+
 def _encode_fields(fields: dict[str, Any], name: str | None) -> str:
     try:
         return encode_json(fields)
@@ -338,9 +352,11 @@ def _absolute(expires) -> str:
             expires = datetime.fromisoformat(expires)
     except (ValueError, OverflowError) as exc:
         raise PayloadError(f"expires {expires!r} is not a time: {exc}") from exc
-    if not isinstance(expires, datetime) or expires.tzinfo is None:
-        raise PayloadError("expires must be seconds or a timezone-aware datetime "
-                           f"(or its ISO 8601 text); got {expires!r}")
+    if not isinstance(expires, datetime):
+        raise PayloadError("expires must be seconds or a datetime (or its ISO 8601 text); "
+                           f"got {expires!r}")
+    if expires.tzinfo is None or expires.utcoffset() is None:
+        expires = expires.replace(tzinfo=timezone.utc)  # naive is UTC, as Celery reads it
     return expires.isoformat()
 
 

@@ -35,6 +35,7 @@ class DelayedTask(Task):
         ``key`` is a business key (``"order:42"``) for ``DelayQ.cancel_key``; ``job_id``
         makes the call idempotent, with ``if_exists`` = keep | replace | error. Any other
         ``apply_async`` option (queue, priority, headers, expires, link, ...) is kept.
+        With ``task_always_eager`` the task runs at once, as ``apply_async`` runs it.
         """
         options = {**self._get_exec_options(), **options}
         return DelayQ.of(self.app).schedule(
@@ -54,9 +55,7 @@ class DelayedTask(Task):
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None,
                     link_error=None, shadow=None, **options):
-        delay = None
-        if not self.app.conf.task_always_eager:
-            delay = DelayQ.of(self.app).store_delay(options.get("countdown"), options.get("eta"))
+        delay = DelayQ.of(self.app).store_delay(options.get("countdown"), options.get("eta"))
         if delay is None:
             return super().apply_async(args, kwargs, task_id=task_id, producer=producer,
                                        link=link, link_error=link_error, shadow=shadow,

@@ -79,6 +79,12 @@ def plain(self, label):
     return label
 
 
+@app.task(base=DelayedTask, bind=True)
+def request_of(self, *headers):
+    """What the task sees of its request: ``eta`` (ISO text or None) and the named headers."""
+    return {"eta": self.request.eta, **{name: self.request.get(name) for name in headers}}
+
+
 def runs() -> list[dict]:
     """Every recorded run, in order."""
     return [json.loads(raw) for raw in _runs.lrange(RUNS, 0, -1)]

@@ -183,6 +183,28 @@ local function unpack_id(stored)
     .. HEX[LOW2[q] + TOP2[r]] .. LOW[r] .. HIGH[s] .. HEX[LOW2[s] + TOP2[t]] .. LOW[t] .. HIGH[u]
 end
 
+-- The eta header of a job due at ms, as message.eta_header writes it: the due time, UTC, to
+-- the millisecond; null outside years 1 to 9999 (days to a date: Hinnant's civil_from_days).
+local function eta(due)
+  local ms = tonumber(due)
+  if ms < -62135596800000 or ms > 253402300799999 then return 'null' end
+  ms = math.floor(ms)
+  local days = math.floor(ms / 86400000)
+  local rest = ms - days * 86400000
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+                          - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local month = mp < 10 and mp + 3 or mp - 9
+  local year = yoe + era * 400 + (month <= 2 and 1 or 0)
+  return string.format('"%04d-%02d-%02dT%02d:%02d:%02d.%03d+00:00"', year, month,
+    doy - math.floor((153 * mp + 2) / 5) + 1, math.floor(rest / 3600000),
+    math.floor(rest / 60000) % 60, math.floor(rest / 1000) % 60, rest % 1000)
+end
+
 -- The kombu Redis transport's message for Celery's protocol 2, as apply_async sends it
 -- (Celery's headers and properties; the body is JSON text, not base64).
 local function message(stored, due, r, args, kwargs)
@@ -195,7 +217,7 @@ local function message(stored, due, r, args, kwargs)
       .. ',{"callbacks":null,"errbacks":null,"chain":null,"chord":null}]')
     .. ',"content-encoding":"utf-8","content-type":"application/json","headers":{'
     .. '"lang":"py","task":' .. r.task .. ',"id":' .. id
-    .. ',"shadow":null,"eta":null,"expires":null,"group":null,"group_index":null,'
+    .. ',"shadow":null,"eta":' .. eta(due) .. ',"expires":null,"group":null,"group_index":null,'
     .. '"retries":0,"timelimit":[null,null],"root_id":' .. id .. ',"parent_id":null,'
     .. '"argsrepr":' .. cjson.encode(repr(args)) .. ',"kwargsrepr":'
     .. (kwargs == '{}' and '"{}"' or cjson.encode(repr(kwargs))) .. ',"origin":' .. origin

@@ -1,4 +1,4 @@
-"""Promotion rebuilds the message apply_async would have sent, without eta."""
+"""Promotion rebuilds the message apply_async would have sent, its eta the due time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from kombu.utils.json import loads
 
 from celery_delayq.envelope import ORIGIN, decode
 from celery_delayq.errors import PayloadError
-from celery_delayq.message import MessageBuilder
+from celery_delayq.message import MessageBuilder, eta_header
 
 from .calls import UNUSABLE_ENVELOPES, build
 
@@ -17,7 +17,7 @@ def promote(app, call, builder=None, *, shard=0, due_ms=0):
     return builder.build(call.job_id, call.envelope, shard=shard, due_ms=due_ms)
 
 
-def test_message_is_celery_protocol_2_without_eta(app):
+def test_message_is_celery_protocol_2_with_the_due_time_as_eta(app):
     call = build(app, kwargs={"reason": "unpaid"}, priority=5, headers={"tenant": "acme"},
                  expires=3600, job_id="order:42:close")
     msg = promote(app, call, shard=3, due_ms=1000)
@@ -26,7 +26,8 @@ def test_message_is_celery_protocol_2_without_eta(app):
     assert embed == {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
     assert msg.headers["id"] == msg.headers["root_id"] == call.task_id != call.job_id
     assert msg.properties["correlation_id"] == call.task_id
-    assert msg.headers["task"] == msg.task == "unit.plain" and msg.headers["eta"] is None
+    assert msg.headers["task"] == msg.task == "unit.plain"
+    assert msg.headers["eta"] == "1970-01-01T00:00:01.000+00:00"  # request.eta: due time
     assert msg.headers["expires"] and 3590 < msg.properties["expiration"] <= 3600
     assert msg.headers["tenant"] == "acme"
     assert (msg.headers["delayq_job"], msg.headers["delayq_shard"],
@@ -66,7 +67,8 @@ def test_every_job_of_a_shared_shape_gets_celerys_own_message(app, options):
         o = {"origin": ORIGIN, **env.get("o", {})}
         headers, properties, body, _ = app.amqp.create_task_message(
             env.get("i", call.job_id), env["t"], env["a"], env["k"], **o)
-        headers.update(env.get("h", {}), delayq_job=call.job_id, delayq_shard=n, delayq_due=n)
+        headers.update(env.get("h", {}), delayq_job=call.job_id, delayq_shard=n, delayq_due=n,
+                       eta=eta_header(n))
         if "y" in env:
             headers["delayq_key"] = env["y"]
         assert msg.headers == headers

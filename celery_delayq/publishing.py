@@ -1,0 +1,104 @@
+"""What Celery's publisher does at call time, done when a call is scheduled.
+
+``apply_async(countdown=...)`` sends ``before_task_publish`` and ``after_task_publish`` when
+it is called, and a ``task-sent`` event with ``task_send_sent_event``. A call parked in the
+store does the same when it is scheduled: the signals get the message the carrier will
+publish (headers with ``eta`` the due time, body, exchange, routing key), and the headers
+their handlers add or change (a tracing context: OpenTelemetry, Datadog...) are stored with
+the call and delivered with its message, so a trace continues across the delay.
+
+The carrier publishes with kombu directly, not through ``app.send_task``: nothing fires a
+second time at promotion, so a tracer sees one publish (at call time) and the worker's run
+as its child, as with native countdown. Without handlers and events nothing here runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery import signals
+from kombu.utils.json import loads
+
+from .envelope import Call, decode_fields, with_headers
+from .message import Message, MessageBuilder
+from .validation import Due
+
+if TYPE_CHECKING:
+    from .extension import DelayQ
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A scheduled call as the publish signals saw it, for ``after_task_publish``."""
+
+    message: Message
+    body: tuple
+
+
+class Publishing:
+    """Publish signals and ``task-sent`` events of one app's scheduled calls."""
+
+    def __init__(self, delayq: DelayQ) -> None:
+        self.app = delayq.app
+        self._keys = delayq.store.keys
+        self._max_payload = delayq.config.max_payload_bytes
+        self._messages = MessageBuilder(self.app)
+        self._events = self.app.events.Dispatcher(enabled=False)  # as Celery's publisher
+
+    def wanted(self) -> bool:
+        """True when a signal handler or ``task_send_sent_event`` wants to hear of calls."""
+        return bool(signals.before_task_publish.receivers
+                    or signals.after_task_publish.receivers
+                    or self.app.conf.task_send_sent_event)
+
+    def before(self, call: Call, due: Due) -> tuple[Call, Sent]:
+        """Send ``before_task_publish``; ``call`` with the headers its handlers added."""
+        due_ms = due.at_ms if due.at_ms is not None else time.time() * 1000 + due.delay_ms
+        message = self._messages.build(call.job_id, call.envelope, due_ms=round(due_ms),
+                                       shard=self._keys.shard_for(call.job_id, call.key).shard)
+        headers = message.headers
+        original = dict(headers)
+        body = tuple(loads(message.body))
+        signals.before_task_publish.send(
+            sender=call.task, body=body, exchange=message.exchange,
+            routing_key=message.routing_key, declare=self._declare(message.queue),
+            headers=headers, properties=message.properties,
+            retry_policy=dict(self.app.conf.task_publish_retry_policy))
+        custom = decode_fields(call.envelope.split("\n", 1)[0]).get("h", {})
+        own = original.keys() - custom.keys()  # set per message at promotion: not stored
+        added = {name: value for name, value in headers.items()
+                 if name not in own and (name not in original or original[name] != value)}
+        if added:
+            call = with_headers(call, added, self._max_payload)
+        return call, Sent(message, body)
+
+    def after(self, call: Call, sent: Sent) -> None:
+        """Send ``after_task_publish`` and the ``task-sent`` event of a stored call."""
+        message = sent.message
+        signals.after_task_publish.send(
+            sender=call.task, body=sent.body, headers=message.headers,
+            exchange=message.exchange, routing_key=message.routing_key)
+        if self.app.conf.task_send_sent_event:
+            self._send_event(message)
+
+    def _send_event(self, message: Message) -> None:
+        headers = message.headers
+        event: dict[str, Any] = {
+            "uuid": headers["id"], "root_id": headers["root_id"],
+            "parent_id": headers["parent_id"], "name": message.task,
+            "args": headers["argsrepr"], "kwargs": headers["kwargsrepr"],
+            "retries": headers["retries"], "eta": headers["eta"],
+            "expires": headers["expires"], "queue": message.queue,
+            "exchange": message.exchange, "routing_key": message.routing_key,
+        }
+        with self.app.producer_or_acquire() as producer:
+            self._events.publish("task-sent", event, producer, retry=True,
+                                 retry_policy=self.app.conf.task_publish_retry_policy)
+
+    def _declare(self, queue: str) -> list:
+        try:
+            return [self.app.amqp.queues[queue]]
+        except KeyError:
+            return []
