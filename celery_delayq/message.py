@@ -81,7 +81,9 @@ class MessageBuilder:
         amqp = app.amqp
         self._create = amqp.create_task_message
         self._repr_max = amqp.argsrepr_maxsize
-        self._repr_levels = app.conf.task_repr_maxlevels
+        # Celery 5.7+ shortens reprs at task_repr_maxlevels; older Celery at saferepr's default.
+        levels = app.conf.get("task_repr_maxlevels")
+        self._repr_levels: dict[str, int] = {} if levels is None else {"maxlevels": levels}
         self._default_queue = amqp.default_queue.name
         self._shapes: dict[str, _Shape] = {}
 
@@ -106,10 +108,9 @@ class MessageBuilder:
             headers[name] = task_id
         if len(args_line) + len(kwargs_line) < self._repr_max // 4:  # short: plain repr
             headers["argsrepr"], headers["kwargsrepr"] = repr(args), repr(kwargs)
-        else:  # as Celery shortens them (it stops at task_repr_maxlevels: never too deep)
-            headers["argsrepr"] = saferepr(args, self._repr_max, maxlevels=self._repr_levels)
-            headers["kwargsrepr"] = saferepr(kwargs, self._repr_max,
-                                             maxlevels=self._repr_levels)
+        else:  # as Celery shortens them (it stops at a depth: never too deep)
+            headers["argsrepr"] = saferepr(args, self._repr_max, **self._repr_levels)
+            headers["kwargsrepr"] = saferepr(kwargs, self._repr_max, **self._repr_levels)
         headers[HEADER_JOB], headers[HEADER_SHARD], headers[HEADER_DUE] = job_id, shard, due_ms
         if key:
             headers[HEADER_KEY] = key

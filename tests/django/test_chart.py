@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -25,7 +25,7 @@ from celery_delayq.contrib.django.models import DelayedTask
 SVG = "{http://www.w3.org/2000/svg}"
 CHANGELIST = "admin:delayq_delayedtask_changelist"
 CLOSE, REFUND = "shop.tasks.close_unpaid_order", "shop.tasks.check_refund_status"
-NOW = datetime(2025, 3, 11, 13, 20, tzinfo=UTC)
+NOW = datetime(2025, 3, 11, 13, 20, tzinfo=ZoneInfo("UTC"))
 
 
 def _bars(svg: str) -> list[ET.Element]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -106,7 +106,7 @@ def test_a_different_shard_count_on_existing_data_is_refused(proj, redis_client)
 
 
 def test_naive_eta_on_apply_async_follows_celery_timezone_rules(proj, delayq):
-    naive = datetime.utcnow().replace(microsecond=0) + timedelta(hours=1)
+    naive = datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0) + timedelta(hours=1)
     result = proj.record.apply_async(("x",), eta=naive)
     assert delayq.get(result.id).due.replace(tzinfo=None) == naive
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import datetime, timedelta, tzinfo
+from datetime import timezone as dt_timezone
 
 from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncHour
@@ -53,7 +54,7 @@ class PendingChart:
 def hour_buckets(start: datetime, end: datetime, tz: tzinfo) -> list[datetime]:
     """Clock hours in ``tz`` that overlap ``[start, end)``, each as its aware local start."""
     first = timezone.localtime(start, tz).replace(minute=0, second=0, microsecond=0)
-    hours, seen, at = [], set(), first.astimezone(UTC)
+    hours, seen, at = [], set(), first.astimezone(dt_timezone.utc)
     while at < end:
         local = at.astimezone(tz).replace(minute=0, second=0, microsecond=0)
         if _wall(local) not in seen:  # a repeated hour at a DST change is one bucket
