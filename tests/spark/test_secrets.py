@@ -76,7 +76,10 @@ def test_spark_submit_keeps_the_password_out_of_the_conf_the_ui_and_the_event_lo
         [os.path.join(bin_dir, "spark-submit"), "--master", "local[2]",
          "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.bindAddress=127.0.0.1",
          "--conf", "spark.eventLog.enabled=true", "--conf", "spark.eventLog.compress=false",
-         "--conf", f"spark.eventLog.dir={events.as_uri()}", str(script),
+         "--conf", f"spark.eventLog.dir={events.as_uri()}",
+         # the operator's own redaction pattern is kept, and extended
+         "--conf", "spark.redaction.regex=internal", "--conf", "spark.internal.id=42",
+         str(script),
          # the broker from the environment, the store's URL on the command line
          *schedule_args(refunds, "--set", f"delayq_redis_url={url}")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
@@ -92,6 +95,7 @@ def test_spark_submit_keeps_the_password_out_of_the_conf_the_ui_and_the_event_lo
     assert "SparkListenerSQLExecutionStart" in log  # with the plans
     conf = (tmp_path / "conf.json").read_text()
     assert "spark.app.name" in conf
+    assert '"spark.internal.id":"*********(redacted)"' in log
     assert PASSWORD not in log and PASSWORD not in conf
     assert PASSWORD not in run.stdout + run.stderr  # Spark's INFO lines included
 
