@@ -1,5 +1,5 @@
-"""The admin, its actions, the deploy check and the logs never show the store's password,
-in any URL form, when the store is down or refuses the password.
+"""The admin, its actions, the deploy check, the management commands and the logs never
+show the store's password, in any URL form, when the store is down or refuses it.
 
 The store is a real ``requirepass`` redis-server; everything the pages, messages, checks
 and log records say is grepped for the password (and for the wrong one tried).
@@ -14,11 +14,11 @@ import sys
 
 import pytest
 from celery import Celery
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.urls import reverse
 
-from celery_delayq import DelayedTask, DelayQ
+from celery_delayq import DelayedTask, DelayQ, DelayQError
 from celery_delayq.contrib.django.models import DelayedTask as Row
 from celery_delayq.contrib.django.transactional import connect
 from celery_delayq.testing.redis_server import RedisServer
@@ -96,9 +96,14 @@ def test_admin_pages_actions_checks_and_logs_never_show_the_store_password(
         ]
         out = io.StringIO()
         call_command("check", "--deploy", stdout=out, stderr=out)
+        with pytest.raises(CommandError, match="1 delayed tasks are still not in Redis"):
+            call_command("delayq_reconcile", stdout=out, stderr=out)
+        with pytest.raises(DelayQError) as sync_failed:
+            call_command("delayq_sync", "--once", stdout=out, stderr=out)
     messages = [str(m) for e in errors for m in e.context["messages"]]
     assert len(messages) == 3 and all(m.startswith("error: Redis at") for m in messages)
-    assert "delayq.W002" in out.getvalue()
+    assert "delayq.W002" in out.getvalue() and "remind:2: Redis at" in out.getvalue()
+    out.write(f"{sync_failed.value}\n{sync_failed.value.__cause__!r}")
     printed += [e.content.decode() for e in errors] + [out.getvalue(), caplog.text]
     everything = "\n".join(printed)
     assert "***" in printed[-3] and "store write failed" in everything
