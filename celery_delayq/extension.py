@@ -156,8 +156,9 @@ class DelayQ:
         validation.if_exists(if_exists)
         call, due = self._prepare(name, args, kwargs, delay, eta, key, job_id, task_type,
                                   options)
-        if self.app.conf.task_always_eager:
-            return self._run_eagerly(call, due, task_type, options)
+        eager = self._eager_task(call, task_type)
+        if eager is not None:
+            return self._run_eagerly(eager, call, due, options)
         sent: Sent | None = None
         if self._publishing.wanted():
             call, sent = self._publishing.before(call, due)
@@ -195,8 +196,9 @@ class DelayQ:
             prepared.append(self._prepare(
                 name, item.get("args"), item.get("kwargs"), item.get("delay"), item.get("eta"),
                 item.get("key"), item.get("job_id"), task_type, options, shared))
-        if self.app.conf.task_always_eager:
-            return [self._run_eagerly(call, due, task_type, options) for call, due in prepared]
+        eager = self._eager_task(prepared[0][0], task_type) if prepared else None
+        if eager is not None:
+            return [self._run_eagerly(eager, call, due, options) for call, due in prepared]
         if self._publishing.wanted():  # paired per call, as apply_async calls fire them
             for n, (call, due) in enumerate(prepared):
                 announced, sent = self._publishing.before(call, due)
@@ -240,11 +242,17 @@ class DelayQ:
             validation.identifier(call.key, "key", config.max_id_length)
         return call, due
 
-    def _run_eagerly(self, call: Call, due: Due, task_type, options: dict[str, Any]
+    def _eager_task(self, call: Call, task_type):
+        """With ``task_always_eager``, the task to run ``call`` now, as ``apply_async``
+        would; None otherwise, or when the task is not registered here (Celery's
+        ``send_task`` ignores eager mode too)."""
+        if not self.app.conf.task_always_eager:
+            return None
+        return task_type if task_type is not None else self.app.tasks.get(call.task)
+
+    def _run_eagerly(self, task, call: Call, due: Due, options: dict[str, Any]
                      ) -> EagerDelayedResult:
-        """Run a validated call now, as ``apply_async`` does with ``task_always_eager``:
-        with the arguments a worker would decode, and no Redis."""
-        task = task_type if task_type is not None else self.app.tasks[call.task]
+        """Run a validated call now, with the arguments a worker would decode; no Redis."""
         args, kwargs = decode_arguments(*split(call.envelope)[1:])
         ran = task.apply(args, kwargs, task_id=call.task_id,
                          **{k: v for k, v in options.items() if k != "task_id"})

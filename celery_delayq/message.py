@@ -11,6 +11,8 @@ stored args and kwargs lines verbatim: the JSON a worker decodes.
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +32,7 @@ from .envelope import (
     split,
 )
 from .errors import PayloadError
-from .reading import datetime_of_ms, is_text
+from .reading import MAX_MS, MIN_MS, is_text
 
 _SHAPES_MAX = 1024  # distinct first lines kept; the cache starts over when it is full
 _OWN = ("y", "i")  # first-line fields of one job: its business key and fixed task id
@@ -41,8 +43,16 @@ def eta_header(due_ms: float) -> str | None:
     """The ``eta`` header of a promoted job: its due time, UTC, to the millisecond (what
     ``request.eta`` shows; already past when the worker gets it, so it runs at once).
     None outside years 1-9999; the direct promotion script writes the same text."""
-    due = datetime_of_ms(due_ms)
-    return None if due is None else due.isoformat(timespec="milliseconds")
+    if not MIN_MS <= due_ms <= MAX_MS:
+        return None
+    seconds, ms = divmod(math.floor(due_ms), 1000)
+    return f"{_second(seconds)}.{ms:03d}+00:00"
+
+
+@functools.lru_cache(maxsize=64)  # the jobs of a batch fall due in a few seconds
+def _second(seconds: int) -> str:
+    year, month, day, hour, minute, second = time.gmtime(seconds)[:6]
+    return f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
 
 
 class Message(NamedTuple):
@@ -112,6 +122,7 @@ class MessageBuilder:
             headers["argsrepr"] = saferepr(args, self._repr_max, **self._repr_levels)
             headers["kwargsrepr"] = saferepr(kwargs, self._repr_max, **self._repr_levels)
         headers[HEADER_JOB], headers[HEADER_SHARD], headers[HEADER_DUE] = job_id, shard, due_ms
+        headers["eta"] = eta_header(due_ms)
         if key:
             headers[HEADER_KEY] = key
         properties = shape.properties.copy()

@@ -185,24 +185,29 @@ end
 
 -- The eta header of a job due at ms, as message.eta_header writes it: the due time, UTC, to
 -- the millisecond; null outside years 1 to 9999 (days to a date: Hinnant's civil_from_days).
+local second_text = {}  -- second -> its date and time; a batch falls due in a few seconds
 local function eta(due)
   local ms = tonumber(due)
   if ms < -62135596800000 or ms > 253402300799999 then return 'null' end
-  ms = math.floor(ms)
-  local days = math.floor(ms / 86400000)
-  local rest = ms - days * 86400000
-  local z = days + 719468
-  local era = math.floor(z / 146097)
-  local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
-                          - math.floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
-  local month = mp < 10 and mp + 3 or mp - 9
-  local year = yoe + era * 400 + (month <= 2 and 1 or 0)
-  return string.format('"%04d-%02d-%02dT%02d:%02d:%02d.%03d+00:00"', year, month,
-    doy - math.floor((153 * mp + 2) / 5) + 1, math.floor(rest / 3600000),
-    math.floor(rest / 60000) % 60, math.floor(rest / 1000) % 60, rest % 1000)
+  local second = math.floor(math.floor(ms) / 1000)
+  local text = second_text[second]
+  if not text then
+    local days = math.floor(second / 86400)
+    local rest = second - days * 86400
+    local z = days + 719468
+    local era = math.floor(z / 146097)
+    local doe = z - era * 146097
+    local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+                            - math.floor(doe / 146096)) / 365)
+    local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+    local mp = math.floor((5 * doy + 2) / 153)
+    local month = mp < 10 and mp + 3 or mp - 9
+    text = string.format('"%04d-%02d-%02dT%02d:%02d:%02d', yoe + era * 400
+      + (month <= 2 and 1 or 0), month, doy - math.floor((153 * mp + 2) / 5) + 1,
+      math.floor(rest / 3600), math.floor(rest / 60) % 60, rest % 60)
+    second_text[second] = text
+  end
+  return text .. string.format('.%03d+00:00"', math.floor(ms) - second * 1000)
 end
 
 -- The kombu Redis transport's message for Celery's protocol 2, as apply_async sends it
