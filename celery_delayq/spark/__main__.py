@@ -20,9 +20,9 @@ from ..connection import redact
 from ..errors import DelayQError
 
 FORMATS = ("parquet", "csv", "json")
-#: Spark's default ``spark.redaction.regex``: the value of any property (system properties
+#: Spark 4's default ``spark.redaction.regex``: the value of any property (system properties
 #: included) whose name or value matches is hidden from the UI and the event log.
-SPARK_REDACTION = "(?i)secret|password|token|access[.]?key"
+SPARK_REDACTION = "(?i)secret|password|token|access[.]?key|credential"
 #: What this program adds: a URL with a password in its userinfo (``redis://:PW@host``).
 #: spark-submit puts the program's arguments in the driver's ``sun.java.command``.
 URL_PASSWORD = r"://[^/@\s]*:[^/@\s]*@"
