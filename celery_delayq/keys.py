@@ -15,6 +15,8 @@ journal entries.
     <prefix>:{N}:owner     STRING id of the carrier serving the shard, expires with its lease
     <prefix>:{N}:counts    HASH  task name -> jobs stored (pending or being promoted);
                            the field "" (never a task name) counts cancels
+    <prefix>:{N}:reserved:<job id>  STRING token of the producer scheduling that id (of
+                           shard N's own, whatever its business key), expires by itself
     <prefix>:meta          HASH  store-wide facts (the shard count it was created with)
     <prefix>:export        HASH  shard -> id of the last journal entry exported (delayq export)
     <prefix>:carriers      ZSET  carrier id -> heartbeat deadline (ms), the live carriers
@@ -92,6 +94,10 @@ class Keyspace:
     def shard_for(self, job_id: str, key: str | None = None) -> ShardKeys:
         """A job lives on the shard of its business key, or of its id when it has none."""
         return self._shards[crc32((key or job_id).encode()) % self.shards]
+
+    def reservation(self, job_id: str, stored_id: str) -> str:
+        """The key a producer holds while it schedules ``job_id``: on the id's own shard."""
+        return f"{self.prefix}:{{{self.shard_for(job_id).shard}}}:reserved:{stored_id}"
 
 
 def bykey_member(key: str | None, job_id: str) -> str:

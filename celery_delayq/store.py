@@ -37,6 +37,7 @@ from .errors import (
 from .keys import KEY_TYPES, Keyspace, ShardKeys, bykey_member, pack_id, raw_id, unpack_id
 from .memory import Headroom, Memory
 from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
+from .reservation import Reservation, reserving
 from .scripts import SCRIPTS, Deferred, Script, execute
 from .validation import Due
 
@@ -214,14 +215,20 @@ class Store:
         """Store calls: one script call per shard and batch, in one round trip.
 
         A job id is one job whatever its business key, so a call that brings an id of its
-        own first looks for it on the other shards (one more round trip): ``if_exists``
+        own first looks for it on the other shards (one more round trip), holding a
+        reservation of it until its write is done (:mod:`reservation`): ``if_exists``
         applies to a copy found there, and ``replace`` moves the job to its new shard.
         """
         with self.unavailable():
             self.headroom.check(sum(len(call.envelope) for call, _ in items))
+        with reserving(self.client, self.keys, [call for call, _ in items]) as reservation:
+            return self._schedule(items, if_exists, reservation)
+
+    def _schedule(self, items: list[tuple[Call, Due]], if_exists: str,
+                  reservation: Reservation) -> list[Scheduled]:
         results: list[Scheduled] = [None] * len(items)  # type: ignore[list-item]
         moved: dict[int, ShardKeys] = {}  # replaced under a key of another shard
-        for index, found in self._stored_elsewhere(items).items():
+        for index, found in self._stored_elsewhere(items, reservation).items():
             if if_exists == "replace":
                 moved[index] = found
             else:  # None when it went meanwhile (promoted): then it is scheduled here
@@ -243,11 +250,8 @@ class Store:
                               [shard.due, shard.jobs, shard.bykey, shard.journal, shard.counts],
                               args))
                 owners.append(chunk)
-        with self.unavailable():
-            if len(calls) == 1:  # one round trip either way; a lone EVALSHA costs less
-                replies = [calls[0][0].call(self.client, calls[0][1], calls[0][2])]
-            else:
-                replies = execute(self.client, calls, raise_errors=False)
+        with self.unavailable():  # a job moved from another shard leaves it before the release
+            replies = reservation.run(calls) if moved else reservation.release_after(calls)
         failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
         if failed is not None:
             self._refuse(failed, [items[index][0].job_id
@@ -263,9 +267,11 @@ class Store:
             self._cancel(found, "move", items[index][0].job_id, "replaced under another key")
         return results
 
-    def _stored_elsewhere(self, items: list[tuple[Call, Due]]) -> dict[int, ShardKeys]:
+    def _stored_elsewhere(self, items: list[tuple[Call, Due]], reservation: Reservation
+                          ) -> dict[int, ShardKeys]:
         """For each call with a job id of its own: the shard other than its own that holds
-        that id (stored under another business key). One ``exists`` call per shard."""
+        that id (stored under another business key). One ``exists`` call per shard, once
+        the reservations are taken."""
         homes: dict[str, ShardKeys] = {}
         looked_for: dict[ShardKeys, list[int]] = defaultdict(list)  # shard -> item indexes
         for index, (call, _) in enumerate(items):
@@ -289,7 +295,10 @@ class Store:
         if not calls:
             return {}
         with self.unavailable():
-            replies = execute(self.client, calls)
+            replies = reservation.take_then(calls)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
         elsewhere: dict[int, ShardKeys] = {}
         for (shard, chunk), found in zip(owners, replies, strict=True):
             for index, hit in zip(chunk, found, strict=True):

@@ -6,6 +6,7 @@ two shards; ``if_exists`` applies across them, and ``cancel(job_id)`` reaches ev
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -118,3 +119,40 @@ def test_a_replace_refused_on_its_new_shard_keeps_the_old_copy(proj, delayq, red
         proj.record.apply_delayed(args=(2,), delay=60, job_id="close-42", key=second_key,
                                   if_exists="replace")
     assert [(j.args, j.key) for j in delayq.pending()] == [([1], first_key)]
+
+
+@pytest.mark.parametrize("if_exists", ["keep", "replace", "error"])
+def test_producers_racing_with_one_id_under_two_keys_store_one_job(proj, delayq, if_exists):
+    """Two threads schedule each id at the same moment, under keys of two shards: the
+    store ends with one copy of every id, and what each producer was told is true."""
+    first_key, second_key = keys_on_two_shards(delayq)
+    ids = [f"race-{n}" for n in range(60)]
+    barrier = threading.Barrier(2)
+    told: dict[str, dict[str, str]] = {job_id: {} for job_id in ids}
+
+    def produce(key: str) -> None:
+        for job_id in ids:
+            barrier.wait()
+            try:
+                result = proj.record.apply_delayed(args=(key,), delay=60, job_id=job_id,
+                                                   key=key, if_exists=if_exists)
+            except JobExists:
+                told[job_id][key] = "refused"
+            else:
+                told[job_id][key] = result.id
+
+    threads = [threading.Thread(target=produce, args=(key,)) for key in (first_key, second_key)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert [job_id for job_id in ids if stored_copies(delayq, job_id) != 1] == []
+    for job in delayq.pending():
+        answers = told[job.job_id]
+        if if_exists == "keep":  # both were given the one stored job
+            assert set(answers.values()) == {job.task_id}, job.job_id
+        elif if_exists == "error":  # one stored it, the other was refused
+            assert sorted(answers.values()) == sorted([job.task_id, "refused"]), job.job_id
+        else:  # the last one stored wins
+            assert job.task_id == answers[job.key], job.job_id

@@ -1,0 +1,119 @@
+"""One producer at a time per job id: reservations held while ids of the caller's own
+choosing are scheduled.
+
+A job lives on the shard of its business key, so one id given two keys could be written on
+two shards by producers racing each other: each looks on the other shards for the id, finds
+nothing yet, and writes its own copy. A producer therefore first takes a reservation of
+each such id, a key on the id's own shard (``reserve-1+.lua``), and holds it until its
+writes are done; the next producer of that id waits for it, then sees the copy it stored.
+
+On one Redis server the reservations ride in the round trips the producer makes anyway
+(one connection keeps the order of a pipeline); on a cluster, whose nodes answer in any
+order, they take a round trip each way of their own. A reservation ends by itself after
+:data:`RESERVATION_MS`, should its producer die.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+
+from .envelope import Call
+from .errors import StoreUnavailable
+from .keys import Keyspace, ShardKeys
+from .scripts import SCRIPTS, Script, execute
+
+#: How long a reservation outlives a producer that never releases it, and how long a
+#: producer waits for the ones it needs.
+RESERVATION_MS = 10_000
+
+Calls = list[tuple[Script, list[str], list[Any]]]
+
+
+class Reservation:
+    """The reservations of one schedule call, taken and released around its own calls."""
+
+    def __init__(self, client, groups: list[list[str]]) -> None:
+        self._client, self._groups = client, groups  # reservation keys, one list per shard
+        self._token = os.urandom(12).hex()
+        self._ordered = not isinstance(client, RedisCluster)
+        self._held = False
+
+    def take_then(self, calls: Calls) -> list[Any]:
+        """Take the reservations, waiting for other producers', then run ``calls``;
+        their replies, errors in place (``execute(raise_errors=False)``)."""
+        deadline = time.monotonic() + RESERVATION_MS / 1000
+        while self._groups:
+            takes = self._calls("take", self._groups)
+            along = calls if self._ordered else []
+            replies = execute(self._client, takes + along, raise_errors=False)
+            taken = replies[:len(takes)]
+            if all(reply == 1 for reply in taken):
+                self._held = True
+                if self._ordered:
+                    return replies[len(takes):]
+                break
+            self.run(self._calls("release", [group for group, reply in zip(
+                self._groups, taken, strict=True) if reply == 1]))
+            failed = next((reply for reply in taken if isinstance(reply, Exception)), None)
+            if failed is not None:  # e.g. refused for memory
+                raise failed
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(
+                    f"other producers kept scheduling the same job ids for {RESERVATION_MS} "
+                    f"ms (reservations such as {self._groups[0][0]!r}); retry the call")
+            time.sleep(random.uniform(0.001, 0.005))  # the other producer writes meanwhile
+        return self.run(calls)
+
+    def release_after(self, calls: Calls) -> list[Any]:
+        """Run ``calls``, then release the reservations; the calls' replies as above."""
+        if not self._held:
+            return self.run(calls)
+        self._held = False
+        releases = self._calls("release", self._groups)
+        if not self._ordered:
+            replies = self.run(calls)
+            with contextlib.suppress(redis.RedisError):  # else they end by themselves
+                self.run(releases)
+            return replies
+        return execute(self._client, calls + releases, raise_errors=False)[:len(calls)]
+
+    def _calls(self, action: str, groups: list[list[str]]) -> Calls:
+        return [(SCRIPTS["reserve"], group, [action, self._token, RESERVATION_MS])
+                for group in groups]
+
+    def run(self, calls: Calls) -> list[Any]:
+        """Run ``calls`` (the reservations stay as they are); their replies as above."""
+        if len(calls) == 1:  # one round trip either way; a lone EVALSHA costs less
+            script, keys, args = calls[0]
+            try:
+                return [script.call(self._client, keys, args)]
+            except redis.ResponseError as exc:
+                return [exc]
+        return execute(self._client, calls, raise_errors=False) if calls else []
+
+
+@contextlib.contextmanager
+def reserving(client, keys: Keyspace, calls: list[Call]) -> Iterator[Reservation]:
+    """A :class:`Reservation` of the calls' job ids that the caller chose (none with one
+    shard, whose scripts see every copy); what is still held is released on the way out."""
+    by_shard: dict[ShardKeys, set[str]] = defaultdict(set)  # one script call per shard
+    if keys.shards > 1:
+        for call in calls:
+            if not call.drawn:  # a fresh random id: no other producer has it
+                by_shard[keys.shard_for(call.job_id)].add(
+                    keys.reservation(call.job_id, call.stored_id))
+    reservation = Reservation(client, [sorted(group) for group in by_shard.values()])
+    try:
+        yield reservation
+    finally:
+        with contextlib.suppress(redis.RedisError):
+            reservation.release_after([])
