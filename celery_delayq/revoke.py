@@ -63,9 +63,12 @@ class _RevokingControl:
         from .extension import DelayQ
 
         delayq = DelayQ.lookup(self.app)  # type: ignore[attr-defined]
-        if delayq is not None:
-            delayq.revoke(maybe_list(task_id))
-        return super().revoke(task_id, *args, **kwargs)  # type: ignore[misc]
+        try:
+            if delayq is not None:
+                delayq.revoke(maybe_list(task_id))
+        finally:  # workers hear it even when the store could not be reached (that raises)
+            reply = super().revoke(task_id, *args, **kwargs)  # type: ignore[misc]
+        return reply
 
 
 class Control(_RevokingControl, CeleryControl):
