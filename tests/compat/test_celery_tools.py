@@ -129,6 +129,11 @@ def test_publish_signals_fire_at_scheduling_and_added_headers_are_delivered(
     # the carrier's publish fires nothing: the worker's own result publish is not a task
     assert [name for name, _ in publish_signals] == ["before", "after"]
 
+    many = proj.request_of.apply_delayed_many([{"delay": 3600}, {"delay": 3600}])
+    assert [name for name, _ in publish_signals[2:]] == ["before", "after"] * 2  # paired
+    for result in many:
+        assert delayq.get(result.job_id).options["h"] == {"x-trace": f"trace-of-{result.id}"}
+
 
 def test_task_sent_event_at_scheduling_when_enabled(proj, redis_client):
     events: list[dict] = []
