@@ -17,6 +17,8 @@ journal entries.
                            the field "" (never a task name) counts cancels
     <prefix>:{N}:reserved:<job id>  STRING token of the producer scheduling that id (of
                            shard N's own, whatever its business key), expires by itself
+    <prefix>:{N}:outcome:<run>  HASH  job id -> "<code> <row>": what a run (a Spark job)
+                           did with each input row, so a row is written at most once in it
     <prefix>:meta          HASH  store-wide facts (the shard count it was created with)
     <prefix>:export        HASH  shard -> id of the last journal entry exported (delayq export)
     <prefix>:carriers      ZSET  carrier id -> heartbeat deadline (ms), the live carriers
@@ -98,6 +100,10 @@ class Keyspace:
     def reservation(self, job_id: str, stored_id: str) -> str:
         """The key a producer holds while it schedules ``job_id``: on the id's own shard."""
         return f"{self.prefix}:{{{self.shard_for(job_id).shard}}}:reserved:{stored_id}"
+
+    def outcome(self, shard: ShardKeys, run: str) -> str:
+        """What a run did with the input rows whose jobs live on ``shard``."""
+        return f"{self.prefix}:{{{shard.shard}}}:outcome:{run}"
 
 
 def bykey_member(key: str | None, job_id: str) -> str:

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import redis
+from redis.client import PubSub
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError
 
@@ -46,6 +47,8 @@ _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
 _SCAN_CHUNK = 500
 _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wrong type
+#: How long a run's outcome (``RunRows``) is kept after its last write, unless forgotten.
+OUTCOME_MS = 24 * 3600 * 1000
 
 
 class CancelOutcome(str, Enum):
@@ -63,6 +66,14 @@ class ScheduleCode(int, Enum):
     REPLACED = 2
     KEPT = 0  # if_exists="keep": the stored job is left as it was
     CONFLICT = -1  # if_exists="error": nothing written
+    DUPLICATE = -2  # another input row of the run (RunRows) has this job id: nothing written
+
+
+class RunRows(NamedTuple):
+    """The items of a schedule call as input rows of one run (a Spark job)."""
+
+    run: str  # unique per run
+    names: list[str]  # one per item, unique in the run and the same when it is made again
 
 
 _CODES = {code.value: code for code in ScheduleCode}  # a dict lookup costs less than a call
@@ -156,7 +167,7 @@ class Store:
             self._check_shard_count(client)
         return client
 
-    def _check_shard_count(self, client: redis.Redis) -> None:
+    def _check_shard_count(self, client: redis.Redis | RedisCluster) -> None:
         """Refuse a shard count other than the store's; a read unless the store is new, so
         a full Redis does not stop a start (the first write records it then)."""
         stored = client.hget(self.keys.meta, "shards")
@@ -168,11 +179,11 @@ class Store:
                     raise
                 return
             stored = client.hget(self.keys.meta, "shards")
-        if int(stored) != self.keys.shards:
+        if stored is not None and int(stored) != self.keys.shards:
             raise ConfigurationError(
                 f"the store under prefix {self.keys.prefix!r} was created with "
-                f"delayq_shards={stored}, this app says {self.keys.shards}; use the same value "
-                "(or a new delayq_prefix) so every job can be found"
+                f"delayq_shards={int(stored)}, this app says {self.keys.shards}; use the same "
+                "value (or a new delayq_prefix) so every job can be found"
             )
 
     @contextlib.contextmanager
@@ -201,7 +212,7 @@ class Store:
         seconds, micros = self.client.time()
         return seconds * 1000 + micros // 1000
 
-    def pubsub(self):
+    def pubsub(self) -> PubSub:
         return self.client.pubsub(ignore_subscribe_messages=True)
 
     def close(self) -> None:
@@ -211,8 +222,13 @@ class Store:
 
     # -- producer side -----------------------------------------------------------------
 
-    def schedule(self, items: list[tuple[Call, Due]], if_exists: str) -> list[Scheduled]:
+    def schedule(self, items: list[tuple[Call, Due]], if_exists: str,
+                 rows: RunRows | None = None) -> list[Scheduled]:
         """Store calls: one script call per shard and batch, in one round trip.
+
+        ``rows`` names the items as input rows of a run: a row is written at most once in
+        the run, however often its call is made again (a retried Spark task, a recomputed
+        partition), which then answers the first outcome (due ms -1).
 
         A job id is one job whatever its business key, so a call that brings an id of its
         own first looks for it on the other shards (one more round trip), holding a
@@ -222,11 +238,11 @@ class Store:
         with self.unavailable():
             self.headroom.check(sum(len(call.envelope) for call, _ in items))
         with reserving(self.client, self.keys, [call for call, _ in items]) as reservation:
-            return self._schedule(items, if_exists, reservation)
+            return self._schedule(items, if_exists, reservation, rows)
 
     def _schedule(self, items: list[tuple[Call, Due]], if_exists: str,
-                  reservation: Reservation) -> list[Scheduled]:
-        results: list[Scheduled] = [None] * len(items)  # type: ignore[list-item]
+                  reservation: Reservation, rows: RunRows | None) -> list[Scheduled]:
+        results: list[Scheduled | None] = [None] * len(items)
         moved: dict[int, ShardKeys] = {}  # replaced under a key of another shard
         for index, found in self._stored_elsewhere(items, reservation).items():
             if if_exists == "replace":
@@ -241,14 +257,18 @@ class Store:
         for shard, indexes in by_shard.items():
             for start in range(0, len(indexes), _SCHEDULE_CHUNK):
                 chunk = indexes[start:start + _SCHEDULE_CHUNK]
-                args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen]
+                keys = [shard.due, shard.jobs, shard.bykey, shard.journal, shard.counts]
+                if rows is not None:
+                    keys.append(self.keys.outcome(shard, rows.run))
+                args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen,
+                                   OUTCOME_MS if rows is not None else 0]
                 for index in chunk:
                     call, due = items[index]
                     args += [call.stored_id, call.envelope, *due.script_args(),
                              bykey_member(call.key, call.stored_id), call.task, call.key or ""]
-                calls.append((SCRIPTS["schedule"],
-                              [shard.due, shard.jobs, shard.bykey, shard.journal, shard.counts],
-                              args))
+                    if rows is not None:
+                        args.append(rows.names[index])
+                calls.append((SCRIPTS["schedule"], keys, args))
                 owners.append(chunk)
         with self.unavailable():  # a job moved from another shard leaves it before the release
             replies = reservation.run(calls) if moved else reservation.release_after(calls)
@@ -265,7 +285,15 @@ class Store:
                 results[index] = Scheduled(_CODES[code], due_ms, existing)
         for index, found in moved.items():  # the new copy is stored: the old one goes
             self._cancel(found, "move", items[index][0].job_id, "replaced under another key")
-        return results
+        return cast("list[Scheduled]", results)  # every item has its outcome now
+
+    def forget_run(self, run: str) -> None:
+        """Drop a finished run's outcome (``RunRows``); it would expire by itself."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.delete(self.keys.outcome(shard, run))
+            pipe.execute()
 
     def _stored_elsewhere(self, items: list[tuple[Call, Due]], reservation: Reservation
                           ) -> dict[int, ShardKeys]:
@@ -430,13 +458,14 @@ class Store:
             for shard in shards:
                 jobs.extend(self._pending_in(shard, task, key, limit, skipped))
         skipped.log()
-        jobs.sort(key=lambda job: job.due)
+        jobs.sort(key=lambda job: job.due.timestamp() if job.due else math.inf)
         return jobs[:limit]
 
     def _pending_in(self, shard: ShardKeys, task: str | None, key: str | None,
                     limit: int, skipped: Unreadable) -> list[Job]:
         if key:
-            members = self.client.zrangebylex(shard.bykey, f"[{key}\x00", f"({key}\x01")
+            members = cast("list[str]", self.client.zrangebylex(  # decode_responses
+                shard.bykey, f"[{key}\x00", f"({key}\x01"))
             ids = [m.partition("\x00")[2] for m in members]
             pipe = self.client.pipeline(transaction=False)
             for stored in ids:
@@ -446,7 +475,8 @@ class Store:
         found: list[Job] = []
         start = 0
         while len(found) < limit:
-            chunk = self.client.zrange(shard.due, start, start + _SCAN_CHUNK - 1, withscores=True)
+            chunk = cast("list[tuple[str, float]]", self.client.zrange(
+                shard.due, start, start + _SCAN_CHUNK - 1, withscores=True))
             if not chunk:
                 break
             found.extend(self._jobs_of(shard, chunk, task, skipped))
@@ -766,7 +796,7 @@ class Store:
             return {}
         with self.unavailable():
             raws = self.client.hmget(shard.jobs, [pack_id(job_id) for job_id in job_ids])
-        return dict(zip(job_ids, raws, strict=True))
+        return dict(zip(job_ids, cast("list[str | None]", raws), strict=True))
 
     def read_journal(self, shard: ShardKeys, after: str | None = None, until: str = "+",
                      count: int | None = None) -> list[tuple[str, dict[str, str]]]:
@@ -776,8 +806,8 @@ class Store:
         ``unreadable`` says so.
         """
         with self.unavailable():
-            entries = self.client.xrange(shard.journal, f"({after}" if after else "-", until,
-                                         count=count)
+            entries = cast("list[tuple[str, dict[str, str]]]", self.client.xrange(
+                shard.journal, f"({after}" if after else "-", until, count=count))
         for _, fields in entries:
             if "job" in fields:
                 job_id = job_id_of(fields["job"])
@@ -801,8 +831,9 @@ class Store:
             for shard, event, fields in entries:
                 if "job" in fields:
                     fields = {**fields, "job": pack_id(fields["job"])}
-                pipe.xadd(self.keys.shard(shard).journal, {"event": event, **fields},
-                          maxlen=self._maxlen, approximate=True)
+                entry: dict[Any, Any] = {"event": event, **fields}  # xadd's Dict is invariant
+                pipe.xadd(self.keys.shard(shard).journal, entry, maxlen=self._maxlen,
+                          approximate=True)
             pipe.execute()
 
     # -- memory (read-only) ------------------------------------------------------------
@@ -827,10 +858,12 @@ class Store:
         try:
             with self.unavailable():
                 if isinstance(self.client, RedisCluster):
-                    replies = self.client.config_get("maxmemory-policy",
-                                                     target_nodes=RedisCluster.PRIMARIES)
+                    replies = cast(  # one reply per node (redis-py types one node's)
+                        "dict[str, dict[str, str]]",
+                        self.client.config_get("maxmemory-policy",
+                                               target_nodes=RedisCluster.PRIMARIES))
                     return [reply.get("maxmemory-policy", "") for reply in replies.values()]
-                return [self.client.config_get("maxmemory-policy").get("maxmemory-policy", "")]
+                return [self.client.config_get("maxmemory-policy").get("maxmemory-policy") or ""]
         except redis.ResponseError:
             return [memory.policy for memory in self.memory()]
 

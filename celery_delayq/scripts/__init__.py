@@ -65,7 +65,7 @@ def _load() -> dict[str, Script]:
         match = _FILE.match(entry.name)
         if match:
             source = _INCLUDE.sub(
-                lambda m: folder.joinpath("include", m["file"]).read_text().rstrip("\n"),
+                lambda m: (folder / "include" / m["file"]).read_text().rstrip("\n"),
                 entry.read_text())
             scripts[match["name"]] = Script(
                 name=match["name"],

@@ -2,7 +2,7 @@
 on the id's own shard meanwhile, so producers scheduling one id under business keys of
 different shards go one after the other, and each sees what the one before it stored.
 
-KEYS[1..] one reservation key per job id, all of one shard
+KEYS[1]   a reservation key, one per job id (KEYS[2..]: more, all of one shard)
 
 ARGV[1] "take" or "release"
 ARGV[2] the producer's token (random, one per schedule call)

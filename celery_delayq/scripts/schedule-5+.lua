@@ -5,25 +5,35 @@ KEYS[2] jobs      HASH  job id -> envelope
 KEYS[3] bykey     ZSET  business-key index
 KEYS[4] journal   STREAM
 KEYS[5] counts    HASH  task name -> jobs stored (pending or being promoted)
+KEYS[6] outcome   HASH  (optional) job id -> "<code> <row>": what a call of one run did with
+                  the job of that input row. The same row again (a retried Spark task, a
+                  recomputed partition) is not written again: its first code is returned,
+                  with due ms -1; another row of the run with that id gets code -2
 
 ARGV[1] if_exists: "keep" | "replace" | "error"
 ARGV[2] wake channel
 ARGV[3] shard number (published on the wake channel)
 ARGV[4] journal maxlen (0: no journal)
-ARGV[5..] seven values per job:
+ARGV[5] ms the outcome hash is kept after this call ("0" without KEYS[6])
+ARGV[6..] seven values per job:
           job id, envelope (three lines of JSON, see envelope.py),
           absolute due ms or "" (then the delay below counts from Redis's clock, TIME),
-          delay ms, bykey member ("<key>\0<job id>") or "", task name, business key or ""
+          delay ms, bykey member ("<key>\0<job id>") or "", task name, business key or "",
+          and with KEYS[6] an eighth: the input row's name within the run
 
 Returns three values per job: code, due ms, the existing envelope (or nil). Codes:
    1 scheduled    2 replaced an existing job
    0 kept the existing job (if_exists=keep)    -1 exists (if_exists=error), nothing written
+  -2 another input row of the run (KEYS[6]) has this job id, nothing written
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
-local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'stream', 5, 'hash'})
+local checks = {1, 'zset', 2, 'hash', 3, 'zset', 4, 'stream', 5, 'hash'}
+local outcome = KEYS[6]
+if outcome then checks[#checks + 1], checks[#checks + 2] = 6, 'hash' end
+local problem = damaged(checks)
 if problem then return redis.error_reply(problem) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -33,48 +43,57 @@ local out = {}
 local written = {}
 local per_task = {}  -- task name -> change of its count, written once per call
 
-for i = 5, #ARGV, 7 do
+for i = 6, #ARGV, outcome and 8 or 7 do
   local job_id, envelope, member, task = ARGV[i], ARGV[i + 1], ARGV[i + 4], ARGV[i + 5]
   local due = now + tonumber(ARGV[i + 3])
   if ARGV[i + 2] ~= '' then due = tonumber(ARGV[i + 2]) end
-  -- keep / error: one lookup that also writes a new job; replace needs the old one first
-  local old, code = nil, 1
-  if if_exists == 'replace' then
-    old = redis.call('HGET', KEYS[2], job_id)
-  elseif redis.call('HSETNX', KEYS[2], job_id, envelope) == 0 then
-    old = redis.call('HGET', KEYS[2], job_id)
-  end
-  if old and if_exists ~= 'replace' then
-    local old_due = redis.call('ZSCORE', KEYS[1], job_id) or -1
-    out[#out + 1] = if_exists == 'keep' and 0 or -1
-    out[#out + 1] = tonumber(old_due)
-    out[#out + 1] = old
+  local first = outcome and redis.call('HGET', KEYS[6], job_id)
+  if first then  -- this run gave the id its job already: never a second write
+    local code, row = string.match(first, '^(%S+) (.*)$')
+    out[#out + 1] = row == ARGV[i + 7] and tonumber(code) or -2
+    out[#out + 1] = -1
+    out[#out + 1] = false
   else
-    if old then
-      code = 2
-      local ok, decoded = pcall(cjson.decode, string.match(old, '^[^\n]*'))
-      if ok and type(decoded) == 'table' then
-        if type(decoded['y']) == 'string' then
-          redis.call('ZREM', KEYS[3], decoded['y'] .. '\0' .. job_id)
-        end
-        if type(decoded['t']) == 'string' then
-          per_task[decoded['t']] = (per_task[decoded['t']] or 0) - 1
+    -- keep / error: one lookup that also writes a new job; replace needs the old one first
+    local old, code = nil, 1
+    if if_exists == 'replace' then
+      old = redis.call('HGET', KEYS[2], job_id)
+    elseif redis.call('HSETNX', KEYS[2], job_id, envelope) == 0 then
+      old = redis.call('HGET', KEYS[2], job_id)
+    end
+    if old and if_exists ~= 'replace' then
+      local old_due = redis.call('ZSCORE', KEYS[1], job_id) or -1
+      out[#out + 1] = if_exists == 'keep' and 0 or -1
+      out[#out + 1] = tonumber(old_due)
+      out[#out + 1] = old
+    else
+      if old then
+        code = 2
+        local ok, decoded = pcall(cjson.decode, string.match(old, '^[^\n]*'))
+        if ok and type(decoded) == 'table' then
+          if type(decoded['y']) == 'string' then
+            redis.call('ZREM', KEYS[3], decoded['y'] .. '\0' .. job_id)
+          end
+          if type(decoded['t']) == 'string' then
+            per_task[decoded['t']] = (per_task[decoded['t']] or 0) - 1
+          end
         end
       end
+      if if_exists == 'replace' then redis.call('HSET', KEYS[2], job_id, envelope) end
+      per_task[task] = (per_task[task] or 0) + 1
+      redis.call('ZADD', KEYS[1], due, job_id)
+      if member ~= '' then redis.call('ZADD', KEYS[3], 0, member) end
+      if maxlen > 0 then
+        redis.call('XADD', KEYS[4], '*', 'event',
+                   code == 1 and 'scheduled' or 'rescheduled', 'job', job_id,
+                   'task', task, 'key', ARGV[i + 6], 'due', due)
+      end
+      out[#out + 1] = code
+      out[#out + 1] = due
+      out[#out + 1] = false
+      written[job_id] = true
     end
-    if if_exists == 'replace' then redis.call('HSET', KEYS[2], job_id, envelope) end
-    per_task[task] = (per_task[task] or 0) + 1
-    redis.call('ZADD', KEYS[1], due, job_id)
-    if member ~= '' then redis.call('ZADD', KEYS[3], 0, member) end
-    if maxlen > 0 then
-      redis.call('XADD', KEYS[4], '*', 'event',
-                 code == 1 and 'scheduled' or 'rescheduled', 'job', job_id,
-                 'task', task, 'key', ARGV[i + 6], 'due', due)
-    end
-    out[#out + 1] = code
-    out[#out + 1] = due
-    out[#out + 1] = false
-    written[job_id] = true
+    if outcome then redis.call('HSET', KEYS[6], job_id, out[#out - 2] .. ' ' .. ARGV[i + 7]) end
   end
 end
 for task, n in pairs(per_task) do
@@ -83,4 +102,5 @@ end
 if maxlen > 0 then redis.call('XTRIM', KEYS[4], 'MAXLEN', '~', maxlen) end  -- once per batch
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)
 if head[1] and written[head[1]] then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+if outcome then redis.call('PEXPIRE', KEYS[6], ARGV[5]) end
 return out

@@ -5,6 +5,12 @@ script in pipelined batches. Rows that cannot be scheduled come back in a reject
 DataFrame (the input columns plus ``reason``); none is dropped silently. Executors
 build envelopes from a shipped copy of the app's routing config (:mod:`.shipping`),
 so they need this package installed, not the project's task code.
+
+Each row is written at most once per call, however often Spark runs its task: the rows
+are named by partition and position, and the store keeps what the call did with each
+(``RunRows``), so a retried task answers the first outcome and writes nothing. Summary
+and rejects come from one collect on the driver, so reading the rejects later computes
+nothing again.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import decimal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
@@ -22,7 +29,7 @@ from celery.exceptions import QueueNotFound
 from .. import validation
 from ..envelope import build
 from ..errors import DelayQError, InvalidDelay, InvalidJobId, InvalidOption
-from ..store import ScheduleCode, Store
+from ..store import RunRows, ScheduleCode, Store
 from . import shipping
 
 if TYPE_CHECKING:
@@ -32,6 +39,10 @@ if TYPE_CHECKING:
 #: Hidden column holding an eta as microseconds since the epoch (exact, timezone-free).
 _ETA_US = "__delayq_eta_us"
 _SUMMARY, _REJECT = 0, 1
+_REASONS = {
+    ScheduleCode.CONFLICT: "job id {!r} already exists (if_exists='error')",
+    ScheduleCode.DUPLICATE: "duplicate id in input: another row of it has job id {!r}",
+}
 
 Progress = Callable[["PartitionProgress"], None]
 
@@ -78,6 +89,7 @@ class _Plan:
     options: dict[str, Any]
     if_exists: str
     batch_size: int
+    run: str  # names this call's rows in the store (RunRows)
 
 
 def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
@@ -96,7 +108,6 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
     per row; ``options`` are further ``apply_async`` options for every call. ``progress``
     is called on the driver as partitions finish.
     """
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -109,22 +120,23 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
     sc = spark.sparkContext
     done_rows = sc.accumulator(0)
     outcomes = source.rdd.mapPartitions(lambda rows: _write_partition(plan, rows, done_rows))
-    outcomes = outcomes.persist(StorageLevel.MEMORY_AND_DISK)
-    group = f"delayq-schedule-{id(outcomes)}"
+    group = f"delayq-schedule-{plan.run}"
     sc.setJobGroup(group, f"celery-delayq: schedule {task} from a DataFrame")
     watcher = _Watcher(sc, group, outcomes.getNumPartitions(), done_rows, progress)
     watcher.start()
     try:
-        counts = outcomes.filter(lambda o: o[0] == _SUMMARY).map(lambda o: o[1]).collect()
+        collected = outcomes.collect()  # the one job that writes: nothing computes it again
     finally:
         watcher.stop()
         sc.setLocalProperty("spark.jobGroup.id", None)
+    Store(shipping.config(plan.shipped)).forget_run(plan.run)
+    counts = [record for kind, record in collected if kind == _SUMMARY]
     scheduled = sum(c[0] for c in counts)
     existed = sum(c[1] for c in counts)
     rejected = sum(c[2] for c in counts)
     schema = T.StructType([*df.schema.fields, T.StructField("reason", T.StringType(), False)])
     rejects = spark.createDataFrame(
-        outcomes.filter(lambda o: o[0] == _REJECT).map(lambda o: o[1]), schema)
+        [record for kind, record in collected if kind == _REJECT], schema)
     return Summary(scheduled, existed, rejected), rejects
 
 
@@ -175,7 +187,8 @@ def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_
         shipped=shipping.ship(app, task), task=task, columns=tuple(df.columns),
         id_col=id_col, delay_col=delay_col, eta_kind=eta_kind, eta_col=eta_col,
         args_cols=args_cols, kwargs_col=kwargs_col, key_col=key_col, queue=queue,
-        queue_col=queue_col, options=options, if_exists=if_exists, batch_size=batch_size)
+        queue_col=queue_col, options=options, if_exists=if_exists, batch_size=batch_size,
+        run=uuid.uuid4().hex)
 
 
 # -- executor side ---------------------------------------------------------------------
@@ -183,30 +196,33 @@ def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_
 
 def _write_partition(plan: _Plan, rows: Iterator, done_rows) -> Iterator[tuple]:
     """Schedule one partition's rows; yield its rejects, then one summary record."""
+    from pyspark import TaskContext
+
     app = shipping.bare_app(plan.shipped)
     config = shipping.config(plan.shipped)
     store = Store(config)
     width = len(plan.columns)
+    partition = TaskContext.get().partitionId()
     scheduled = existed = rejected = 0
-    batch: list[tuple[tuple, Any, Any]] = []
+    batch: list[tuple[tuple, Any, Any, str]] = []  # values, call, due, the row's name
 
     def flush() -> Iterator[tuple]:
         nonlocal scheduled, existed, rejected
-        results = store.schedule([(call, due) for _, call, due in batch], plan.if_exists)
-        for (values, call, _), result in zip(batch, results, strict=True):
+        results = store.schedule([(call, due) for _, call, due, _ in batch], plan.if_exists,
+                                 RunRows(plan.run, [name for *_, name in batch]))
+        for (values, call, _, _), result in zip(batch, results, strict=True):
             if result.code is ScheduleCode.KEPT:
                 existed += 1
-            elif result.code is ScheduleCode.CONFLICT:
+            elif result.code in (ScheduleCode.CONFLICT, ScheduleCode.DUPLICATE):
                 rejected += 1
-                yield _REJECT, (*values, f"job id {call.job_id!r} already exists "
-                                         "(if_exists='error')")
+                yield _REJECT, (*values, _REASONS[result.code].format(call.job_id))
             else:
                 scheduled += 1
         done_rows.add(len(batch))
         batch.clear()
 
     try:
-        for row in rows:
+        for position, row in enumerate(rows):
             values = tuple(row[:width])
             try:
                 call, due = _prepare(plan, app, config, row)
@@ -214,7 +230,7 @@ def _write_partition(plan: _Plan, rows: Iterator, done_rows) -> Iterator[tuple]:
                 rejected += 1
                 yield _REJECT, (*values, _reason(exc))
                 continue
-            batch.append((values, call, due))
+            batch.append((values, call, due, f"{partition}:{position}"))
             if len(batch) >= plan.batch_size:
                 yield from flush()
         if batch:
