@@ -8,8 +8,8 @@ ARGV[1] "take" or "release"
 ARGV[2] the producer's token (random, one per schedule call)
 ARGV[3] take: ms after which a reservation ends by itself (its producer died)
 
-take: returns 1 when every key is now held for the token, 0 when another token holds one
-(then none was taken). release: deletes the keys the token holds; returns how many.
+Returns, for take: 1 when every key is now held for the token, 0 when another token holds
+one (then none was taken); for release: how many of the keys the token held it deleted.
 ]]
 if ARGV[1] == 'take' then
   for i = 1, #KEYS do
