@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 #: Hidden column holding an eta as microseconds since the epoch (exact, timezone-free).
 _ETA_US = "__delayq_eta_us"
 _SUMMARY, _REJECT = 0, 1
+#: The thread-local properties ``setJobGroup`` sets.
+_LABELS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 _REASONS = {
     ScheduleCode.CONFLICT: "job id {!r} already exists (if_exists='error')",
     ScheduleCode.DUPLICATE: "duplicate id in input: another row of it has job id {!r}",
@@ -121,6 +123,7 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
     done_rows = sc.accumulator(0)
     outcomes = source.rdd.mapPartitions(lambda rows: _write_partition(plan, rows, done_rows))
     group = f"delayq-schedule-{plan.run}"
+    labels = {name: sc.getLocalProperty(name) for name in _LABELS}  # the caller's, restored
     sc.setJobGroup(group, f"celery-delayq: schedule {task} from a DataFrame")
     watcher = _Watcher(sc, group, outcomes.getNumPartitions(), done_rows, progress)
     watcher.start()
@@ -128,7 +131,8 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
         collected = outcomes.collect()  # the one job that writes: nothing computes it again
     finally:
         watcher.stop()
-        sc.setLocalProperty("spark.jobGroup.id", None)
+        for name, value in labels.items():
+            sc.setLocalProperty(name, value)
     Store(shipping.config(plan.shipped)).forget_run(plan.run)
     counts = [record for kind, record in collected if kind == _SUMMARY]
     scheduled = sum(c[0] for c in counts)
@@ -183,12 +187,23 @@ def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_
     for name in ("queue", "task_id", "countdown", "eta"):
         if name in options:
             raise InvalidOption(f"options may not set {name!r}; use the matching argument")
+    options = {**_declared_options(app, task), **options}
     return _Plan(
         shipped=shipping.ship(app, task), task=task, columns=tuple(df.columns),
         id_col=id_col, delay_col=delay_col, eta_kind=eta_kind, eta_col=eta_col,
         args_cols=args_cols, kwargs_col=kwargs_col, key_col=key_col, queue=queue,
         queue_col=queue_col, options=options, if_exists=if_exists, batch_size=batch_size,
         run=uuid.uuid4().hex)
+
+
+def _declared_options(app, task: str) -> dict[str, Any]:
+    """What ``@app.task(queue=..., priority=..., expires=...)`` declared, as ``apply_delayed``
+    applies it, when the task is registered on the driver's app (else nothing)."""
+    registered = app.tasks.get(task)
+    if registered is None:
+        return {}
+    return {name: value for name, value in registered._get_exec_options().items()
+            if value is not None and shipping.plain(value)}
 
 
 # -- executor side ---------------------------------------------------------------------

@@ -33,7 +33,7 @@ def ship(app: Celery, task: str) -> dict[str, Any]:
     for name in sorted(DEFAULTS):
         if name in _NAMED or name.startswith(_PREFIXES):
             value = app.conf.get(name)
-            if _plain(value):
+            if plain(value):
                 conf[name] = value
     conf["task_queues"] = _queues(app.conf.get("task_queues"))
     routes = app.conf.get("task_routes")
@@ -70,7 +70,8 @@ def config(shipped: dict[str, Any]) -> DelayQConfig:
     return DelayQConfig(**shipped["delayq"])
 
 
-def _plain(value: Any) -> bool:
+def plain(value: Any) -> bool:
+    """True when ``value`` is JSON data."""
     try:
         json.dumps(value)
     except (TypeError, ValueError):
@@ -81,7 +82,7 @@ def _plain(value: Any) -> bool:
 def _plain_routes(routes: Any) -> bool:
     """Dicts of glob/name -> queue name or option dict, alone or in a list: no code."""
     maps = routes if isinstance(routes, (list, tuple)) else [routes]
-    return all(isinstance(m, dict) and _plain(m) for m in maps)
+    return all(isinstance(m, dict) and plain(m) for m in maps)
 
 
 def _resolved_route(app: Celery, task: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 from kombu import Queue
 
-from celery_delayq import InvalidOption
+from celery_delayq import DelayedTask, DelayQ, InvalidOption
 from celery_delayq.spark import schedule_dataframe
 from tests.conftest import wait_for
 
@@ -155,3 +155,35 @@ def test_bad_arguments_are_refused_on_the_driver_before_any_write(spark, app, de
     with pytest.raises(InvalidOption, match="if_exists"):
         schedule_dataframe(df, app, task=TASK, id_col="job", delay_col="d", if_exists="x")
     assert _pending(delayq) == 0
+
+
+def test_options_the_task_declares_apply_unless_a_column_overrides_them(spark, strict_app):
+    @strict_app.task(name="shop.tasks.close_order", base=DelayedTask, queue="refunds",
+                     priority=7, shared=False)
+    def close_order(order_id):  # registered on the driver only
+        return order_id
+
+    df = spark.createDataFrame([("a", 600.0, None), ("b", 600.0, "celery")],
+                               "order_id string, delay_s double, q string")
+    summary, _ = schedule_dataframe(df, strict_app, task=close_order.name, id_col="order_id",
+                                    delay_col="delay_s", queue_col="q")
+
+    assert summary.scheduled == 2
+    delayq = DelayQ.of(strict_app)
+    direct = close_order.apply_delayed(args=("c",), delay=600, job_id="c")  # the same
+    stored = {job_id: delayq.get(job_id) for job_id in ("a", "b", direct.job_id)}
+    assert {job_id: (job.queue, job.options["p"]["priority"])
+            for job_id, job in stored.items()} == {
+        "a": ("refunds", 7), "b": ("celery", 7), "c": ("refunds", 7)}
+
+
+def test_the_callers_job_description_is_left_as_it_was(spark, app, delayq):
+    sc = spark.sparkContext
+    sc.setJobDescription("nightly refunds")
+    df = spark.createDataFrame([("a", 600.0)], "order_id string, delay_s double")
+    try:
+        schedule_dataframe(df, app, task=TASK, id_col="order_id", delay_col="delay_s")
+        assert sc.getLocalProperty("spark.job.description") == "nightly refunds"
+        assert sc.getLocalProperty("spark.jobGroup.id") is None
+    finally:
+        sc.setJobDescription(None)
