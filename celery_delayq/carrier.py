@@ -28,6 +28,8 @@ from typing import Any
 import redis
 from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import KombuError, SerializationError
+from redis.client import PubSub
+from redis.cluster import RedisCluster
 
 from .connection import redact
 from .envelope import ORIGIN
@@ -95,8 +97,8 @@ class Carrier:
         self._queues: dict[str, tuple[Any, int]] = {}
         self._declared: set[str] = set()  # queues declared on the current connection
         self._producer = None
-        self._session = None  # the channel's publish batch while a batch is published
-        self._pubsub = None
+        self._session: Any = None  # the channel's publish batch while a batch is published
+        self._pubsub: PubSub | None = None
         shard_lease_ms = int((shard_lease or config.shard_lease_seconds) * 1000)
         self.carrier_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.ownership = ShardOwnership(self.store, self.carrier_id, shard_lease_ms)
@@ -179,7 +181,7 @@ class Carrier:
                         continue
                     acks[claim.shard].append(sent)
                     redis_now = claim.now_ms + (time.monotonic() - claimed_at) * 1000
-                    lateness.append(redis_now - job.due_ms)
+                    lateness.append(redis_now - sent.due_ms)
         # Reached only when every message is with the broker; otherwise leases expire and
         # the jobs are recovered and published again.
         if lateness:
@@ -273,8 +275,10 @@ class Carrier:
                              job.job_id, job.job_id)
             dead.append(self._dead_letter(shard, job, exc, internal=True))
             return None
+        assert job.due_ms is not None  # else build() refused it
         if self._broker_prefix is not None and queue.name not in self._considered:
-            self._route_directly([queue.name])  # e.g. created by task_create_missing_queues
+            # e.g. created by task_create_missing_queues
+            self._route_directly(self._broker_prefix, [queue.name])
         return Promoted(job.job_id, message.task, message.key, job.due_ms, job.stored_id,
                         job.lease)
 
@@ -321,8 +325,10 @@ class Carrier:
     def _check_broker(self) -> None:
         """Make sure the broker is the store's Redis, then route its queues directly."""
         with self.app.connection_for_write() as connection:
-            same = connection.transport.driver_type == "redis" and _same_database(
-                connection.default_channel.client, self.store.client)
+            store = self.store.client  # not a cluster: refused with direct promotion
+            same = (connection.transport.driver_type == "redis"
+                    and isinstance(store, redis.Redis)
+                    and _same_database(connection.default_channel.client, store))
             options = connection.transport_options
         if not same:
             raise ConfigurationError(
@@ -330,16 +336,16 @@ class Carrier:
                 f"and database; the broker is {redact(self.app.conf.broker_url or '')}, the "
                 f"store {redact(self.delayq.config.redis_url)}. Point delayq_redis_url at the "
                 "broker or turn delayq_direct_promotion off.")
-        self._broker_prefix = options.get("global_keyprefix", "")
-        self._route_directly(list(self.app.amqp.queues))
+        self._broker_prefix = prefix = options.get("global_keyprefix", "")
+        self._route_directly(prefix, list(self.app.amqp.queues))
 
-    def _route_directly(self, names: list[str]) -> None:
+    def _route_directly(self, prefix: str, names: list[str]) -> None:
         """Let the claim script push to these queues too (all but those with x-expires)."""
         self._considered.update(names)
         routed = [name for name, _ in self._direct.queues] if self._direct else []
         routed += [name for name in names if not self._queue(name)[0].expires]
         self._direct = DirectRoutes(
-            lists=[broker_queue(self._broker_prefix, name) for name in routed],
+            lists=[broker_queue(prefix, name) for name in routed],
             queues=[(name, self._queue(name)[1]) for name in routed],
             default_queue=self.delayq.config.default_queue,
             origin=ORIGIN, repr_max=self.app.amqp.argsrepr_maxsize)
@@ -451,21 +457,22 @@ class Carrier:
 
     def _wait(self, seconds: float) -> None:
         """Sleep up to ``seconds``, returning early on a wake message or a stop."""
-        self._subscribe()
+        pubsub = self._subscribe()
         deadline = time.monotonic() + seconds
         while not self._stopping.requested:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            if self._pubsub.get_message(timeout=min(left, _WAIT_SLICE)) is not None:
-                while self._pubsub.get_message(timeout=0) is not None:
+            if pubsub.get_message(timeout=min(left, _WAIT_SLICE)) is not None:
+                while pubsub.get_message(timeout=0) is not None:
                     pass  # several wakes mean one more look
                 return
 
-    def _subscribe(self) -> None:
+    def _subscribe(self) -> PubSub:
         if self._pubsub is None:
             self._pubsub = self.store.pubsub()
             self._pubsub.subscribe(self.store.keys.wake_channel)
+        return self._pubsub
 
     def _reset_connections(self) -> None:
         if self._pubsub is not None:
@@ -487,7 +494,7 @@ class Carrier:
         self._reset_connections()
 
 
-def _run_id(client: redis.Redis) -> str:
+def _run_id(client: redis.Redis | RedisCluster) -> str:
     """The run id of the Redis server a client reaches."""
     return client.info("server")["run_id"]
 

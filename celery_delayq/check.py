@@ -33,7 +33,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -85,7 +85,7 @@ class _ShardCheck:
         return self.report
 
     def _jobs(self) -> None:
-        shard, tasks = self.shard, Counter()
+        shard, tasks = self.shard, Counter[str]()
         before = self.client.hlen(shard.jobs)
         for chunk in _chunks(self.client.hscan_iter(shard.jobs, count=_CHUNK)):
             ids = [stored for stored, _ in chunk]
@@ -104,12 +104,12 @@ class _ShardCheck:
             self._found("orphaned", orphaned, [("orphan", s, _ORPHANED) for s in orphaned])
         self._counts(tasks, same=before == self.client.hlen(shard.jobs) == self.report.jobs)
 
-    def _counts(self, tasks: Counter, same: bool) -> None:
+    def _counts(self, tasks: Counter[str], same: bool) -> None:
         if not same:
             self.report.counts_checked = False
             return
-        stored = {task: int(n) for task, n in self.client.hgetall(self.shard.counts).items()
-                  if task != ""}
+        counts = cast("dict[str, str]", self.client.hgetall(self.shard.counts))  # decoded
+        stored = {task: int(n) for task, n in counts.items() if task != ""}
         diffs = {task: tasks.get(task, 0) - stored.get(task, 0)
                  for task in set(tasks) | set(stored) if task != ""}
         wrong = sorted(task for task, diff in diffs.items() if diff)
@@ -131,7 +131,8 @@ class _ShardCheck:
         for chunk in _chunks(self.client.zscan_iter(self.shard.bykey, count=_CHUNK)):
             members = [member for member, _ in chunk]
             parts = [member.partition("\x00") for member in members]
-            envelopes = self.client.hmget(self.shard.jobs, [stored for _, _, stored in parts])
+            envelopes = cast("list[str | None]", self.client.hmget(
+                self.shard.jobs, [stored for _, _, stored in parts]))
             wrong = [member for member, (key, _, _), envelope
                      in zip(members, parts, envelopes, strict=True)
                      if envelope is None or _first_line(envelope).get("y") != key]

@@ -170,8 +170,9 @@ def ls(ctx: click.Context, task: str | None, key: str | None, limit: int, dead: 
                 click.echo(f"{entry['job_id']}  {_ms(entry['at'])}  {entry['reason']}")
             return
         for job in _delayq(ctx).pending(task=task, key=key, limit=limit):
-            click.echo(f"{job.due.isoformat(timespec='milliseconds')}  {job.job_id}  "
-                       f"{job.task}  key={job.key or '-'}  queue={job.queue}")
+            due = job.due.isoformat(timespec="milliseconds") if job.due else "-"
+            click.echo(f"{due}  {job.job_id}  {job.task}  key={job.key or '-'}  "
+                       f"queue={job.queue}")
     except DelayQError as exc:
         _fail(exc)
 

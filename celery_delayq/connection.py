@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster
 from redis.connection import SSLConnection, parse_url
 from redis.exceptions import ResponseError
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelManagedConnection
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from .errors import ConfigurationError
 
@@ -75,6 +75,8 @@ class SentinelMaster(redis.Redis):
     """The master a Sentinel set names; connections follow it across failovers (a
     ``READONLY`` reply or a lost connection makes them ask the Sentinels again)."""
 
+    connection_pool: SentinelConnectionPool
+
     def close(self) -> None:
         super().close()
         self.connection_pool.sentinel_manager.close()
@@ -119,7 +121,8 @@ def _sentinel_master(config: DelayQConfig, options: dict[str, Any],
 def sentinel_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     """The Sentinels of a ``sentinel://`` URL and the master's options (db, username,
     password, query options) given in any of its ``;``-separated parts."""
-    nodes, master = [], {}
+    nodes: list[tuple[str, int]] = []
+    master: dict[str, Any] = {}
     for part in _parts(url):
         try:
             options = parse_url("redis" + part.removeprefix(SENTINEL_SCHEME))

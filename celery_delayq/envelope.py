@@ -315,8 +315,9 @@ def _lone_surrogate(text: str) -> bool:
     return high_end is not None
 
 
-def _resolve_route(app, routed: dict[str, Any]) -> tuple[str, str, str]:
-    """(queue name, exchange name, routing key) exactly as Celery's publisher picks them."""
+def _resolve_route(app, routed: dict[str, Any]) -> tuple[str, str, str | None]:
+    """(queue name, exchange name, routing key) exactly as Celery's publisher picks them;
+    no routing key for a non-direct exchange routed without one."""
     queue = routed.get("queue")
     exchange = routed.get("exchange")
     routing_key = routed.get("routing_key")
@@ -331,6 +332,7 @@ def _resolve_route(app, routed: dict[str, Any]) -> tuple[str, str, str]:
     if (not exchange or not routing_key) and exchange_type == "direct":
         return qname, "", qname
     if exchange is None:
+        assert queue is not None  # the default queue when neither was routed
         exchange = queue.exchange.name or app.conf.task_default_exchange
         routing_key = routing_key or queue.routing_key or app.conf.task_default_routing_key
     return qname, exchange, routing_key
@@ -369,7 +371,7 @@ def split(raw: str | bytes | None) -> tuple[str, str, str]:
             raw = raw.decode()
         elif not raw.isascii():
             raw.encode()
-    except UnicodeError as exc:
+    except (UnicodeDecodeError, UnicodeEncodeError) as exc:
         raise PayloadError(f"envelope is not valid UTF-8 ({exc.reason})") from exc
     fields, args, kwargs = [*raw.split("\n", 2), "", ""][:3]
     return fields, args, kwargs

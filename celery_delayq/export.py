@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .errors import ConfigurationError, InvalidOption
 from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
@@ -37,6 +37,7 @@ _TEXT = ("event", "task", "key", "task_id", "by", "reason")  # columns holding a
 _KNOWN = frozenset({*_TEXT, "job", "due", "retries"})
 _INT32 = 2**31 - 1
 _STREAM_ID = re.compile(r"\d+-\d+")
+_Entries = list[tuple[str, dict[str, str]]]  # stream entries as the store's client reads them
 logger = logging.getLogger(__name__)
 
 
@@ -74,7 +75,7 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
     client = store.client
     position_key = store.keys.export_position
     with store.unavailable():
-        positions = client.hgetall(position_key)
+        positions = cast("dict[str, str]", client.hgetall(position_key))  # decoded replies
         for shard in store.keys:
             last = positions.get(str(shard.shard))
             if last is not None and not _STREAM_ID.fullmatch(last):
@@ -83,7 +84,7 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
                                shard.shard, printable(last))
                 last = None
             result.per_shard[shard.shard] = 0
-            end = client.xrevrange(shard.journal, "+", "-", count=1)
+            end = cast("_Entries", client.xrevrange(shard.journal, "+", "-", count=1))
             if not end:
                 continue
             end_id = end[0][0]
@@ -91,7 +92,8 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
             if start is None and last and _trimmed(client, shard.journal, last):
                 result.trimmed.append(shard.shard)
             while True:
-                entries = client.xrange(shard.journal, lower, end_id, count=batch)
+                entries = cast("_Entries", client.xrange(shard.journal, lower, end_id,
+                                                         count=batch))
                 if not entries:
                     break
                 result.files += _write(root, shard.shard, entries, fmt, skipped)
@@ -184,8 +186,8 @@ def _write(root: Path, shard: int, entries: list, fmt: str,
                         f"unreadable {', '.join(unreadable)}")
         by_date[day.date().isoformat()].append(record)
     written = []
-    for day, records in by_date.items():
-        folder = root / f"date={day}"
+    for date, records in by_date.items():
+        folder = root / f"date={date}"
         folder.mkdir(exist_ok=True)
         path = folder / f"events-s{shard}-{records[0]['id']}.{fmt}"
         tmp = folder / f".{path.name}.tmp"

@@ -100,6 +100,10 @@ class DelayQ:
     Create one per app (``DelayQ(app)``); later code reaches it as ``DelayQ.of(app)``.
     """
 
+    app: Celery
+    _interceptors: list[Interceptor]
+    _clock: Callable[[Due], Due] | None
+
     def __new__(cls, app: Celery) -> DelayQ:
         with _create_lock:
             existing = getattr(app, _ATTR, None)
@@ -256,9 +260,9 @@ class DelayQ:
         args, kwargs = decode_arguments(*split(call.envelope)[1:])
         ran = task.apply(args, kwargs, task_id=call.task_id,
                          **{k: v for k, v in options.items() if k != "task_id"})
-        at_ms = due.at_ms if due.at_ms is not None else time.time() * 1000 + due.delay_ms
         return EagerDelayedResult(*ran.__reduce_args__(), job_id=call.job_id,
-                                  eta=_from_ms(at_ms), key=call.key)
+                                  eta=_from_ms(due.absolute_ms(time.time() * 1000)),
+                                  key=call.key)
 
     def set_clock(self, clock: Callable[[Due], Due] | None) -> None:
         """Let ``clock`` adjust every call's due time before anything else sees it.
@@ -305,7 +309,7 @@ class DelayQ:
             eta = maybe_make_aware(eta, self.app.timezone)  # naive: Celery's timezone rules
             seconds = (eta - self.app.now()).total_seconds()
             return {"eta": eta} if seconds > threshold else None
-        return {"delay": countdown} if countdown > threshold else None
+        return {"delay": countdown} if countdown is not None and countdown > threshold else None
 
     def _route_send_task(self) -> None:
         """Send ``app.send_task(..., countdown=|eta=)`` through the store too.
@@ -380,5 +384,5 @@ class DelayQ:
         return self.reschedule(job_id, delay=0, key=key) is not None
 
 
-def _from_ms(ms: int) -> datetime:
+def _from_ms(ms: float) -> datetime:
     return datetime.fromtimestamp(ms / 1000, timezone.utc)

@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from celery import Celery, current_app
@@ -213,7 +213,14 @@ class _Deadline:
         return left
 
 
-class _DeadlineIO:
+if TYPE_CHECKING:  # what the mixins below are mixed into
+    _SocketBase = socket.socket
+    _ConnectionBase = http.client.HTTPConnection
+else:
+    _SocketBase = _ConnectionBase = object
+
+
+class _DeadlineIO(_SocketBase):
     """Socket I/O that gives each call only the time left before ``deadline``: a server
     dripping a byte at a time cannot stretch an attempt past it."""
 
@@ -248,7 +255,7 @@ class _TLSSocket(_DeadlineIO, ssl.SSLSocket):
     """Its handshake is bounded by the timeout it inherits (the time left)."""
 
 
-class _DeadlineConnection:
+class _DeadlineConnection(_ConnectionBase):
     """An ``http.client`` connection whose sockets keep to ``deadline``."""
 
     def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
@@ -265,7 +272,8 @@ class _DeadlineConnection:
 
     def connect(self) -> None:
         super().connect()
-        self.sock.deadline = self.deadline  # a TLS socket wraps the plain one
+        sock = cast(_DeadlineIO, self.sock)  # a _TLSSocket wrapping the _Socket, or that
+        sock.deadline = self.deadline
 
 
 class _HTTPConnection(_DeadlineConnection, http.client.HTTPConnection):
@@ -284,8 +292,9 @@ class _HTTPHandler(urllib.request.HTTPHandler):
 
 class _HTTPSHandler(urllib.request.HTTPSHandler):
     def https_open(self, req):
+        # urllib keeps the handler's context in _context, which typeshed does not declare
         return self.do_open(functools.partial(_HTTPSConnection, deadline=_Deadline(req.timeout)),
-                            req, context=self._context)
+                            req, context=self._context)  # type: ignore[attr-defined]
 
 
 class _EveryAnswer(urllib.request.HTTPErrorProcessor):
@@ -387,7 +396,7 @@ def _current() -> HttpCallbackTask:
 
 
 #: The current app's ``celery_delayq.http_callback`` (it must have a ``DelayQ``).
-http_callback: HttpCallbackTask = Proxy(_current)  # type: ignore[assignment]
+http_callback: HttpCallbackTask = Proxy(_current)
 
 
 def _http_callback(self, url: str, json: Any = None, headers: Mapping[str, str] | None = None,

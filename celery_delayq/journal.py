@@ -111,7 +111,7 @@ def _on_postrun(sender=None, task_id=None, task=None, state=None, **_) -> None:
 def _record(task, task_id: str | None, event: str) -> None:
     request = getattr(task, "request", None)
     job_id = request.get(HEADER_JOB) if request is not None else None
-    if job_id is None:
+    if request is None or job_id is None:
         return
     from .extension import DelayQ
 

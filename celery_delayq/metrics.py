@@ -17,8 +17,9 @@ from .store import Store
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    _HAVE_PROMETHEUS = True
 except ImportError:  # pragma: no cover - exercised only without the extra
-    CollectorRegistry = None
+    _HAVE_PROMETHEUS = False
 
 _LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                      30, 60)
@@ -30,7 +31,7 @@ class CarrierMetrics:
     """The carrier's counters and histograms, plus the store read at scrape time."""
 
     def __init__(self, store: Store) -> None:
-        if CollectorRegistry is None:
+        if not _HAVE_PROMETHEUS:
             raise ConfigurationError(
                 "metrics need prometheus_client: pip install 'celery-delayq[metrics]'")
         self.registry = CollectorRegistry()

@@ -55,8 +55,8 @@ class Publishing:
 
     def before(self, call: Call, due: Due) -> tuple[Call, Sent]:
         """Send ``before_task_publish``; ``call`` with the headers its handlers added."""
-        due_ms = due.at_ms if due.at_ms is not None else time.time() * 1000 + due.delay_ms
-        message = self._messages.build(call.job_id, call.envelope, due_ms=round(due_ms),
+        due_ms = round(due.absolute_ms(time.time() * 1000))
+        message = self._messages.build(call.job_id, call.envelope, due_ms=due_ms,
                                        shard=self._keys.shard_for(call.job_id, call.key).shard)
         headers = message.headers
         original = dict(headers)

@@ -48,7 +48,7 @@ def install(delayq: DelayQ) -> None:
     """Hook revoke for this app (producer side) and in workers (once per process)."""
     app = delayq.app
     if "control" in vars(app):  # already created: give it the revoking class
-        app.control.__class__ = _revoking(type(app.control))
+        app.control.__class__ = _revoking(app.control.__class__)
     elif symbol_by_name(app.control_cls) is CeleryControl:
         app.control_cls = f"{__name__}:Control"  # by name: the app still pickles
     else:

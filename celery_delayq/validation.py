@@ -25,6 +25,10 @@ class Due(NamedTuple):
         """The (absolute, relative) pair the Lua scripts take."""
         return ["" if self.at_ms is None else self.at_ms, self.delay_ms or 0]
 
+    def absolute_ms(self, now_ms: float) -> float:
+        """The due time in epoch ms, a delay counted from ``now_ms``."""
+        return self.at_ms if self.at_ms is not None else now_ms + (self.delay_ms or 0)
+
 
 def due(delay: float | timedelta | None, eta: datetime | None, max_delay: float) -> Due:
     """Validate ``delay``/``eta``; exactly one must be given."""

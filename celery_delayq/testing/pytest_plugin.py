@@ -40,7 +40,7 @@ from ..errors import DelayQError, PayloadError
 from ..extension import DelayQ
 from ..keys import ShardKeys
 from ..message import Message, MessageBuilder
-from ..store import Claimed, Promoted
+from ..store import Promoted
 from ..validation import Due
 from .redis_server import RedisServer
 
@@ -235,7 +235,7 @@ class DelayQTester:
         if job_id is not None:  # journaled as "rescheduled": the test clock pulled it in
             store.reschedule(job_id, Due(at_ms=None, delay_ms=0))
         claims = store.claim(list(store.keys), store.config.claim_batch, _LEASE_MS)
-        jobs: list[tuple[Claimed, Message]] = []
+        jobs: list[tuple[Promoted, Message]] = []
         acks: dict[ShardKeys, list[Promoted]] = {}
         for claim in claims:
             if claim.error:
@@ -247,15 +247,16 @@ class DelayQTester:
                 except PayloadError as exc:
                     store.dead_letter(claim.shard, job, str(exc))
                     continue
-                jobs.append((job, message))
-                acks.setdefault(claim.shard, []).append(
-                    Promoted(job.job_id, message.task, message.key, job.due_ms,
-                             job.stored_id, job.lease))
+                assert job.due_ms is not None  # else build() refused it
+                promoted = Promoted(job.job_id, message.task, message.key, job.due_ms,
+                                    job.stored_id, job.lease)
+                jobs.append((promoted, message))
+                acks.setdefault(claim.shard, []).append(promoted)
         store.ack(acks)  # promoted, as the carrier would before a worker runs them
         jobs.sort(key=lambda item: item[0].due_ms)
         return [self._run(job, message) for job, message in jobs]
 
-    def _run(self, job: Claimed, message: Message) -> Run:
+    def _run(self, job: Promoted, message: Message) -> Run:
         """Run one promoted job in this process, as a worker runs the published message."""
         try:
             task = self.app.tasks[message.task]

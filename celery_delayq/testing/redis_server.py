@@ -21,6 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -118,8 +119,11 @@ class RedisServer:
         self.cluster_node = cluster_node
         self.port = port or free_port(cluster_node)
         self.appendonly = appendonly
-        self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="delayq-redis-")
-        self.directory = directory or self._tmp.name
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if not directory:
+            self._tmp = tempfile.TemporaryDirectory(prefix="delayq-redis-")
+            directory = self._tmp.name
+        self.directory = directory
         self.extra = extra
         self.own_session = own_session
         self.process: subprocess.Popen | None = None
@@ -145,7 +149,8 @@ class RedisServer:
         with open(os.path.join(self.directory, "redis.log"), "ab") as log:
             self.process = subprocess.Popen(self._args(), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=self.own_session)
-        tls = {} if self.tls is None else {"ssl": True, "ssl_ca_certs": self.tls.ca}
+        tls: dict[str, Any] = {} if self.tls is None else {"ssl": True,
+                                                           "ssl_ca_certs": self.tls.ca}
         client = redis.Redis("127.0.0.1", self.port, socket_connect_timeout=0.2,
                              retry=Retry(NoBackoff(), 0), **tls)  # this loop retries
         deadline = time.monotonic() + timeout
@@ -360,6 +365,7 @@ def main() -> None:
     opts = parser.parse_args()
     server = RedisServer(opts.port, appendonly=opts.appendonly, directory=opts.dir).start()
     print(f"redis-server ({binary()}) serving {server.url}; Ctrl-C stops it", flush=True)
+    assert server.process is not None  # start() started it
     try:
         server.process.wait()
     except KeyboardInterrupt:

@@ -175,7 +175,8 @@ def _bars(hours: Sequence[datetime], series: Mapping[str, Sequence[int]],
     slot = (WIDTH - PLOT_LEFT - PLOT_RIGHT) / len(hours)
     parts = []
     for i, hour in enumerate(hours):
-        x, base = PLOT_LEFT + i * slot + slot * 0.15, PLOT_TOP + PLOT_HEIGHT
+        x = PLOT_LEFT + i * slot + slot * 0.15
+        base: float = PLOT_TOP + PLOT_HEIGHT  # bars stack upwards from the axis
         span = f"{hour:%a %H:%M} to {hour + timedelta(hours=1):%H:%M}"
         for task, counts in series.items():
             if not counts[i]:
@@ -215,7 +216,9 @@ def _x_axis(hours: Sequence[datetime], tz_name: str) -> list[str]:
 
 def _legend(colours: Mapping[str, str]) -> tuple[list[str], int]:
     """Legend items flowed left to right in rows; returns the parts and their height."""
-    parts, x, row = [], PLOT_LEFT, 0
+    parts: list[str] = []
+    x: float = PLOT_LEFT
+    row = 0
     for task, colour in colours.items():
         width = 18 + len(task) * CHAR_WIDTH + 16
         if x + width > WIDTH - PLOT_RIGHT and x > PLOT_LEFT:

@@ -40,7 +40,7 @@ def reconcile(delayq: DelayQ | None = None, missing: bool = False) -> PushReport
 
 
 def _absent(delayq: DelayQ, rows: list[DelayedTask]) -> list[DelayedTask]:
-    absent = []
+    absent: list[DelayedTask] = []
     for start in range(0, len(rows), _CHUNK):
         chunk = rows[start:start + _CHUNK]
         held = delayq.store.held([(row.job_id, row.key or None) for row in chunk])

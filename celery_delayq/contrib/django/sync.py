@@ -129,6 +129,7 @@ class JournalSync:
             for stream_id, fields in readable:
                 job_id = fields["job"]
                 at = _at(stream_id)
+                assert at is not None  # else _unreadable left the entry out
                 row = rows.get(job_id)
                 if row is None:
                     row = rows[job_id] = DelayedTask(job_id=job_id, task=fields.get("task", ""),
