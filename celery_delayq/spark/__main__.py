@@ -74,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     queue.add_argument("--queue", help="Queue for every row (default: the app's routing).")
     queue.add_argument("--queue-col", help="Queue column, per row.")
     schedule.add_argument("--if-exists", choices=("keep", "replace", "error"), default="keep")
+    schedule.add_argument("--past", choices=("run", "reject"), default="run",
+                          help="An eta that has passed: run at once (default) or reject.")
     schedule.add_argument("--batch-size", type=int, default=5000,
                           help="Rows per pipelined round trip.")
     schedule.add_argument("--partitions", type=int, default=None,
@@ -187,9 +189,11 @@ def _schedule(args: argparse.Namespace) -> int:
         eta_col=args.eta_col, args_cols=[c for c in args.args_cols.split(",") if c],
         kwargs_col=args.kwargs_col, key_col=args.key_col, queue=args.queue,
         queue_col=args.queue_col, if_exists=args.if_exists, batch_size=args.batch_size,
+        past=args.past,
         progress=progress)
     print(f"scheduled {summary.scheduled:,}, already existed {summary.existed:,}, "
-          f"rejected {summary.rejected:,}")
+          f"rejected {summary.rejected:,}; eta already passed {summary.past:,} "
+          f"({'rejected' if args.past == 'reject' else 'run at once'})")
     if summary.rejected:
         if args.rejects:
             rejects.write.mode("overwrite").parquet(args.rejects)

@@ -56,6 +56,7 @@ class Summary:
     scheduled: int  # newly stored (or replaced, with if_exists="replace")
     existed: int  # already stored under the same job id and left as they were
     rejected: int  # refused; see the rejects DataFrame for why
+    past: int = 0  # of all those, rows whose eta had passed (run at once, or rejected)
 
     @property
     def total(self) -> int:
@@ -91,6 +92,7 @@ class _Plan:
     options: dict[str, Any]
     if_exists: str
     batch_size: int
+    past: str  # "run" or "reject": what an eta that has passed does
     run: str  # names this call's rows in the store (RunRows)
 
 
@@ -99,7 +101,7 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
                        args_cols: Iterable[str] = (), kwargs_col: str | None = None,
                        key_col: str | None = None, queue: str | None = None,
                        queue_col: str | None = None, options: dict[str, Any] | None = None,
-                       if_exists: str = "keep", batch_size: int = 5000,
+                       if_exists: str = "keep", batch_size: int = 5000, past: str = "run",
                        progress: Progress | None = None) -> tuple[Summary, DataFrame]:
     """Schedule one call of ``task`` per row of ``df``; return ``(summary, rejects)``.
 
@@ -107,14 +109,16 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
     ``delay_col`` (seconds) or ``eta_col`` (timestamp, ISO string with offset, or epoch
     seconds). Positional arguments are ``args_cols`` in order, keyword arguments the
     struct/map column ``kwargs_col``. ``queue`` / ``queue_col`` pick the queue per call or
-    per row; ``options`` are further ``apply_async`` options for every call. ``progress``
-    is called on the driver as partitions finish.
+    per row; ``options`` are further ``apply_async`` options for every call. An eta that
+    has passed (on the executor's clock) runs at once with ``past="run"``, as
+    ``apply_delayed`` does, or is rejected with ``past="reject"``; ``Summary.past`` counts
+    them. ``progress`` is called on the driver as partitions finish.
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     plan = _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_col,
-                 queue, queue_col, options, if_exists, batch_size)
+                 queue, queue_col, options, if_exists, batch_size, past)
     source = df
     if plan.eta_kind == "us":
         source = df.withColumn(_ETA_US, F.unix_micros(F.col(eta_col)))
@@ -135,17 +139,15 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
             sc.setLocalProperty(name, value)
     Store(shipping.config(plan.shipped)).forget_run(plan.run)
     counts = [record for kind, record in collected if kind == _SUMMARY]
-    scheduled = sum(c[0] for c in counts)
-    existed = sum(c[1] for c in counts)
-    rejected = sum(c[2] for c in counts)
+    scheduled, existed, rejected, late = (sum(c[n] for c in counts) for n in range(4))
     schema = T.StructType([*df.schema.fields, T.StructField("reason", T.StringType(), False)])
     rejects = spark.createDataFrame(
         [record for kind, record in collected if kind == _REJECT], schema)
-    return Summary(scheduled, existed, rejected), rejects
+    return Summary(scheduled, existed, rejected, late), rejects
 
 
 def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_col, queue,
-          queue_col, options, if_exists, batch_size) -> _Plan:
+          queue_col, options, if_exists, batch_size, past) -> _Plan:
     """Check the arguments against the DataFrame on the driver, before any write."""
     from pyspark.sql import types as T
 
@@ -158,6 +160,9 @@ def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_
         raise InvalidOption("pass queue= (every row) or queue_col= (per row), not both")
     if batch_size < 1:
         raise InvalidOption("batch_size must be at least 1")
+    if past not in ("run", "reject"):
+        raise InvalidOption(f"past={past!r}: pass 'run' (an eta that has passed runs at "
+                            "once, as apply_delayed does) or 'reject'")
     args_cols = tuple(args_cols)
     types = dict(df.dtypes)
     for role, name in [("id_col", id_col), ("delay_col", delay_col), ("eta_col", eta_col),
@@ -193,7 +198,7 @@ def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_
         id_col=id_col, delay_col=delay_col, eta_kind=eta_kind, eta_col=eta_col,
         args_cols=args_cols, kwargs_col=kwargs_col, key_col=key_col, queue=queue,
         queue_col=queue_col, options=options, if_exists=if_exists, batch_size=batch_size,
-        run=uuid.uuid4().hex)
+        past=past, run=uuid.uuid4().hex)
 
 
 def _declared_options(app, task: str) -> dict[str, Any]:
@@ -218,7 +223,7 @@ def _write_partition(plan: _Plan, rows: Iterator, done_rows) -> Iterator[tuple]:
     store = Store(config)
     width = len(plan.columns)
     partition = TaskContext.get().partitionId()
-    scheduled = existed = rejected = 0
+    scheduled = existed = rejected = late = 0
     batch: list[tuple[tuple, Any, Any, str]] = []  # values, call, due, the row's name
 
     def flush() -> Iterator[tuple]:
@@ -241,6 +246,10 @@ def _write_partition(plan: _Plan, rows: Iterator, done_rows) -> Iterator[tuple]:
             values = tuple(row[:width])
             try:
                 call, due = _prepare(plan, app, config, row)
+                if due.at_ms is not None and due.at_ms < time.time() * 1000:
+                    late += 1
+                    if plan.past == "reject":
+                        raise InvalidDelay(f"eta in the past: {_iso(due.at_ms)} (past='reject')")
             except (DelayQError, QueueNotFound, TypeError, ValueError) as exc:
                 rejected += 1
                 yield _REJECT, (*values, _reason(exc))
@@ -252,7 +261,7 @@ def _write_partition(plan: _Plan, rows: Iterator, done_rows) -> Iterator[tuple]:
             yield from flush()
     finally:
         store.close()
-    yield _SUMMARY, (scheduled, existed, rejected)
+    yield _SUMMARY, (scheduled, existed, rejected, late)
 
 
 def _prepare(plan: _Plan, app, config, row) -> tuple:
@@ -303,6 +312,10 @@ def _when(plan: _Plan, row) -> tuple[Any, datetime | None]:
         raise InvalidDelay(
             f"bad eta: {raw!r} is not an ISO-8601 time such as 2030-01-31T08:00:00+00:00"
         ) from None
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat()
 
 
 def _text(value: Any) -> str:

@@ -187,3 +187,33 @@ def test_the_callers_job_description_is_left_as_it_was(spark, app, delayq):
         assert sc.getLocalProperty("spark.jobGroup.id") is None
     finally:
         sc.setJobDescription(None)
+
+
+@pytest.mark.parametrize("past", ["run", "reject"])
+def test_etas_that_have_passed_are_counted_and_run_at_once_or_rejected(spark, app, delayq,
+                                                                        past):
+    now = datetime.now(timezone.utc).replace(tzinfo=None)  # session time zone is UTC
+    rows = [("late:1", datetime(1990, 1, 1)), ("late:2", now - timedelta(hours=1)),
+            ("soon", now + timedelta(hours=1))]
+    df = spark.createDataFrame(rows, "job string, at timestamp")
+
+    summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="job", eta_col="at",
+                                          past=past)
+
+    assert summary.past == 2
+    if past == "run":
+        assert (summary.scheduled, summary.rejected) == (3, 0)
+        assert sorted(job.job_id for job in delayq.pending()) == ["late:1", "late:2", "soon"]
+    else:
+        assert (summary.scheduled, summary.rejected) == (1, 2)
+        assert {row.job: row.reason.split(":")[0] for row in rejects.collect()} == {
+            "late:1": "eta in the past", "late:2": "eta in the past"}
+        assert [job.job_id for job in delayq.pending()] == ["soon"]
+
+
+def test_an_unknown_past_policy_is_refused_before_any_write(spark, app, delayq):
+    df = spark.createDataFrame([("a", 60.0)], "job string, delay_s double")
+    with pytest.raises(InvalidOption, match="past='later'"):
+        schedule_dataframe(df, app, task=TASK, id_col="job", delay_col="delay_s",
+                           past="later")
+    assert delayq.pending() == []
