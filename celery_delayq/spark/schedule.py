@@ -120,7 +120,7 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
     plan = _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_col,
                  queue, queue_col, options, if_exists, batch_size, past)
     source = df
-    if plan.eta_kind == "us":
+    if plan.eta_kind == "us" and eta_col is not None:
         source = df.withColumn(_ETA_US, F.unix_micros(F.col(eta_col)))
     spark = df.sparkSession
     sc = spark.sparkContext
@@ -135,8 +135,8 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
         collected = outcomes.collect()  # the one job that writes: nothing computes it again
     finally:
         watcher.stop()
-        for name, value in labels.items():
-            sc.setLocalProperty(name, value)
+        for name, value in labels.items():  # None removes it (pyspark's hint says str)
+            sc.setLocalProperty(name, value)  # type: ignore[arg-type]
     Store(shipping.config(plan.shipped)).forget_run(plan.run)
     counts = [record for kind, record in collected if kind == _SUMMARY]
     scheduled, existed, rejected, late = (sum(c[n] for c in counts) for n in range(4))
@@ -214,7 +214,7 @@ def _declared_options(app, task: str) -> dict[str, Any]:
 # -- executor side ---------------------------------------------------------------------
 
 
-def _write_partition(plan: _Plan, rows: Iterator, done_rows) -> Iterator[tuple]:
+def _write_partition(plan: _Plan, rows: Iterable, done_rows) -> Iterator[tuple]:
     """Schedule one partition's rows; yield its rejects, then one summary record."""
     from pyspark import TaskContext
 
@@ -222,7 +222,9 @@ def _write_partition(plan: _Plan, rows: Iterator, done_rows) -> Iterator[tuple]:
     config = shipping.config(plan.shipped)
     store = Store(config)
     width = len(plan.columns)
-    partition = TaskContext.get().partitionId()
+    context = TaskContext.get()
+    assert context is not None  # this runs in a Spark task
+    partition = context.partitionId()
     scheduled = existed = rejected = late = 0
     batch: list[tuple[tuple, Any, Any, str]] = []  # values, call, due, the row's name
 
@@ -387,7 +389,7 @@ class _Watcher:
             self._report(done)
 
     def _report(self, done: int) -> None:
-        if done != self._last:
+        if self.progress is not None and done != self._last:
             self._last = done
             self.progress(PartitionProgress(done, self.partitions, self.done_rows.value,
                                             time.monotonic() - self._started))
