@@ -8,7 +8,8 @@ Input is what ``celery -A proj delayq export`` writes (Parquet or JSON lines, pa
   promotion before it (the worker's event does not carry the due time itself).
 
 Percentiles are exact (Spark's ``percentile``, linear interpolation between ranks, as
-numpy's default). Hours are UTC hours of the event time.
+numpy's default). Hours are UTC hours of the event time, whatever the session or driver time
+zone.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ def build_report(spark, events: str | Path, out: str | Path, *, slowest: int = 2
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # hours are UTC hours
     df = lateness(read_events(spark, events)).cache()
     try:
         hourly_df = _stats(df.where(F.col("task").isNotNull()), ["task", "hour"])
@@ -119,13 +122,14 @@ def build_report(spark, events: str | Path, out: str | Path, *, slowest: int = 2
             str(out / "hourly.parquet"))
         by_task_df.orderBy("task").write.mode("overwrite").parquet(str(out / "by_task.parquet"))
         slow_df.write.mode("overwrite").parquet(str(out / "slowest.parquet"))
-        hourly = [r.asDict() for r in hourly_df.orderBy("task", "hour").collect()]
+        hourly = _utc(hourly_df.orderBy("task", "hour").collect())
         by_task = [r.asDict() for r in by_task_df.orderBy("task").collect()]
-        overall = [r.asDict() for r in overall_df.orderBy("hour").collect()]
+        overall = _utc(overall_df.orderBy("hour").collect())
         slow = [r.asDict() for r in slow_df.collect()]
         events_count = df.count()
     finally:
         df.unpersist()
+        spark.conf.set("spark.sql.session.timeZone", zone)
     page = out / "report.html"
     page.write_text(_html(hourly, by_task, overall, slow, events_count, str(events)),
                     encoding="utf-8")
@@ -158,6 +162,12 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     body = "".join("<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in columns) + "</tr>"
                    for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _utc(rows) -> list[dict[str, Any]]:
+    """Rows as dicts, their ``hour`` an aware UTC datetime: PySpark hands timestamps to
+    the driver as naive local times of its own time zone."""
+    return [{**row.asDict(), "hour": row["hour"].astimezone(timezone.utc)} for row in rows]
 
 
 def _when(ms: int | None) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -101,3 +102,23 @@ def test_report_reads_json_lines_exports_too(spark, delayq, redis_client, tmp_pa
 
     (ping,) = report.by_task
     assert (ping["promote_late_max_ms"], ping["start_late_max_ms"]) == (7, 9)
+
+
+def test_report_hours_are_utc_whatever_the_session_and_driver_time_zones(
+        spark, synthetic_events, tmp_path, monkeypatch):
+    """Half-hour offsets show it: Kolkata buckets on :30 UTC and labels local times."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    spark.conf.set("spark.sql.session.timeZone", "Asia/Kolkata")
+    try:
+        report = build_report(spark, synthetic_events, tmp_path / "report")
+        assert spark.conf.get("spark.sql.session.timeZone") == "Asia/Kolkata"  # restored
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+    assert sorted((r["task"], r["hour"]) for r in report.hourly) == [
+        ("shop.mail", datetime(2030, 1, 1, 11, tzinfo=timezone.utc)),
+        ("shop.refund", datetime(2030, 1, 1, 10, tzinfo=timezone.utc))]
+    assert "01-01 10:00" in report.html.read_text()
