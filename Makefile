@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test lint demo bench bench-full clean docs
+.PHONY: venv test lint demo bench bench-full clean docs test-matrix test-lowest test-install dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,26 @@ test: lint
 	$(VENV)/bin/pytest tests/django
 	$(VENV)/bin/pytest tests/spark
 	DELAYQ_TEST_STORE=cluster $(VENV)/bin/pytest tests/store tests/carrier
+
+# The version matrix (noxfile.py; the last run's table is in docs/compatibility.md): the core
+# suite on the declared floors (Python 3.10) and on the newest releases (Python 3.13), and the
+# Django and Spark suites on both ends of their ranges. Virtualenvs in .nox/, made with uv.
+test-matrix: $(STAMP)
+	$(VENV)/bin/nox
+
+# One pass of the core suite on the declared floors: what .ci/run adds to `make test`.
+test-lowest: $(STAMP)
+	$(VENV)/bin/nox -s 'core(lowest)'
+
+# The quickstart from a wheel built from this checkout, in a new virtualenv (tests/compat).
+test-install: $(STAMP)
+	$(VENV)/bin/pytest -m install tests/compat/test_fresh_install.py
+
+# The wheel and sdist in dist/, checked as PyPI would check them.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build
+	$(VENV)/bin/twine check --strict dist/*
 
 demo: $(STAMP)
 	$(PY) -m demo_project.run
@@ -49,4 +69,4 @@ docs: $(STAMP)
 	$(PY) docs/build.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache bench/results/*.json
+	rm -rf $(VENV) .nox .pytest_cache build dist bench/results/*.json

@@ -1,7 +1,9 @@
 """celery-delayq: a durable, inspectable, cancellable delay store for Celery on Redis."""
 
+from .envelope import Job
 from .errors import (
     ConfigurationError,
+    DamagedShard,
     DelayQError,
     InvalidDelay,
     InvalidJobId,
@@ -14,10 +16,13 @@ from .errors import (
 )
 from .extension import DelayedResult, DelayQ
 from .http import http_callback  # the current app's task; DelayQ(app) registers it
+from .store import CancelOutcome
 from .task import DelayedTask
 
 __all__ = [
+    "CancelOutcome",
     "ConfigurationError",
+    "DamagedShard",
     "DelayQ",
     "DelayQError",
     "DelayedResult",
@@ -25,6 +30,7 @@ __all__ = [
     "InvalidDelay",
     "InvalidJobId",
     "InvalidOption",
+    "Job",
     "JobExists",
     "PayloadError",
     "StoreFull",

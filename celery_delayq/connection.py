@@ -79,7 +79,8 @@ class SentinelMaster(redis.Redis):
 
     def close(self) -> None:
         super().close()
-        self.connection_pool.sentinel_manager.close()
+        for sentinel in self.connection_pool.sentinel_manager.sentinels:  # no Sentinel.close
+            sentinel.close()                                               # before redis-py 7
 
 
 class _MasterConnection(SentinelManagedConnection):

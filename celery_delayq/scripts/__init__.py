@@ -16,14 +16,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 _FILE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)(?P<more>\+?)\.lua$")
 _INCLUDE = re.compile(r"^-- include: (?P<file>[a-z_]+\.lua)$", re.M)
-# A pool lends a connection for a command name before redis-py 5.3 and warns of one after.
-_LEND = ("EVALSHA",) if tuple(map(int, redis.__version__.split(".")[:2])) < (5, 3) else ()
 
 
 @dataclass(frozen=True)
@@ -104,7 +101,7 @@ class Deferred:
         self._sent: list[tuple[Any, Any, list[int]]] = []  # (node client, connection, calls)
         try:
             for node, indexes in _by_node(client, calls):
-                connection = node.connection_pool.get_connection(*_LEND)
+                connection = node.connection_pool.get_connection()
                 self._sent.append((node, connection, indexes))
                 connection.send_packed_command(connection.pack_commands(
                     [calls[i][0].command(calls[i][1], calls[i][2]) for i in indexes]))

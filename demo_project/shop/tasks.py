@@ -1,7 +1,7 @@
 """The shop's delayed tasks."""
 
 from celery import shared_task
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from celery_delayq import DelayedTask
@@ -18,7 +18,10 @@ def close_unpaid_order(order_id: int) -> str:
     return "closed" if closed else "not unpaid any more"
 
 
-@shared_task(base=DelayedTask)
+# Django before 5.1 begins SQLite transactions DEFERRED: two workers' read-then-write can meet
+# "database is locked" at once. Such a check is retried a moment later (through the store).
+@shared_task(base=DelayedTask, autoretry_for=(OperationalError,), max_retries=5,
+             retry_backoff=1, retry_jitter=False)
 def check_refund_status(refund_id: int, attempt: int = 0) -> str:
     """Ask the provider about a refund; until it decides, check again after a longer gap."""
     from .services import schedule_check

@@ -44,3 +44,6 @@ def test_a_carrier_stopped_in_a_backlog_acks_what_it_published_and_gives_back_th
             break
     carrier.close()
     assert sorted(published(redis_client)) == sorted(jobs)  # each exactly once
+    # The app now lists the parked queue, and a session worker started later consumed it
+    # on Celery 5.3 (its int labels then broke test_delivery): leave it empty.
+    redis_client.delete(PARKED)

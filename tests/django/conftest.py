@@ -20,8 +20,9 @@ def shop_app(redis_server):
 
     assert "config" not in delayq.__dict__, "the demo's DelayQ was configured too early"
     url = f"{redis_server.url}/1"
-    app.conf.update(broker_url=url, delayq_redis_url=url, delayq_idle_timeout=1.0,
-                    delayq_redis_retries=1)
+    # The names under the app's CELERY namespace: Celery before 5.7 reads those first.
+    app.conf.update(CELERY_BROKER_URL=url, CELERY_DELAYQ_REDIS_URL=url,
+                    CELERY_DELAYQ_IDLE_TIMEOUT=1.0, CELERY_DELAYQ_REDIS_RETRIES=1)
     return app
 
 
