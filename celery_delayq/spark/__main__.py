@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..connection import redact
-from ..errors import DelayQError
+from celery_delayq.connection import redact  # absolute: spark-submit runs this file
+from celery_delayq.errors import DelayQError
 
 FORMATS = ("parquet", "csv", "json")
 #: Spark 4's default ``spark.redaction.regex``: the value of any property (system properties
@@ -101,15 +101,17 @@ def _spark_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _session(args: argparse.Namespace, name: str):
-    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    submitted = _submitted_conf()
     builder = SparkSession.builder.appName(name)
     if args.master:
         builder = builder.master(args.master)
-    elif not SparkConf().contains("spark.master"):  # not under spark-submit
+    elif submitted is None or not submitted.contains("spark.master"):
         builder = builder.master("local[*]")
     given = dict(pair.partition("=")[::2] for pair in args.conf)
+    if "spark.redaction.regex" not in given and submitted is not None:
+        given["spark.redaction.regex"] = submitted.get("spark.redaction.regex", None)
     given["spark.redaction.regex"] = _redaction(given.get("spark.redaction.regex"))
     for key, value in given.items():
         builder = builder.config(key, value)
@@ -118,14 +120,20 @@ def _session(args: argparse.Namespace, name: str):
     return spark
 
 
-def _redaction(given: str | None) -> str:
-    """``spark.redaction.regex`` (the one given, else spark-submit's, else Spark's default)
-    extended with :data:`URL_PASSWORD`."""
-    if given is None and "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit's JVM runs
-        from pyspark import SparkConf, SparkContext
+def _submitted_conf():
+    """spark-submit's conf (its ``--master``, ``--conf``) when it runs this program, else
+    None: a plain ``SparkConf()`` reads it only once the driver is attached to its JVM."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    from pyspark import SparkConf, SparkContext
 
-        SparkContext._ensure_initialized()
-        given = SparkConf().get("spark.redaction.regex", None)
+    SparkContext._ensure_initialized()
+    return SparkConf()
+
+
+def _redaction(given: str | None) -> str:
+    """``spark.redaction.regex`` (the one given, else Spark's default) extended with
+    :data:`URL_PASSWORD`."""
     return f"{given or SPARK_REDACTION}|{URL_PASSWORD}"
 
 
@@ -168,7 +176,7 @@ def _warn_if_password(option: str, value: str) -> None:
 
 
 def _schedule(args: argparse.Namespace) -> int:
-    from . import PartitionProgress, schedule_dataframe
+    from celery_delayq.spark import PartitionProgress, schedule_dataframe
 
     app = _app(args)
     spark = _session(args, f"celery-delayq schedule {args.task}")
@@ -206,7 +214,7 @@ def _schedule(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import build_report
+    from celery_delayq.spark.report import build_report
 
     spark = _session(args, "celery-delayq report")
     report = build_report(spark, args.events, args.out, slowest=args.slowest)
