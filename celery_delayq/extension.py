@@ -361,9 +361,13 @@ class DelayQ:
                    is CancelOutcome.CANCELLED for task_id in task_ids)
 
     def cancel_key(self, key: str, by: str = "") -> int:
-        """Cancel every pending job with this business key; returns how many."""
+        """Cancel every pending job with this business key (their results REVOKED);
+        returns how many."""
         validation.identifier(key, "key", self.config.max_id_length)
-        return self.store.cancel_key(key, by)
+        task_ids = self.store.cancel_key(key, by)
+        for task_id in task_ids:
+            revoke.mark_revoked(self.app, task_id)
+        return len(task_ids)
 
     def get(self, job_id: str, key: str | None = None) -> Job | None:
         return self.store.get(job_id, key)

@@ -372,11 +372,13 @@ class Store:
             return CancelOutcome.TOO_LATE
         return CancelOutcome.CANCELLED if 1 in codes else CancelOutcome.UNKNOWN
 
-    def cancel_key(self, key: str, by: str = "") -> int:
-        """Cancel every pending job with this business key; returns how many."""
-        return self._cancel(self.keys.shard_for("", key), "key", key, by)[1]
+    def cancel_key(self, key: str, by: str = "") -> list[str]:
+        """Cancel every pending job with this business key; returns their task ids."""
+        reply = self._cancel(self.keys.shard_for("", key), "key", key, by)
+        return [task_id or unpack_id(job_id) for task_id, job_id in zip(
+            reply[2::2], reply[3::2], strict=True)]
 
-    def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str) -> list[int]:
+    def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str) -> list[Any]:
         with self.unavailable():
             return SCRIPTS["cancel"].call(
                 self.client,

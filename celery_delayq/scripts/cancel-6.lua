@@ -15,7 +15,9 @@ ARGV[3] journal maxlen (0: no journal)
 ARGV[4] who cancelled / why (journal), may be ""
 
 Returns {code, number cancelled}. For "id", code is 1 cancelled, 0 too late (a carrier
-holds it, or an earlier copy of it: that is delivered), -1 unknown. For "key", code is 1.
+holds it, or an earlier copy of it: that is delivered), -1 unknown. For "key", code is 1,
+followed by two values per job cancelled: its Celery task id ("" when it is the job id)
+and its job id.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -33,6 +35,7 @@ else
 end
 local maxlen = tonumber(ARGV[3])
 local cancelled = 0
+local reply = {1, 0}  -- for "key": the code, the count, then task id and job id of each
 for _, job_id in ipairs(ids) do
   local pending = redis.call('ZREM', KEYS[1], job_id) == 1
   -- a moved job leaves even while a carrier holds it: then its lease stays, without an
@@ -46,6 +49,9 @@ for _, job_id in ipairs(ids) do
       task = decoded['t'] or ''
       key = decoded['y'] or ''
     end
+    reply[#reply + 1] = ok and type(decoded) == 'table' and type(decoded['i']) == 'string'
+      and decoded['i'] or ''
+    reply[#reply + 1] = job_id
     if (moving or not redis.call('ZSCORE', KEYS[3], job_id))
         and redis.call('HDEL', KEYS[2], job_id) == 1 and task ~= '' then
       redis.call('HINCRBY', KEYS[6], task, -1)
@@ -60,7 +66,10 @@ for _, job_id in ipairs(ids) do
     cancelled = cancelled + 1
   end
 end
-if ARGV[1] == 'key' then return {1, cancelled} end
+if ARGV[1] == 'key' then
+  reply[2] = cancelled
+  return reply
+end
 -- a carrier holds an earlier copy (the job was scheduled again while in flight): that one
 -- is delivered, so the answer is "too late" even when the pending copy was cancelled
 if redis.call('ZSCORE', KEYS[3], ARGV[2]) then return {0, cancelled} end

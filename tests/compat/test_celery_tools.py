@@ -75,6 +75,20 @@ def test_cancel_or_revoke_marks_the_result_revoked_so_get_raises_at_once(proj, d
     assert time.monotonic() - started < 1
 
 
+def test_cancel_key_marks_the_result_of_every_job_it_cancels_revoked(proj, delayq):
+    own = proj.record.apply_delayed(args=(1,), delay=3600, job_id="order:7:close",
+                                    key="order:7")
+    drawn = proj.record.apply_delayed(args=(2,), delay=3600, key="order:7")
+    other = proj.record.apply_delayed(args=(3,), delay=3600, key="order:8")
+
+    assert delayq.cancel_key("order:7") == 2
+
+    states = {result.id: AsyncResult(result.id, app=proj.app).state
+              for result in (own, drawn, other)}
+    assert states == {own.id: celery_states.REVOKED, drawn.id: celery_states.REVOKED,
+                      other.id: celery_states.PENDING}
+
+
 def test_revoke_of_a_job_with_its_own_id_cancels_it_through_its_result(proj, delayq):
     result = proj.record.apply_delayed(args=("own",), delay=3600, job_id="order:1:close")
     assert result.id != result.job_id
