@@ -15,6 +15,7 @@ venv: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The Django and Spark suites run in their own processes (each embeds its own Celery worker
 # and JVM); the last pass repeats the store and end-to-end suites on a real Redis Cluster.

@@ -96,7 +96,7 @@ class Carrier:
         self._stopping = StopFlag()
         self._queues: dict[str, tuple[Any, int]] = {}
         self._declared: set[str] = set()  # queues declared on the current connection
-        self._producer = None
+        self._producer: Any = None  # kombu's, from the app's pool on first use
         self._session: Any = None  # the channel's publish batch while a batch is published
         self._pubsub: PubSub | None = None
         shard_lease_ms = int((shard_lease or config.shard_lease_seconds) * 1000)
