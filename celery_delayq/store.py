@@ -741,7 +741,8 @@ class Store:
                 self.client,
                 [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal,
                  shard.counts, shard.due],
-                [raw_id(job.stored_id), reason, "", self._maxlen, job.lease]))
+                [raw_id(job.stored_id), reason, "", self._maxlen, job.lease,
+                 "" if job.envelope is None else "1"]))
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
         """Dead-letter a call that is no longer in the store (e.g. a task out of retries).

@@ -13,6 +13,7 @@ ARGV[2] reason
 ARGV[3] bykey member or "" (then the envelope's business key, if it has one)
 ARGV[4] journal maxlen (0: no journal)
 ARGV[5] the lease claim_due gave the job ("": whatever holds it)
+ARGV[6] "1" when claim_due read an envelope for it, else "" (none was stored)
 
 Returns 1 when the job was dead-lettered, 0 when this lease no longer held it. A job
 scheduled again while in flight (pending again, or moved to another shard: no envelope
@@ -31,13 +32,13 @@ if not held or (ARGV[5] ~= '' and tonumber(held) ~= tonumber(ARGV[5])) then retu
 redis.call('ZREM', KEYS[1], job_id)
 if redis.call('ZSCORE', KEYS[7], job_id) then return 1 end  -- superseded by a new copy
 local env = redis.call('HGET', KEYS[2], job_id)
-if not env then return 1 end  -- moved to another shard while in flight: superseded too
+if not env and ARGV[6] == '1' then return 1 end  -- moved to another shard since: superseded
 local t = redis.call('TIME')
 redis.call('HSET', KEYS[3], job_id, cjson.encode({
-  reason = ARGV[2], envelope = env, at = tonumber(t[1]) * 1000 + math.floor(t[2] / 1000)}))
+  reason = ARGV[2], envelope = env or '', at = tonumber(t[1]) * 1000 + math.floor(t[2] / 1000)}))
 redis.call('HDEL', KEYS[2], job_id)
 local task, member = '', ARGV[3]
-local ok, decoded = pcall(cjson.decode, string.match(env, '^[^\n]*'))
+local ok, decoded = pcall(cjson.decode, string.match(env or '', '^[^\n]*'))
 if ok and type(decoded) == 'table' then
   if type(decoded['t']) == 'string' then
     task = decoded['t']
