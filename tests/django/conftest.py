@@ -7,6 +7,7 @@ core tests' worker (database 0) never sees the shop's tasks. Every test here use
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -53,8 +54,11 @@ def shop_worker(shop_app, django_db_blocker):
     """A real Celery worker (threads) running the shop's tasks for the whole session."""
     from celery.contrib.testing.worker import start_worker
 
-    with start_worker(shop_app, pool="threads", concurrency=4, perform_ping_check=False,
-                      shutdown_timeout=30) as worker:
+    with contextlib.ExitStack() as stack:
+        with django_db_blocker.unblock():  # a starting worker runs Django's model checks,
+            worker = stack.enter_context(start_worker(  # which may query (JSONField, SQLite)
+                shop_app, pool="threads", concurrency=4, perform_ping_check=False,
+                shutdown_timeout=30))
         yield worker
 
 
