@@ -36,6 +36,7 @@ from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import JSONEncoder, object_hook
 
+from .conf import MAX_NESTING
 from .errors import PayloadError, UnknownQueue
 from .keys import new_job_id, pack_id
 from .reading import datetime_of_ms, is_text, printable
@@ -73,7 +74,7 @@ ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
 # Infinity are refused: they are not JSON, and the direct promotion script could not
 # pass them on.
 encode_json = JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-_decode_json = json.JSONDecoder(object_hook=object_hook).decode
+_json_decode = json.JSONDecoder(object_hook=object_hook).decode
 # The tokens that nest (and strings, skipped whole), and the escapes of a JSON text.
 _NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _ESCAPE = re.compile(r"\\(?:u(d[89a-f][0-9a-f]{2})|.)")
@@ -284,6 +285,15 @@ def _check_readable(encoded: str, name: str, max_nesting: int) -> None:
         raise PayloadError(
             f"arguments or options of {name} hold a lone surrogate (half of a UTF-16 pair), "
             "which is not text; decode the bytes they came from properly")
+
+
+def _decode_json(text: str) -> Any:
+    """A stored JSON text as Python, nested at most ``MAX_NESTING`` deep (what every
+    carrier and worker can decode): deeper is a :class:`RecursionError`, as the json module
+    raises one at a depth that depends on the Python version (3.13 decodes 985 levels)."""
+    if text.count("[") + text.count("{") > MAX_NESTING and _nesting(text) > MAX_NESTING:
+        raise RecursionError(f"nested more than {MAX_NESTING} levels deep")
+    return _json_decode(text)
 
 
 def _nesting(text: str) -> int:
