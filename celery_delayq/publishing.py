@@ -7,13 +7,20 @@ publish (headers with ``eta`` the due time, body, exchange, routing key), and th
 their handlers add or change (a tracing context: OpenTelemetry, Datadog...) are stored with
 the call and delivered with its message, so a trace continues across the delay.
 
+Sentry's Celery integration adds its trace headers in wrappers of ``Task.apply_async`` and
+``Celery.send_task``, not in a signal, and a stored call goes through neither; so when
+``sentry_sdk`` is imported and traces Celery calls, the headers that wrapper would add are
+added here too (:func:`add_sentry_trace`), before the signals fire, as natively.
+
 The carrier publishes with kombu directly, not through ``app.send_task``: nothing fires a
 second time at promotion, so a tracer sees one publish (at call time) and the worker's run
-as its child, as with native countdown. Without handlers and events nothing here runs.
+as its child, as with native countdown. Without handlers, events and Sentry nothing here
+runs.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,10 +55,12 @@ class Publishing:
         self._events = self.app.events.Dispatcher(enabled=False)  # as Celery's publisher
 
     def wanted(self) -> bool:
-        """True when a signal handler or ``task_send_sent_event`` wants to hear of calls."""
+        """True when a signal handler, ``task_send_sent_event`` or Sentry wants to hear of
+        calls."""
         return bool(signals.before_task_publish.receivers
                     or signals.after_task_publish.receivers
-                    or self.app.conf.task_send_sent_event)
+                    or self.app.conf.task_send_sent_event
+                    or _sentry_celery() is not None)
 
     def before(self, call: Call, due: Due) -> tuple[Call, Sent]:
         """Send ``before_task_publish``; ``call`` with the headers its handlers added."""
@@ -60,6 +69,7 @@ class Publishing:
                                        shard=self._keys.shard_for(call.job_id, call.key).shard)
         headers = message.headers
         original = dict(headers)
+        add_sentry_trace(headers)
         body = tuple(loads(message.body))
         signals.before_task_publish.send(
             sender=call.task, body=body, exchange=message.exchange,
@@ -102,3 +112,32 @@ class Publishing:
             return [self.app.amqp.queues[queue]]
         except KeyError:
             return []
+
+
+def add_sentry_trace(headers: dict[str, Any]) -> None:
+    """Add to a message's ``headers`` the trace headers Sentry's ``apply_async`` wrapper adds.
+
+    Only when ``sentry_sdk`` was imported by someone else, is initialised with its Celery
+    integration propagating traces, and the call carries no Sentry trace yet (a plain task's
+    ``apply_async(countdown=...)`` reaches the store through Sentry's wrapper). They go where
+    Sentry's worker side reads them: the nested ``headers`` header (celery#4875), with
+    ``sentry-task-enqueued-time`` for its receive latency; Sentry's top-level copies are read
+    by nobody and would only take room in the store.
+    """
+    integration = _sentry_celery()
+    nested = headers.get("headers") or {}
+    if (integration is None or "sentry-trace" in nested
+            or not headers.get("sentry-propagate-traces", integration.propagate_traces)):
+        return
+    sentry_sdk = sys.modules["sentry_sdk"]
+    trace = {"sentry-trace": sentry_sdk.get_traceparent(), "baggage": sentry_sdk.get_baggage()}
+    # a new dict: the caller tells added headers by comparing with the old ones
+    headers["headers"] = {**nested, **{k: v for k, v in trace.items() if v is not None},
+                          "sentry-task-enqueued-time": time.time()}
+
+
+def _sentry_celery() -> Any:
+    """Sentry's Celery integration if ``sentry_sdk`` is imported (never here) and initialised
+    with it, else None."""
+    sentry_sdk = sys.modules.get("sentry_sdk")
+    return None if sentry_sdk is None else sentry_sdk.get_client().get_integration("celery")

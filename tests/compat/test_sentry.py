@@ -1,0 +1,87 @@
+"""Sentry's Celery integration continues the producer's trace across the delay.
+
+Sentry adds its ``sentry-trace`` and ``baggage`` headers in its wrappers of
+``Task.apply_async`` and ``Celery.send_task``; a call parked in the store goes through
+neither, so celery-delayq adds them when the call is scheduled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.util import find_spec
+
+import pytest
+from celery.result import AsyncResult
+
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.skipif(
+    find_spec("sentry_sdk") is None,
+    reason="sentry-sdk is not installed (pip install -e '.[dev]' brings it)")
+
+PRODUCE_IN_A_TRANSACTION = """
+import json, sentry_sdk
+from tests.compat.sentry_proj import app, plain, record
+with sentry_sdk.start_transaction(name="checkout", op="test") as checkout:
+    ids = {
+        "apply_delayed": record.apply_delayed(args=("apply_delayed",), delay=0.5,
+                                              queue="sentried").id,
+        "countdown": record.apply_async(("countdown",), countdown=0.5, queue="sentried").id,
+        "send_task": app.send_task(record.name, ("send_task",), countdown=0.5,
+                                   queue="sentried").id,
+        "plain": plain.apply_async(("plain",), countdown=0.5, queue="sentried").id,
+        **{label: result.id for label, result in zip(("many 1", "many 2"),
+           record.apply_delayed_many([{"args": ("many 1",), "delay": 0.5},
+                                      {"args": ("many 2",), "delay": 0.5}],
+                                     queue="sentried"))},
+    }
+print(json.dumps({"trace_id": checkout.trace_id, "ids": ids}))
+"""
+
+
+def test_sentry_continues_the_producers_trace_across_the_delay(proj, redis_client, tmp_path):
+    """Producer, carrier and worker are processes of their own, all with Sentry."""
+    events = tmp_path / "sentry.jsonl"
+    env = dict(os.environ, PYTHONPATH=ROOT, DELAYQ_TEST_SENTRY=str(events))
+    celery = [sys.executable, "-m", "celery", "-A", "tests.compat.sentry_proj"]
+    services = [subprocess.Popen([*celery, *args], cwd=ROOT, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for args in (("worker", "-Q", "sentried", "-P", "solo", "--without-heartbeat",
+                              "--without-gossip", "--without-mingle"),
+                             ("delayq", "carrier"))]
+    try:
+        produced = json.loads(subprocess.run(
+            [sys.executable, "-c", PRODUCE_IN_A_TRANSACTION],
+            cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout)
+        ids = produced["ids"]
+        for label, task_id in ids.items():
+            assert AsyncResult(task_id, app=proj.app).get(timeout=30) == label
+
+        def transactions() -> list[dict]:
+            return [json.loads(line) for line in events.read_text().splitlines()]
+
+        def runs() -> dict[str, dict]:
+            return {t["tags"]["celery_task_id"]: t["contexts"]["trace"]
+                    for t in transactions() if "celery_task_id" in t.get("tags", {})}
+
+        traces = wait_for(lambda: len(runs()) == len(ids) and runs(),
+                          what="the worker's transactions")
+    finally:
+        for service in services:
+            service.terminate()
+            service.wait(20)
+    checkout = next(t for t in transactions() if t["transaction"] == "checkout")
+    assert checkout["contexts"]["trace"]["trace_id"] == produced["trace_id"]
+    assert {label: traces[task_id]["trace_id"] for label, task_id in ids.items()} == dict.fromkeys(
+        ids, produced["trace_id"])
+    # a stored call is a child of the span it was scheduled in; a plain task's countdown keeps
+    # the submit span of Sentry's apply_async wrapper (no second set of headers), and the
+    # carrier's publish adds none either
+    submit = next(s for s in checkout["spans"] if s["op"] == "queue.submit.celery"
+                  and s["description"] == proj.plain.name)
+    assert {label: traces[task_id]["parent_span_id"] for label, task_id in ids.items()} == {
+        **dict.fromkeys(ids, checkout["contexts"]["trace"]["span_id"]),
+        "plain": submit["span_id"]}
