@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from celery_delayq.spark import schedule_dataframe
 
-ROWS, PARTITIONS = 40_000, 4
+ROWS, PARTITIONS = 16_000, 4
 
 
 def main(redis_url: str) -> None:
@@ -30,10 +30,10 @@ def main(redis_url: str) -> None:
 
     @F.udf("long")
     def lost_once(n: int) -> int:
-        """The first attempt of every task dies at its partition's 9,000th row (earlier rows
+        """The first attempt of every task dies at its partition's 3,600th row (earlier rows
         have been written by then)."""
         context = TaskContext.get()
-        if context.attemptNumber() == 0 and n % (ROWS // PARTITIONS) == 9_000:
+        if context.attemptNumber() == 0 and n % (ROWS // PARTITIONS) == 3_600:
             import redis
 
             redis.Redis.from_url(f"{redis_url}/0").rpush("test:lost", context.partitionId())
@@ -46,7 +46,7 @@ def main(redis_url: str) -> None:
           .withColumn("delay_s", F.lit(3600.0)))
     summary, rejects = schedule_dataframe(df, app, task="tests.proj.record", id_col="job",
                                           delay_col="delay_s", args_cols=["n"],
-                                          batch_size=1_000)
+                                          batch_size=500)
     print(json.dumps({"scheduled": summary.scheduled, "existed": summary.existed,
                       "rejected": summary.rejected, "rejects": rejects.count()}))
     spark.stop()

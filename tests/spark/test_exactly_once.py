@@ -48,8 +48,8 @@ def test_rows_a_lost_task_attempt_wrote_count_as_scheduled_and_are_not_written_a
     summary = json.loads(run.stdout.strip().splitlines()[-1])
 
     assert sorted(int(p) for p in redis_client.lrange("test:lost", 0, -1)) == [0, 1, 2, 3]
-    assert summary == {"scheduled": 40_000, "existed": 0, "rejected": 0, "rejects": 0}
+    assert summary == {"scheduled": 16_000, "existed": 0, "rejected": 0, "rejects": 0}
     events = [event for shard in delayq.store.keys
               for _, event in delayq.store.client.xrange(shard.journal)]
-    assert len([e for e in events if e["event"] == "scheduled"]) == 40_000
-    assert len(delayq.pending(limit=50_000)) == 40_000
+    assert len([e for e in events if e["event"] == "scheduled"]) == 16_000
+    assert len(delayq.pending(limit=50_000)) == 16_000
