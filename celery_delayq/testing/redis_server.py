@@ -93,15 +93,22 @@ class TlsFiles:
         ca_key = os.path.join(directory, "ca.key")
         for args in (
             ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-             "/CN=delayq test CA", "-keyout", ca_key, "-out", files.ca],
+             "/CN=delayq test CA", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             "-keyout", ca_key, "-out", files.ca],
             ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout",
              files.key, "-out", files.cert + ".csr"],
             ["x509", "-req", "-in", files.cert + ".csr", "-CA", files.ca, "-CAkey", ca_key,
              "-CAcreateserial", "-days", "2", "-out", files.cert, "-extfile", "/dev/stdin"],
         ):
-            subprocess.run(["openssl", *args], input=b"subjectAltName=IP:127.0.0.1\n",
-                           check=True, capture_output=True)
+            subprocess.run(["openssl", *args], input=_LEAF_EXTENSIONS, check=True,
+                           capture_output=True)
         return files
+
+
+# Python 3.13's default TLS context verifies strictly (VERIFY_X509_STRICT): a CA without
+# key usage or a server certificate without an authority key identifier is refused.
+_LEAF_EXTENSIONS = (b"subjectAltName=IP:127.0.0.1\nauthorityKeyIdentifier=keyid,issuer\n"
+                    b"subjectKeyIdentifier=hash\n")
 
 
 class RedisServer:
