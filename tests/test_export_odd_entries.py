@@ -78,6 +78,9 @@ def test_export_writes_healthy_and_odd_entries_and_logs_the_unreadable_once(
 
 def test_a_damaged_export_position_restarts_that_shard_from_the_beginning(
         delayq, redis_client, tmp_path, caplog):
+    # A session worker started earlier (Celery's start_worker, loglevel "error") leaves the
+    # root logger at ERROR: the warning would not reach caplog.
+    caplog.set_level(logging.WARNING, logger="celery_delayq.export")
     delayq.schedule_many(TASK, [{"job_id": f"good:{n}", "delay": 600} for n in range(20)])
     export_journal(delayq.store, tmp_path / "first", fmt="jsonl")
     redis_client.hset(delayq.store.keys.export_position, "0", "abc")
