@@ -44,7 +44,8 @@ CASES = [
     ({"delay": 1, "serializer": "pickle"}, PayloadError, "JSON only"),
     # what a carrier could not read back is refused here, not dead-lettered later
     ({"delay": 1, "args": (nested(65),)}, PayloadError, "delayq_max_nesting=64"),
-    ({"delay": 1, "args": (nested(985),)}, PayloadError, "nested too deeply"),
+    ({"delay": 1, "args": (nested(985),)}, PayloadError,
+     "nested (too deeply|more than delayq_max_nesting)"),  # json on 3.13 encodes 985 levels
     ({"delay": 1, "kwargs": {"deep": {"a": nested(70)}}}, PayloadError, "delayq_max_nesting"),
     ({"delay": 1, "args": (float("nan"),)}, PayloadError, "finite numbers"),
     ({"delay": 1, "kwargs": {"n": float("-inf")}}, PayloadError, "finite numbers"),
