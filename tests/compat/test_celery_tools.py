@@ -23,6 +23,7 @@ from celery.exceptions import AlwaysEagerIgnored, TaskRevokedError
 from celery.result import AsyncResult
 
 from celery_delayq import DelayedTask, DelayQ
+from tests.compat import worker_and_carrier
 from tests.conftest import PROMOTIONS, ROOT, finish, wait_for
 
 
@@ -234,13 +235,7 @@ def test_opentelemetry_continues_the_producers_trace_across_the_delay(
     """Producer, carrier and worker are processes of their own, all instrumented."""
     spans_file = tmp_path / "spans.jsonl"
     env = dict(os.environ, PYTHONPATH=ROOT, DELAYQ_TEST_SPANS=str(spans_file))
-    celery = [sys.executable, "-m", "celery", "-A", "tests.compat.otel_proj"]
-    services = [subprocess.Popen([*celery, *args], cwd=ROOT, env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                for args in (("worker", "-Q", "traced", "-P", "solo", "--without-heartbeat",
-                              "--without-gossip", "--without-mingle"),
-                             ("delayq", "carrier"))]
-    try:
+    with worker_and_carrier("tests.compat.otel_proj", "traced", env):
         produced = subprocess.run(
             [sys.executable, "-c", PRODUCE_TRACED],
             cwd=ROOT, env=env, check=True, capture_output=True, text=True)
@@ -252,10 +247,6 @@ def test_opentelemetry_continues_the_producers_trace_across_the_delay(
             return next((s for s in spans if s["name"] == name), None)
 
         run = wait_for(lambda: span(f"run/{proj.record.name}"), what="the worker's span")
-    finally:
-        for service in services:
-            service.terminate()
-            service.wait(20)
     publish = span(f"apply_async/{proj.record.name}")
     assert publish is not None and publish["attributes"]["messaging.message.id"] == task_id
     assert run["context"]["trace_id"] == publish["context"]["trace_id"]

@@ -16,6 +16,7 @@ from importlib.util import find_spec
 import pytest
 from celery.result import AsyncResult
 
+from tests.compat import worker_and_carrier
 from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -46,13 +47,7 @@ def test_sentry_continues_the_producers_trace_across_the_delay(proj, redis_clien
     """Producer, carrier and worker are processes of their own, all with Sentry."""
     events = tmp_path / "sentry.jsonl"
     env = dict(os.environ, PYTHONPATH=ROOT, DELAYQ_TEST_SENTRY=str(events))
-    celery = [sys.executable, "-m", "celery", "-A", "tests.compat.sentry_proj"]
-    services = [subprocess.Popen([*celery, *args], cwd=ROOT, env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                for args in (("worker", "-Q", "sentried", "-P", "solo", "--without-heartbeat",
-                              "--without-gossip", "--without-mingle"),
-                             ("delayq", "carrier"))]
-    try:
+    with worker_and_carrier("tests.compat.sentry_proj", "sentried", env):
         produced = json.loads(subprocess.run(
             [sys.executable, "-c", PRODUCE_IN_A_TRANSACTION],
             cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout)
@@ -69,10 +64,6 @@ def test_sentry_continues_the_producers_trace_across_the_delay(proj, redis_clien
 
         traces = wait_for(lambda: len(runs()) == len(ids) and runs(),
                           what="the worker's transactions")
-    finally:
-        for service in services:
-            service.terminate()
-            service.wait(20)
     checkout = next(t for t in transactions() if t["transaction"] == "checkout")
     assert checkout["contexts"]["trace"]["trace_id"] == produced["trace_id"]
     assert {label: traces[task_id]["trace_id"] for label, task_id in ids.items()} == dict.fromkeys(
