@@ -109,6 +109,7 @@ class Carrier:
         self._broker_prefix: str | None = None  # set once the broker is known to be the store
         self._considered: set[str] = set()  # queue names looked at for direct promotion
         self._ahead: ClaimAhead | None = None  # the next claim, sent while publishing
+        self._publish_seconds: float | None = None  # how long the last batch took to publish
         self._unacked: dict[ShardKeys, list[Promoted]] = {}  # to be acked with it
         self._failing: dict[int, str] = {}  # shards whose last claim or recover failed: why
 
@@ -148,13 +149,16 @@ class Carrier:
         if self.metrics:
             self.metrics.observe_claim(sum(taken), time.monotonic() - started)
         backlog = any(n >= self.batch for n in taken)
-        if backlog:  # Redis acks the last batch and claims the next while this one is published
+        if backlog and self._can_claim_ahead():
+            # Redis acks the last batch and claims the next while this one is published
             self._ahead = self.store.claim_ahead(self._shards, self.batch, self.lease_ms,
                                                  self._direct, self._unacked)
         elif self._unacked:
             self.store.ack(self._unacked)
         self._unacked = {}
+        publishing = time.monotonic()
         acks = self._promote(claims, claimed_at)
+        self._publish_seconds = time.monotonic() - publishing
         if self._ahead is not None:
             self._unacked = acks
         elif acks:
@@ -166,6 +170,13 @@ class Carrier:
         sleep -= time.monotonic() - claimed_at
         return max(0.0, min(sleep, self.idle_timeout,
                             self._next_maintenance - time.monotonic()))
+
+    def _can_claim_ahead(self) -> bool:
+        """A batch claimed ahead waits through one publish, then takes its own: claim ahead
+        only when the last publish took under a third of the lease, or it would be recovered
+        (and published twice) before it is acked."""
+        return (self._publish_seconds is not None
+                and 3 * self._publish_seconds * 1000 < self.lease_ms)
 
     def _promote(self, claims: list[ShardClaim], claimed_at: float
                  ) -> dict[ShardKeys, list[Promoted]]:

@@ -26,6 +26,7 @@ def test_a_carrier_stopped_in_a_backlog_acks_what_it_published_and_gives_back_th
         app, proj, delayq, redis_client):
     jobs = schedule_due(proj, 60)
     carrier = Carrier(app, batch=1)  # every shard with a job left is a full claim
+    assert carrier.run_once() == 0.0  # the first publish is timed: it claims nothing ahead
     assert carrier.run_once() == 0.0
     claimed_ahead = {job_id for job_id in jobs - set(published(redis_client))
                      if delayq.get(job_id).state == "claimed"}
@@ -46,4 +47,20 @@ def test_a_carrier_stopped_in_a_backlog_acks_what_it_published_and_gives_back_th
     assert sorted(published(redis_client)) == sorted(jobs)  # each exactly once
     # The app now lists the parked queue, and a session worker started later consumed it
     # on Celery 5.3 (its int labels then broke test_delivery): leave it empty.
+    redis_client.delete(PARKED)
+
+
+def test_a_carrier_whose_publish_outlasts_a_third_of_its_lease_claims_no_batch_ahead(
+        app, proj, delayq, redis_client):
+    # A batch claimed ahead waits through this batch's publish and then its own. With a
+    # 10 ms lease, publishing 200 messages takes longer than that: a batch claimed ahead
+    # would be recovered (maintenance every 10 ms) and published twice.
+    jobs = schedule_due(proj, 2000)
+    carrier = Carrier(app, batch=200, lease=0.01, shard_lease=0.03)
+    for _ in range(50):  # 3 rounds of 800 when nothing is recovered
+        if carrier.run_once() > 0:
+            break
+    carrier.close()
+    assert carrier.stats.recovered == 0
+    assert sorted(published(redis_client)) == sorted(jobs)  # each exactly once
     redis_client.delete(PARKED)
