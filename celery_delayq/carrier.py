@@ -4,7 +4,8 @@
 claim due jobs -> publish them through one pooled kombu producer -> ack, then sleeps until
 the earliest due time it knows or until a wake message says a new job became a shard's
 head. While a claim comes back full, the next claim (with the ack of the batch before) is
-sent before a batch is published, so Redis runs it while the carrier publishes. With
+sent before a batch is published, so Redis runs it while the carrier publishes, as long as
+the last publish took under a third of the lease. With
 ``delayq_direct_promotion`` the claim script itself pushes plain jobs onto the broker's
 queue lists, and only the rest go through kombu.
 """
