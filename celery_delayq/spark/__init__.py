@@ -1,8 +1,10 @@
-"""Spark jobs of celery-delayq: bulk scheduling from DataFrames, lateness report.
+"""Spark jobs of celery-delayq: bulk scheduling from DataFrames and streams, lateness report.
 
 Needs the ``spark`` extra: ``pip install 'celery-delayq[spark]'``.
 """
 
 from .schedule import PartitionProgress, Summary, schedule_dataframe
+from .streaming import BatchWriter, schedule_stream
 
-__all__ = ["PartitionProgress", "Summary", "schedule_dataframe"]
+__all__ = ["BatchWriter", "PartitionProgress", "Summary", "schedule_dataframe",
+           "schedule_stream"]

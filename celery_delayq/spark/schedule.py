@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +102,8 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
                        key_col: str | None = None, queue: str | None = None,
                        queue_col: str | None = None, options: dict[str, Any] | None = None,
                        if_exists: str = "keep", batch_size: int = 5000, past: str = "run",
-                       progress: Progress | None = None) -> tuple[Summary, DataFrame]:
+                       progress: Progress | None = None,
+                       run: str | None = None) -> tuple[Summary, DataFrame]:
     """Schedule one call of ``task`` per row of ``df``; return ``(summary, rejects)``.
 
     ``id_col`` is the job id (makes the write idempotent); the due time comes from
@@ -113,12 +114,20 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
     has passed (on the executor's clock) runs at once with ``past="run"``, as
     ``apply_delayed`` does, or is rejected with ``past="reject"``; ``Summary.past`` counts
     them. ``progress`` is called on the driver as partitions finish.
+
+    ``run`` names the call's rows in the store (default: a fresh name, forgotten when
+    the call ends). A call given the name of an earlier one, with the same input, answers
+    that call's outcome row by row and writes nothing again; a named run's outcome stays
+    until ``Store.forget_run`` (or 24 h after its last write): ``schedule_stream`` names
+    each micro-batch, so a replayed batch counts what it wrote as scheduled.
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     plan = _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_col,
                  queue, queue_col, options, if_exists, batch_size, past)
+    if run is not None:
+        plan = replace(plan, run=run)
     source = df
     if plan.eta_kind == "us" and eta_col is not None:
         source = df.withColumn(_ETA_US, F.unix_micros(F.col(eta_col)))
@@ -137,7 +146,8 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
         watcher.stop()
         for name, value in labels.items():  # None removes it (pyspark's hint says str)
             sc.setLocalProperty(name, value)  # type: ignore[arg-type]
-    Store(shipping.config(plan.shipped)).forget_run(plan.run)
+    if run is None:
+        Store(shipping.config(plan.shipped)).forget_run(plan.run)
     counts = [record for kind, record in collected if kind == _SUMMARY]
     scheduled, existed, rejected, late = (sum(c[n] for c in counts) for n in range(4))
     schema = T.StructType([*df.schema.fields, T.StructField("reason", T.StringType(), False)])
