@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from redis.cluster import RedisCluster
@@ -118,13 +119,27 @@ def carrier(app, request):
     thread.join(10)
 
 
+@contextlib.contextmanager
+def running_worker(app, **options: Any) -> Iterator[Any]:
+    """``celery.contrib.testing.worker.start_worker`` (threads pool) with an event loop of
+    its own.
+
+    A worker takes kombu's current event loop, a process global, when one is set. Celery 5.3
+    leaves a stopped worker's loop set, so the next worker started in the process shared it
+    and never ran a task carrying an ``eta``.
+    """
+    from celery.contrib.testing.worker import start_worker
+    from kombu.asynchronous import set_event_loop
+
+    set_event_loop(None)
+    with start_worker(app, pool="threads", perform_ping_check=False, **options) as worker:
+        yield worker
+
+
 @pytest.fixture(scope="session")
 def worker(proj, redis_server):
     """A real Celery worker (threads pool) consuming the default queue for the session."""
-    from celery.contrib.testing.worker import start_worker
-
-    with start_worker(proj.app, pool="threads", concurrency=4, perform_ping_check=False,
-                      shutdown_timeout=30) as worker:
+    with running_worker(proj.app, concurrency=4, shutdown_timeout=30) as worker:
         yield worker
 
 

@@ -13,6 +13,8 @@ import threading
 import pytest
 import redis
 
+from tests.conftest import running_worker
+
 
 @pytest.fixture(scope="session")
 def shop_app(redis_server):
@@ -52,13 +54,10 @@ def shop_redis(redis_server):
 @pytest.fixture(scope="session")
 def shop_worker(shop_app, django_db_blocker):
     """A real Celery worker (threads) running the shop's tasks for the whole session."""
-    from celery.contrib.testing.worker import start_worker
-
     with contextlib.ExitStack() as stack:
         with django_db_blocker.unblock():  # a starting worker runs Django's model checks,
-            worker = stack.enter_context(start_worker(  # which may query (JSONField, SQLite)
-                shop_app, pool="threads", concurrency=4, perform_ping_check=False,
-                shutdown_timeout=30))
+            worker = stack.enter_context(running_worker(  # which may query (JSONField, SQLite)
+                shop_app, concurrency=4, shutdown_timeout=30))
         yield worker
 
 

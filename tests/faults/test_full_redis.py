@@ -16,12 +16,11 @@ from collections import Counter
 import pytest
 import redis
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 from celery_delayq import DelayedTask, DelayQ, StoreFull
 from celery_delayq.carrier import Carrier
 from celery_delayq.testing.redis_server import RedisServer
-from tests.conftest import ROOT, celery_cli, wait_for
+from tests.conftest import ROOT, celery_cli, running_worker, wait_for
 
 PAD = "x" * 120  # an argument, so each job holds a few hundred bytes
 
@@ -165,7 +164,7 @@ def test_a_full_store_on_the_broker_redis_drains_and_loses_nothing(full_server, 
             acked.extend(range(base, base + len(exc.stored)))
     fill_seconds = time.monotonic() - started
     assert acked
-    with start_worker(app, pool="threads", concurrency=8, perform_ping_check=False):
+    with running_worker(app, concurrency=8):
         carrier = Carrier(app)
         thread = threading.Thread(target=carrier.run, daemon=True)
         thread.start()

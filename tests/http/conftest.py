@@ -24,6 +24,7 @@ from celery import Celery
 
 from celery_delayq import DelayQ, http
 from celery_delayq.carrier import Carrier
+from tests.conftest import running_worker
 
 RETRY_SCHEDULE = (0.3, 0.6)
 
@@ -62,10 +63,7 @@ def http_delayq(http_app) -> Iterator[DelayQ]:
 
 @pytest.fixture(scope="session")
 def http_worker(http_app):
-    from celery.contrib.testing.worker import start_worker
-
-    with start_worker(http_app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=10) as worker:
+    with running_worker(http_app, concurrency=2, shutdown_timeout=10) as worker:
         yield worker
 
 

@@ -16,10 +16,6 @@ def callback(app):
     return app.tasks[TASK_NAME]
 
 
-def test_the_task_is_registered_on_every_app():
-    assert TASK_NAME in Celery("any", set_as_current=False).tasks
-
-
 def test_due_callback_posts_its_json_body_and_headers(http_delayq, http_carrier,
                                                       callback_server):
     result = callback(http_delayq.app).apply_delayed(
