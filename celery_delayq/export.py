@@ -7,6 +7,10 @@ is written completely (to a temporary name, then renamed) before the position mo
 so an export killed half-way repeats at most its last batch, under the same file name.
 Readers should still de-duplicate on ``(shard, id)``; the Spark report does.
 
+Each run also writes what was stored when it began, ``DIR/_backlog/backlog-<Redis ms>.json``:
+``{"at_ms", "shards": [{"shard", "pending", "overdue", "inflight", "dead"}, ...],
+"tasks": {task: jobs pending or in flight}}`` (Spark's readers skip folders named ``_*``).
+
 An entry field that cannot be read (a ``due`` that is no time, text that is not UTF-8, an
 id that is not a job id) is null in its column and kept as text in ``extra`` under
 ``unreadable``; an entry whose own id is no time (after the year 9999) is skipped. Both are
@@ -30,6 +34,8 @@ from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id
 from .store import Store
 
 FORMATS = ("parquet", "jsonl")
+BACKLOG = "_backlog"  #: the folder of backlog snapshots under the export's root
+_BACKLOG_COUNTS = ("shard", "pending", "overdue", "inflight", "dead")
 #: Fields every event row has (absent ones are null); anything else goes to ``extra`` (JSON).
 COLUMNS = ("id", "shard", "ts_ms", "event", "job", "task", "key", "due_ms", "task_id", "by",
            "reason", "retries", "extra")
@@ -52,6 +58,8 @@ class ExportResult:
     trimmed: list[int] = field(default_factory=list)
     #: Entries skipped or written with a field that could not be read (see the module doc).
     unreadable: int = 0
+    #: The snapshot of the backlog taken as the export began.
+    backlog: Path | None = None
 
 
 def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = None,
@@ -70,7 +78,7 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
     start = None if since is None else f"{_since_ms(since)}-0"
     root = Path(to)
     root.mkdir(parents=True, exist_ok=True)
-    result = ExportResult()
+    result = ExportResult(backlog=_write_backlog(store, root))
     skipped = Unreadable("delayq export", logger)
     client = store.client
     position_key = store.keys.export_position
@@ -107,6 +115,22 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
     skipped.log()
     result.unreadable = skipped.count
     return result
+
+
+def _write_backlog(store: Store, root: Path) -> Path:
+    """Write the jobs stored now, per shard and per task (see the module doc)."""
+    shards = store.stats()
+    tasks, _ = store.counts()
+    at_ms = shards[0]["now_ms"]
+    folder = root / BACKLOG
+    folder.mkdir(exist_ok=True)
+    path = folder / f"backlog-{at_ms}.json"
+    tmp = folder / f".{path.name}.tmp"
+    tmp.write_text(json.dumps({
+        "at_ms": at_ms, "shards": [{k: s[k] for k in _BACKLOG_COUNTS} for s in shards],
+        "tasks": tasks}), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 def _trimmed(client, stream: str, last: str) -> bool:

@@ -55,12 +55,30 @@ def test_export_partitions_parquet_files_by_event_date(delayq, redis_client, tmp
     result = export_journal(delayq.store, tmp_path)
 
     assert result.events == 2 and result.per_shard[2] == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["date=2030-01-01", "date=2030-01-02"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "_backlog", "date=2030-01-01", "date=2030-01-02"]
     day1 = pq.read_table(tmp_path / "date=2030-01-01").to_pylist()
     day2 = pq.read_table(tmp_path / "date=2030-01-02").to_pylist()
     assert [(r["event"], r["due_ms"], r["shard"]) for r in day1] == [("promoted", 5, 2)]
     assert (day2[0]["event"], day2[0]["retries"], json.loads(day2[0]["extra"])) == (
         "started", 0, {"x": "y"})
+
+
+def test_export_writes_a_snapshot_of_the_backlog_beside_the_events(delayq, redis_client,
+                                                                  tmp_path):
+    delayq.schedule_many("tests.proj.record", [
+        {"job_id": f"j{n}", "delay": 600} for n in range(5)])
+    delayq.schedule_many("tests.proj.slow", [{"job_id": "due-now", "delay": 0}])
+
+    result = export_journal(delayq.store, tmp_path)
+
+    assert result.backlog is not None and result.backlog.parent == tmp_path / "_backlog"
+    snapshot = json.loads(result.backlog.read_text())
+    assert snapshot["at_ms"] == pytest.approx(delayq.store.now_ms(), abs=5_000)
+    assert sum(s["pending"] for s in snapshot["shards"]) == 6
+    assert sum(s["overdue"] for s in snapshot["shards"]) == 1
+    assert {"shard", "pending", "overdue", "inflight", "dead"} <= set(snapshot["shards"][0])
+    assert snapshot["tasks"] == {"tests.proj.record": 5, "tests.proj.slow": 1}
 
 
 def test_since_exports_again_from_that_time(delayq, redis_client, tmp_path):

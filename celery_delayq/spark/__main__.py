@@ -85,9 +85,15 @@ def _parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="Lateness report from `delayq export` output.")
     report.set_defaults(run=_report)
-    report.add_argument("--events", required=True, help="Folder written by delayq export.")
-    report.add_argument("--out", required=True, help="Folder for Parquet tables + report.html.")
+    report.add_argument("--events", required=True,
+                        help="Folder written by delayq export: a path or a Hadoop URI "
+                             "(file://, hdfs://, s3a://).")
+    report.add_argument("--out", required=True,
+                        help="Folder for the Parquet tables and report.html (path or URI).")
     report.add_argument("--slowest", type=int, default=20, help="How many slowest jobs.")
+    report.add_argument("--bucket", choices=("auto", "minute", "hour"), default="auto",
+                        help="Time bucket; auto: per minute when the events span under "
+                             "3 hours, else per hour.")
     _spark_options(report)
     return parser
 
@@ -217,13 +223,20 @@ def _report(args: argparse.Namespace) -> int:
     from celery_delayq.spark.report import build_report
 
     spark = _session(args, "celery-delayq report")
-    report = build_report(spark, args.events, args.out, slowest=args.slowest)
+    report = build_report(spark, args.events, args.out, slowest=args.slowest,
+                          bucket=args.bucket)
     for row in report.by_task:
         print(f"{row['task']}: promoted {row['promoted']:,}, p50/p95/p99 promote lateness "
               f"{_ms(row['promote_late_p50_ms'])}/{_ms(row['promote_late_p95_ms'])}/"
               f"{_ms(row['promote_late_p99_ms'])} ms, cancel rate "
               f"{_ms(row['cancel_rate'], 3)}")
-    print(f"report written to {report.html}")
+    lost = sum(row["jobs"] for row in report.never_started_by_task)
+    print(f"dead letters {sum(row['dead'] for row in report.dead):,}, promoted and never "
+          f"started {lost:,}" + ("" if report.workers_journal else " (no started events)"))
+    if report.backlog:
+        print(f"backlog at export: pending {report.backlog.total('pending'):,}, in flight "
+              f"{report.backlog.total('inflight'):,}")
+    print(f"report written to {report.html} ({report.bucket} buckets)")
     return 0
 
 

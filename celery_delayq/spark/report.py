@@ -1,71 +1,124 @@
-"""The lateness report: per task and hour, outcomes and lateness from the exported journal.
+"""The lateness report: outcomes and lateness per task over time, dead letters, jobs promoted
+and never started, and the backlog, from the exported journal.
 
 Input is what ``celery -A proj delayq export`` writes (Parquet or JSON lines, partitioned by
-``date=``). Lateness is measured on Redis's clock, in milliseconds:
+``date=``, with backlog snapshots in ``_backlog/``), on any Hadoop filesystem (``file://``,
+``hdfs://``, ``s3a://``, or a bare path on the default one). Lateness is measured on Redis's
+clock, in milliseconds:
 
 * promote lateness = time of the ``promoted`` event - the job's due time;
 * start lateness = time of the ``started`` event - the due time of the job's latest
   promotion before it (the worker's event does not carry the due time itself).
 
 Percentiles are exact (Spark's ``percentile``, linear interpolation between ranks, as
-numpy's default). Hours are UTC hours of the event time, whatever the session or driver time
-zone.
+numpy's default). Buckets are UTC minutes when the events span less than three hours, else
+UTC hours, whatever the session or driver time zone.
 """
 
 from __future__ import annotations
 
-import html
+import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
+from datetime import timezone
 from typing import Any
 
-from ..export import COLUMNS
-from . import charts
+from ..errors import InvalidOption
+from ..export import BACKLOG, COLUMNS
+from . import hadoopfs, page
 
 PERCENTILES = (0.5, 0.95, 0.99)
 OUTCOMES = ("succeeded", "failed", "retried", "cancelled", "dead")
 _COUNTED = ("scheduled", "rescheduled", "promoted", "started", *OUTCOMES)
+BUCKETS = ("minute", "hour")
+MINUTES_BELOW_MS = 3 * 3_600_000  #: events spanning less than this are bucketed by minute
+#: A job promoted this long before the export and not started since is listed as never
+#: started (a younger one may still wait in its queue).
+NOT_STARTED_AFTER_MS = 60_000
+LISTED = 50  #: jobs never started listed by name (every one is in never_started.parquet)
+_BACKLOG_SCHEMA = ("at_ms BIGINT, shards ARRAY<STRUCT<shard: INT, pending: BIGINT, "
+                   "overdue: BIGINT, inflight: BIGINT, dead: BIGINT>>, tasks MAP<STRING, BIGINT>")
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What was stored when the export began, on Redis's clock."""
+
+    at_ms: int
+    shards: list[dict[str, int]]  # shard, pending, overdue, inflight, dead
+    tasks: dict[str, int]  # task -> jobs pending or in flight
+
+    def total(self, count: str) -> int:
+        """``count`` ("pending", "overdue", "inflight" or "dead") over every shard."""
+        return sum(shard[count] or 0 for shard in self.shards)
 
 
 @dataclass(frozen=True)
 class Report:
-    """Where the report was written and its headline numbers."""
+    """Where the page was written, and what it shows."""
 
-    html: Path
-    hourly: list[dict[str, Any]]  # one row per task and hour
-    by_task: list[dict[str, Any]]  # one row per task, every hour together
+    html: str  # the page's path or URI
+    source: str
+    events: int
+    first_ms: int | None
+    last_ms: int | None
+    bucket: str  # "minute" or "hour"
+    over_time: list[dict[str, Any]]  # one row per task and bucket
+    overall: list[dict[str, Any]]  # one row per bucket, every task together
+    by_task: list[dict[str, Any]]  # one row per task, every bucket together
     slowest: list[dict[str, Any]]
+    dead: list[dict[str, Any]]  # one row per task and reason
+    never_started: list[dict[str, Any]]  # the oldest LISTED jobs
+    never_started_by_task: list[dict[str, Any]]
+    workers_journal: bool  # started events seen: never started can be told
+    backlog: Backlog | None
 
 
-def read_events(spark, events: str | Path):
+def read_events(spark, events: str | os.PathLike):
     """The exported events under ``events`` as a DataFrame, each entry once."""
     from pyspark.sql import types as T
 
-    root = Path(events)
-    if not root.exists():
+    root = hadoopfs.uri(events)
+    if not hadoopfs.exists(spark, root):
         raise FileNotFoundError(f"no exported events at {root}; run "
                                 "`celery -A proj delayq export --to DIR` first")
-    if any(root.rglob("*.parquet")):
-        df = spark.read.parquet(str(root))
-    elif any(root.rglob("*.jsonl")):
+    suffix = hadoopfs.data_suffix(spark, root, (".parquet", ".jsonl"))
+    if suffix == ".parquet":
+        df = spark.read.parquet(root)
+    elif suffix == ".jsonl":
         text, num = T.StringType(), T.LongType()
         schema = T.StructType([T.StructField(name, num if name in (
             "shard", "ts_ms", "due_ms", "retries") else text) for name in COLUMNS])
-        df = spark.read.schema(schema).option("pathGlobFilter", "*.jsonl").json(str(root))
+        df = spark.read.schema(schema).option("pathGlobFilter", "*.jsonl").json(root)
     else:
         raise FileNotFoundError(f"{root} holds no .parquet or .jsonl event files")
     return df.select(*COLUMNS).dropDuplicates(["shard", "id"])
 
 
+def read_backlog(spark, events: str | os.PathLike) -> Backlog | None:
+    """The latest backlog snapshot beside the events; None when the export wrote none."""
+    from pyspark.sql import functions as F
+
+    folder = f"{hadoopfs.uri(events)}/{BACKLOG}"
+    if not hadoopfs.exists(spark, folder):
+        return None
+    row = (spark.read.schema(_BACKLOG_SCHEMA).option("multiLine", "true")
+           .option("pathGlobFilter", "backlog-*.json").json(folder)
+           .where(F.col("at_ms").isNotNull()).orderBy(F.col("at_ms").desc()).first())
+    if row is None:
+        return None
+    return Backlog(row.at_ms, [s.asDict() for s in row.shards or []], dict(row.tasks or {}))
+
+
 def lateness(events):
-    """Events with ``hour`` and, for promoted/started events, ``late_ms``."""
+    """Events with ``late_ms`` for promoted/started events, ``due_for`` (the due time they
+    answer), and the job's task on events that lack it (a dead letter of a call)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     seq = F.split("id", "-").getItem(1).cast("long")
-    ordered = (Window.partitionBy("shard", "job").orderBy("ts_ms", "_seq")
-               .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    job = Window.partitionBy("shard", "job")
+    ordered = job.orderBy("ts_ms", "_seq").rowsBetween(Window.unboundedPreceding,
+                                                      Window.currentRow)
     promoted_due = F.when(F.col("event") == "promoted", F.col("due_ms"))
     df = (events.withColumn("_seq", seq)
           .withColumn("_promoted_due", F.last(promoted_due, ignorenulls=True).over(ordered))
@@ -73,9 +126,17 @@ def lateness(events):
                                         F.col("ts_ms") - F.col("due_ms"))
                       .when(F.col("event") == "started",
                             F.col("ts_ms") - F.coalesce("due_ms", "_promoted_due")))
-          .withColumn("hour", F.date_trunc("hour", F.timestamp_millis("ts_ms")))
+          .withColumn("task", F.coalesce("task", F.when(
+              F.col("job").isNotNull(), F.first("task", ignorenulls=True).over(job))))
           .drop("_seq"))
     return df.withColumn("due_for", F.coalesce("due_ms", "_promoted_due")).drop("_promoted_due")
+
+
+def choose_bucket(first_ms: int | None, last_ms: int | None) -> str:
+    """"minute" for events spanning less than :data:`MINUTES_BELOW_MS`, else "hour"."""
+    short = first_ms is not None and last_ms is not None and (
+        last_ms - first_ms < MINUTES_BELOW_MS)
+    return "minute" if short else "hour"
 
 
 def _stats(df, keys: list[str]):
@@ -99,110 +160,100 @@ def _stats(df, keys: list[str]):
                                                 F.col("cancelled") / F.col("scheduled")))
 
 
-def build_report(spark, events: str | Path, out: str | Path, *, slowest: int = 20) -> Report:
-    """Compute the report from exported events; write Parquet tables and ``report.html``."""
+def dead_letters(df):
+    """Dead letters per task and reason: how many, how many were replayed since, the last."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    replayed_ms = F.max(F.when(F.col("event") == "replayed", F.col("ts_ms"))).over(
+        Window.partitionBy("shard", "job"))
+    dead = (df.where(F.col("event").isin("dead", "replayed"))
+            .withColumn("_replayed_ms", replayed_ms).where(F.col("event") == "dead"))
+    return (dead.groupBy("task", "reason")
+            .agg(F.count("*").alias("dead"),
+                 F.sum(F.when(F.col("_replayed_ms") > F.col("ts_ms"), 1).otherwise(0))
+                 .alias("replayed"),
+                 F.max("ts_ms").alias("last_ms"))
+            .orderBy(F.col("dead").desc(), "task", "reason"))
+
+
+def never_started(df, before_ms: int):
+    """Jobs whose latest promotion, at ``before_ms`` or earlier, no started event followed."""
+    from pyspark.sql import functions as F
+
+    def latest(event: str):
+        return F.max(F.when(F.col("event") == event, F.col("ts_ms")))
+
+    jobs = (df.where(F.col("job").isNotNull()).groupBy("shard", "job")
+            .agg(F.first("task", ignorenulls=True).alias("task"),
+                 latest("promoted").alias("promoted_ms"), latest("started").alias("_started")))
+    return (jobs.where(F.col("promoted_ms") <= before_ms)
+            .where(F.col("_started").isNull() | (F.col("_started") < F.col("promoted_ms")))
+            .drop("_started").orderBy("promoted_ms", "job"))
+
+
+def build_report(spark, events: str | os.PathLike, out: str | os.PathLike, *,
+                 slowest: int = 20, bucket: str = "auto") -> Report:
+    """Compute the report from exported events; write its Parquet tables and
+    ``report.html`` under ``out`` (any Hadoop filesystem path)."""
+    from pyspark.sql import functions as F
+
+    if bucket not in ("auto", *BUCKETS):
+        raise InvalidOption(f"bucket must be auto, minute or hour; got {bucket!r}")
+    source, out = hadoopfs.uri(events), hadoopfs.uri(out)
     zone = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "UTC")  # hours are UTC hours
-    df = lateness(read_events(spark, events)).cache()
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # buckets are UTC minutes / hours
+    df = lateness(read_events(spark, source)).cache()
+    cached = [df]
     try:
-        hourly_df = _stats(df.where(F.col("task").isNotNull()), ["task", "hour"])
-        by_task_df = _stats(df.where(F.col("task").isNotNull()), ["task"])
-        overall_df = _stats(df, ["hour"])
-        slow_df = (df.where((F.col("event") == "started") | (F.col("event") == "promoted"))
-                   .where(F.col("late_ms").isNotNull())
-                   .orderBy(F.col("late_ms").desc(), "id")
-                   .limit(slowest)
-                   .select("job", "task", "event", "shard", "id", "due_for", "ts_ms",
-                           "late_ms"))
-        hourly_df.orderBy("task", "hour").write.mode("overwrite").parquet(
-            str(out / "hourly.parquet"))
-        by_task_df.orderBy("task").write.mode("overwrite").parquet(str(out / "by_task.parquet"))
-        slow_df.write.mode("overwrite").parquet(str(out / "slowest.parquet"))
-        hourly = _utc(hourly_df.orderBy("task", "hour").collect())
-        by_task = [r.asDict() for r in by_task_df.orderBy("task").collect()]
-        overall = _utc(overall_df.orderBy("hour").collect())
-        slow = [r.asDict() for r in slow_df.collect()]
-        events_count = df.count()
+        backlog = read_backlog(spark, source)
+        span = df.agg(F.min("ts_ms"), F.max("ts_ms"), F.count("*"),
+                      F.count(F.when(F.col("event") == "started", 1))).first()
+        first_ms, last_ms, count, started = span
+        unit = choose_bucket(first_ms, last_ms) if bucket == "auto" else bucket
+        timed = df.withColumn("bucket", F.date_trunc(unit, F.timestamp_millis("ts_ms")))
+        tasks = timed.where(F.col("task").isNotNull())
+        export_ms = max(last_ms or 0, backlog.at_ms if backlog else 0)
+        tables = {
+            "over_time": _stats(tasks, ["task", "bucket"]).orderBy("task", "bucket"),
+            "by_task": _stats(tasks, ["task"]).orderBy("task"),
+            "slowest": (df.where(F.col("event").isin("started", "promoted"))
+                        .where(F.col("late_ms").isNotNull())
+                        .orderBy(F.col("late_ms").desc(), "id").limit(slowest)
+                        .select("job", "task", "event", "shard", "id", "due_for", "ts_ms",
+                                "late_ms")),
+            "dead": dead_letters(df),
+            "never_started": never_started(df, export_ms - NOT_STARTED_AFTER_MS),
+        }
+        for name, table in tables.items():
+            cached.append(table.cache())  # written, then collected
+            table.write.mode("overwrite").parquet(f"{out}/{name}.parquet")
+        lost = tables["never_started"] if started else tables["never_started"].limit(0)
+        report = Report(
+            html=f"{out}/report.html", source=source, events=count, first_ms=first_ms,
+            last_ms=last_ms, bucket=unit,
+            over_time=_utc(tables["over_time"].collect()),
+            overall=_utc(_stats(timed, ["bucket"]).orderBy("bucket").collect()),
+            by_task=_dicts(tables["by_task"]), slowest=_dicts(tables["slowest"]),
+            dead=_dicts(tables["dead"]), never_started=_dicts(lost.limit(LISTED)),
+            never_started_by_task=_dicts(
+                lost.groupBy("task").agg(F.count("*").alias("jobs"),
+                                         F.min("promoted_ms").alias("oldest_ms"))
+                .orderBy(F.col("jobs").desc(), "task")),
+            workers_journal=bool(started), backlog=backlog)
     finally:
-        df.unpersist()
+        for frame in cached:
+            frame.unpersist()
         spark.conf.set("spark.sql.session.timeZone", zone)
-    page = out / "report.html"
-    page.write_text(_html(hourly, by_task, overall, slow, events_count, str(events)),
-                    encoding="utf-8")
-    return Report(page, hourly, by_task, slow)
+    hadoopfs.write_text(spark, report.html, page.render(report))
+    return report
 
 
-# -- HTML ------------------------------------------------------------------------------
-
-_CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:1100px;color:#222}
-h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem}
-table{border-collapse:collapse;font-size:12px}td,th{padding:3px 8px;border-bottom:1px solid #ddd;
-text-align:right}th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
-.muted{color:#777}svg{max-width:100%;height:auto}
-"""
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "&ndash;"
-    if isinstance(value, float):
-        return f"{value:,.1f}" if abs(value) >= 1 or value == 0 else f"{value:.3f}"
-    if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:00")
-    return html.escape(f"{value:,}" if isinstance(value, int) else str(value))
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(r.get(c))}</td>" for c in columns) + "</tr>"
-                   for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def _dicts(df) -> list[dict[str, Any]]:
+    return [row.asDict() for row in df.collect()]
 
 
 def _utc(rows) -> list[dict[str, Any]]:
-    """Rows as dicts, their ``hour`` an aware UTC datetime: PySpark hands timestamps to
+    """Rows as dicts, their ``bucket`` an aware UTC datetime: PySpark hands timestamps to
     the driver as naive local times of its own time zone."""
-    return [{**row.asDict(), "hour": row["hour"].astimezone(timezone.utc)} for row in rows]
-
-
-def _when(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _html(hourly, by_task, overall, slow, events_count: int, source: str) -> str:
-    hours = [r["hour"].strftime("%m-%d %H:00") for r in overall]
-    late_chart = charts.lines(
-        "Promote lateness per hour (ms)", hours,
-        {f"p{round(p * 100)}": [r[f"promote_late_p{round(p * 100)}_ms"] for r in overall]
-         for p in PERCENTILES})
-    start_chart = charts.lines(
-        "Start lateness per hour (ms)", hours,
-        {f"p{round(p * 100)}": [r[f"start_late_p{round(p * 100)}_ms"] for r in overall]
-         for p in PERCENTILES})
-    mix_chart = charts.stacked_bars(
-        "Outcome mix per task", [r["task"] for r in by_task],
-        {o: [r[o] for r in by_task] for o in OUTCOMES})
-    late_cols = [f"{k}_late_{q}_ms" for k in ("promote", "start")
-                 for q in ("p50", "p95", "p99", "max")]
-    counts = ["scheduled", "promoted", "cancelled", "succeeded", "failed", "cancel_rate"]
-    slow_rows = [dict(r, due=_when(r["due_for"]), at=_when(r["ts_ms"])) for r in slow]
-    return f"""<!doctype html><html><head><meta charset="utf-8">
-<title>celery-delayq lateness report</title><style>{_CSS}</style></head><body>
-<h1>celery-delayq lateness report</h1>
-<p class="muted">{events_count:,} journal events from {html.escape(source)}; generated
-{datetime.now(timezone.utc).isoformat(timespec="seconds")}. Lateness is event time &minus; due time
-on Redis's clock, in ms; percentiles are exact.</p>
-<h2>Lateness over time</h2>{late_chart}{start_chart}
-<h2>Outcomes</h2>{mix_chart}
-<h2>Per task</h2>{_table(by_task, ["task", *counts, *late_cols])}
-<h2>Per task and hour</h2>{_table(hourly, ["task", "hour", *counts, *late_cols])}
-<h2>Slowest jobs</h2>{_table(slow_rows, ["job", "task", "event", "due", "at", "late_ms"])}
-</body></html>
-"""
+    return [{**row.asDict(), "bucket": row["bucket"].astimezone(timezone.utc)} for row in rows]

@@ -1,0 +1,99 @@
+"""Headless Chromium renders the report's charts offline, the page fits 800 px, and the
+screenshot in docs/img comes from this run."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from celery_delayq.export import export_journal
+from celery_delayq.spark.report import build_report
+from tests import browser
+from tests.spark.test_report import HOUR, job_events, plant
+
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "spark-report.png"
+TASKS = ("shop.close_unpaid_order", "shop.check_refund_status", "shop.send_reminder")
+CHARTS = 6
+
+
+@pytest.fixture
+def chromium():
+    with browser.chromium() as driver:
+        yield driver
+
+
+@pytest.fixture
+def a_day_of_events(delayq, redis_client, tmp_path):
+    """The last 30 hours, across midnight UTC: three tasks, lateness growing in an evening
+    peak, some failures and retries, two dead letters, one job promoted and never started,
+    40 jobs pending."""
+    rng = random.Random(17)
+    start = (delayq.store.now_ms() // HOUR - 30) * HOUR
+    events: list[tuple[int, dict]] = []
+    for hour in range(30):
+        peak = 4 if (start // HOUR + hour) % 24 in (18, 19, 20) else 1
+        for task in TASKS:
+            for n in range(12):
+                due = start + hour * HOUR + rng.randrange(HOUR)
+                late = int(rng.expovariate(1 / (15 * peak)))
+                outcome = rng.choices(("succeeded", "failed", "retried"), (90, 4, 6))[0]
+                events += job_events(task, f"{task[5:9]}-{hour}-{n}", due, late,
+                                     late + rng.randrange(2, 40 * peak), outcome)
+    events += [(start + 5 * HOUR + n, {"event": "dead", "job": f"x{n}", "task": TASKS[0],
+                                       "reason": "unknown queue 'orders-eu'"})
+               for n in range(2)]
+    events.append((start + 7 * HOUR, {"event": "promoted", "job": "stuck-1", "task": TASKS[1],
+                                      "key": "", "due": str(start + 7 * HOUR - 900)}))
+    plant(delayq.store.client, delayq.store.keys.shard(0).journal,
+          [(ts, fields) for ts, fields in events if ts < start + 30 * HOUR])
+    delayq.schedule_many("tests.proj.record", [
+        {"job_id": f"p{n}", "delay": 600} for n in range(40)])
+    export_journal(delayq.store, tmp_path / "events")
+    return tmp_path / "events"
+
+
+def test_report_renders_offline_in_chromium_and_fits_an_800_px_window(
+        spark, a_day_of_events, tmp_path, chromium):
+    from selenium.webdriver.common.by import By
+
+    report = build_report(spark, a_day_of_events, tmp_path / "report")
+    assert report.bucket == "hour"
+
+    chromium.set_window_size(800, 900)
+    chromium.get(Path(report.html).as_uri())
+    plots = chromium.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")
+    assert len(plots) == CHARTS
+    assert all(p.find_elements(By.CSS_SELECTOR, ".main-svg") for p in plots)
+    per_task = chromium.find_element(By.ID, "task-start-lateness")
+    assert len(per_task.find_elements(By.CSS_SELECTOR, ".scatterlayer .trace")) == len(TASKS)
+    assert [e for e in chromium.get_log("browser") if e["level"] == "SEVERE"] == []
+    assert chromium.execute_script(
+        "return performance.getEntriesByType('resource').length") == 0  # nothing fetched
+    assert chromium.execute_script(
+        "const page = document.documentElement; return page.scrollWidth <= page.clientWidth")
+    assert chromium.execute_script(CLIPPED_LABELS) == []
+
+    chromium.set_window_size(1280, 900)
+    chromium.set_window_size(1280, chromium.execute_script(
+        "return document.documentElement.scrollHeight") + 140)
+    chromium.refresh()
+    chromium.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg")
+    chromium.save_screenshot(str(SCREENSHOT))
+
+
+#: Axis tick labels, axis titles and chart titles drawn outside their chart.
+CLIPPED_LABELS = """
+    const out = [];
+    for (const svg of document.querySelectorAll('.js-plotly-plot .main-svg:first-child')) {
+      const box = svg.getBoundingClientRect();
+      const labels = '.xtick text, .ytick text, .xtitle, .ytitle, .gtitle';
+      for (const t of svg.querySelectorAll(labels)) {
+        const r = t.getBoundingClientRect();
+        if (r.width && (r.left < box.left - 1 || r.right > box.right + 1
+                        || r.top < box.top - 1 || r.bottom > box.bottom + 1))
+          out.push(t.textContent);
+      }
+    }
+    return out;"""
