@@ -47,7 +47,6 @@ def write_text(spark, path: str, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path``, replacing it; parent folders are created."""
     hadoop_path, fs = _resolve(spark, path)
     data = text.encode("utf-8")
-    fs.setWriteChecksum(False)  # no .crc file beside it on a local filesystem
     stream = fs.create(hadoop_path, True)
     try:
         for start in range(0, len(data), _CHUNK):
