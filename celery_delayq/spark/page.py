@@ -141,7 +141,7 @@ def _never_started(report: Report) -> str:
                 "(the default). Without them, jobs that never started cannot be told.</p>")
     if not report.never_started:
         return "<p>Every job promoted at least a minute before the export has started.</p>"
-    end = max(report.last_ms or 0, report.backlog.at_ms if report.backlog else 0)
+    end = report.export_ms
     by_task = [dict(r, oldest=_when(r["oldest_ms"]), waited=_duration(end - r["oldest_ms"]))
                for r in report.never_started_by_task]
     jobs = [dict(r, promoted=_when(r["promoted_ms"]), waited=_duration(end - r["promoted_ms"]))

@@ -61,6 +61,7 @@ class Report:
     events: int
     first_ms: int | None
     last_ms: int | None
+    export_ms: int  # the later of the last event and the backlog snapshot
     bucket: str  # "minute" or "hour"
     over_time: list[dict[str, Any]]  # one row per task and bucket
     overall: list[dict[str, Any]]  # one row per bucket, every task together
@@ -214,6 +215,9 @@ def build_report(spark, events: str | os.PathLike, out: str | os.PathLike, *,
         timed = df.withColumn("bucket", F.date_trunc(unit, F.timestamp_millis("ts_ms")))
         tasks = timed.where(F.col("task").isNotNull())
         export_ms = max(last_ms or 0, backlog.at_ms if backlog else 0)
+        lost = never_started(df, export_ms - NOT_STARTED_AFTER_MS)
+        if not started:  # workers journal no started events: nothing can be told
+            lost = lost.limit(0)
         tables = {
             "over_time": _stats(tasks, ["task", "bucket"]).orderBy("task", "bucket"),
             "by_task": _stats(tasks, ["task"]).orderBy("task"),
@@ -223,15 +227,14 @@ def build_report(spark, events: str | os.PathLike, out: str | os.PathLike, *,
                         .select("job", "task", "event", "shard", "id", "due_for", "ts_ms",
                                 "late_ms")),
             "dead": dead_letters(df),
-            "never_started": never_started(df, export_ms - NOT_STARTED_AFTER_MS),
+            "never_started": lost,
         }
         for name, table in tables.items():
             cached.append(table.cache())  # written, then collected
             table.write.mode("overwrite").parquet(f"{out}/{name}.parquet")
-        lost = tables["never_started"] if started else tables["never_started"].limit(0)
         report = Report(
             html=f"{out}/report.html", source=source, events=count, first_ms=first_ms,
-            last_ms=last_ms, bucket=unit,
+            last_ms=last_ms, export_ms=export_ms, bucket=unit,
             over_time=_utc(tables["over_time"].collect()),
             overall=_utc(_stats(timed, ["bucket"]).orderBy("bucket").collect()),
             by_task=_dicts(tables["by_task"]), slowest=_dicts(tables["slowest"]),
