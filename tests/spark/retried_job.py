@@ -23,6 +23,8 @@ def main(redis_url: str) -> None:
     spark = (SparkSession.builder.master("local[2,2]")  # a task may fail once
              .config("spark.ui.enabled", "false")
              .config("spark.driver.bindAddress", "127.0.0.1")
+             # rows reach the writer 500 at a time: written rows precede the loss
+             .config("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
              .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     spark.sparkContext.setLogLevel("OFF")
     app = Celery("retried", broker=f"{redis_url}/0", set_as_current=False)
@@ -30,13 +32,18 @@ def main(redis_url: str) -> None:
 
     @F.udf("long")
     def lost_once(n: int) -> int:
-        """The first attempt of every task dies at its partition's 3,600th row (earlier rows
-        have been written by then)."""
+        """The first attempt of every task dies at its partition's 3,600th row, in the
+        count of duplicate ids and in the write; the write's records how many jobs were
+        stored by then (earlier rows have been written)."""
         context = TaskContext.get()
         if context.attemptNumber() == 0 and n % (ROWS // PARTITIONS) == 3_600:
             import redis
 
-            redis.Redis.from_url(f"{redis_url}/0").rpush("test:lost", context.partitionId())
+            client = redis.Redis.from_url(f"{redis_url}/0")
+            if context.getLocalProperty("spark.jobGroup.id").startswith("delayq-schedule"):
+                client.rpush("test:lost", context.partitionId())
+                client.rpush("test:stored", sum(client.zcard(key)
+                                                for key in client.scan_iter("delayq:*:due")))
             raise RuntimeError("executor lost")
         return n
 
