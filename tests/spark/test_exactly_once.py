@@ -48,6 +48,7 @@ def test_rows_a_lost_task_attempt_wrote_count_as_scheduled_and_are_not_written_a
     summary = json.loads(run.stdout.strip().splitlines()[-1])
 
     assert sorted(int(p) for p in redis_client.lrange("test:lost", 0, -1)) == [0, 1, 2, 3]
+    assert max(int(n) for n in redis_client.lrange("test:stored", 0, -1)) > 0  # lost writes
     assert summary == {"scheduled": 16_000, "existed": 0, "rejected": 0, "rejects": 0}
     events = [event for shard in delayq.store.keys
               for _, event in delayq.store.client.xrange(shard.journal)]

@@ -217,3 +217,30 @@ def test_an_unknown_past_policy_is_refused_before_any_write(spark, app, delayq):
         schedule_dataframe(df, app, task=TASK, id_col="job", delay_col="delay_s",
                            past="later")
     assert delayq.pending() == []
+
+
+def test_duplicate_ids_have_one_winner_by_content_whatever_the_partitioning(spark, app,
+                                                                            delayq):
+    """Each duplicated id is written once, from the same row in every partitioning and
+    order; the other rows come back as rejects and never reach Redis."""
+    rows = [(f"order:{n % 40}", n, 600.0) for n in range(120)]  # every id three times
+    rows += [(f"single:{n}", n, 600.0) for n in range(10)]
+    schema = "order_id string, n long, delay_s double"
+    winners = []
+    for order, partitions in ((rows, 1), (rows[::-1], 3), (rows[40:] + rows[:40], 7)):
+        delayq.store.client.flushall()
+        df = spark.createDataFrame(order, schema).repartition(partitions)
+        summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="order_id",
+                                              delay_col="delay_s", args_cols=["n"])
+
+        assert (summary.scheduled, summary.existed, summary.rejected) == (50, 0, 80)
+        assert {row.reason for row in rejects.collect()} == {
+            f"duplicate id in input: another row of it has job id {f'order:{n}'!r}"
+            for n in range(40)}
+        assert _journal(delayq) == 50  # the losers never reached Redis
+        winners.append({job.job_id: job.args for job in delayq.pending(limit=100)})
+        won = [args[0] for job_id, args in winners[-1].items() if job_id.startswith("order")]
+        assert sorted(won + [row.n for row in rejects.collect()]) == list(range(120))
+    assert winners[0] == winners[1] == winners[2]
+    # the row whose used columns sort first as JSON text: '"n":47}' before '"n":7}'
+    assert winners[0]["order:7"] == [47]

@@ -1,0 +1,280 @@
+"""The executor side of ``schedule_dataframe``: one partition's rows into the store.
+
+Only the columns a call uses arrive, as Arrow record batches (``mapInArrow``). Rows are
+prepared in slices of ``batch_size``; a background thread writes each slice (pipelined
+schedule scripts) while the next one is prepared, so the Python work overlaps the Redis
+round trip. The partition yields Arrow batches of its rejects (the used columns and a
+reason) and then one summary row (``COUNTS``).
+
+Rows are named ``partition:position`` for ``RunRows``: a retried task names them alike,
+so the store answers the first attempt's outcome and writes nothing twice.
+"""
+
+from __future__ import annotations
+
+import decimal
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+
+from .. import validation
+from ..envelope import Call, Template, template
+from ..errors import DelayQError, InvalidDelay, InvalidJobId
+from ..store import RunRows, ScheduleCode, Scheduled, Store
+from ..validation import Due
+from . import shipping
+
+#: Output columns besides the used ones: a reject's reason, or (reason null) the
+#: partition's counts: scheduled, existed, rejected, past.
+REASON, COUNTS = "__delayq_reason", "__delayq_counts"
+#: Input column, present when the input has duplicate ids: True on a row another row of
+#: its id wins (see ``schedule._source``).
+LOST = "__delayq_lost"
+REASONS = {
+    ScheduleCode.CONFLICT: "job id {!r} already exists (if_exists='error')",
+    ScheduleCode.DUPLICATE: "duplicate id in input: another row of it has job id {!r}",
+}
+_COUNTS_TYPE = pa.list_(pa.int64())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a partition needs, as plain data (pickled to executors)."""
+
+    shipped: dict[str, Any]
+    task: str
+    id_col: str
+    delay_col: str | None
+    eta_kind: str | None  # "us" (timestamp), "str", "num" or None
+    eta_col: str | None
+    args_cols: tuple[str, ...]
+    kwargs_col: str | None
+    key_col: str | None
+    queue: str | None
+    queue_col: str | None
+    options: dict[str, Any]
+    if_exists: str
+    batch_size: int
+    past: str  # "run" or "reject": what an eta that has passed does
+    run: str  # names this call's rows in the store (RunRows)
+
+    @property
+    def used(self) -> tuple[str, ...]:
+        """The input columns a call is made of, each once, in a fixed order."""
+        named = (self.id_col, self.delay_col, self.eta_col, *self.args_cols,
+                 self.kwargs_col, self.key_col, self.queue_col)
+        return tuple(dict.fromkeys(name for name in named if name is not None))
+
+
+@dataclass
+class _Slice:
+    """Up to ``batch_size`` rows: their calls for the store, and the rows refused so far."""
+
+    rows: pa.RecordBatch
+    rejects: list[tuple[int, str]]  # (row index, reason)
+    indexes: list[int]  # the row of each call
+    items: list[tuple[Call, Due]]
+    names: list[str]
+
+
+def write_partition(plan: Plan, batches: Iterable[pa.RecordBatch],
+                    done_rows) -> Iterator[pa.RecordBatch]:
+    """Schedule one partition's rows; yield its rejects, then its summary row."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    assert context is not None  # this runs in a Spark task
+    yield from _Partition(plan, context.partitionId(), done_rows).run(batches)
+
+
+class _Partition:
+    def __init__(self, plan: Plan, partition: int, done_rows) -> None:
+        self.plan, self.partition, self.done_rows = plan, partition, done_rows
+        self.app = shipping.bare_app(plan.shipped)
+        self.config = shipping.config(plan.shipped)
+        self.store = Store(self.config)
+        self.templates: dict[str | None, Template] = {}  # by queue
+        self.counts = [0, 0, 0, 0]  # scheduled, existed, rejected, past
+        self.position = 0
+        self.types: list[pa.DataType] = []  # of the used columns, from the first batch
+
+    def run(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        writer = ThreadPoolExecutor(1, thread_name_prefix="delayq-write")
+        pending: tuple[_Slice, Future | None] | None = None
+        try:
+            for batch in batches:
+                self.types = self.types or [batch.schema.field(c).type for c in self.plan.used]
+                for start in range(0, batch.num_rows, self.plan.batch_size):
+                    prepared = self._prepare(batch.slice(start, self.plan.batch_size))
+                    sent = writer.submit(self._write, prepared) if prepared.items else None
+                    if pending is not None:  # written while this slice was prepared
+                        yield from self._finish(*pending)
+                    pending = prepared, sent
+            if pending is not None:
+                yield from self._finish(*pending)
+        finally:
+            writer.shutdown(wait=True)
+            self.store.close()
+        if self.types:
+            yield self._summary()
+
+    def _write(self, prepared: _Slice) -> list[Scheduled]:
+        return self.store.schedule(prepared.items, self.plan.if_exists,
+                                   RunRows(self.plan.run, prepared.names))
+
+    def _finish(self, prepared: _Slice, sent: Future | None) -> Iterator[pa.RecordBatch]:
+        results: list[Scheduled] = sent.result() if sent is not None else []
+        for index, (call, _), result in zip(prepared.indexes, prepared.items, results,
+                                            strict=True):
+            if result.code is ScheduleCode.KEPT:
+                self.counts[1] += 1
+            elif result.code in REASONS:
+                self.counts[2] += 1
+                prepared.rejects.append((index, REASONS[result.code].format(call.job_id)))
+            else:
+                self.counts[0] += 1
+        self.done_rows.add(len(prepared.items))
+        if prepared.rejects:
+            yield self._rejects(prepared.rows, prepared.rejects)
+
+    def _prepare(self, rows: pa.RecordBatch) -> _Slice:
+        """Calls for the rows of one slice; bad rows become rejects."""
+        plan, config = self.plan, self.config
+        prepared = _Slice(rows, [], [], [], [])
+        ids = _values(rows, plan.id_col)
+        keys = _values(rows, plan.key_col) if plan.key_col else None
+        when = _due_times(plan, rows)
+        args = (list(zip(*(_values(rows, c) for c in plan.args_cols), strict=True))
+                if plan.args_cols else None)
+        kwargs = _values(rows, plan.kwargs_col) if plan.kwargs_col else None
+        queues = _values(rows, plan.queue_col) if plan.queue_col else None
+        lost = _values(rows, LOST) if LOST in rows.schema.names else None
+        now_ms = time.time() * 1000
+        for index in range(rows.num_rows):
+            try:
+                if lost is not None and lost[index]:
+                    raise InvalidJobId(REASONS[ScheduleCode.DUPLICATE].format(_text(ids[index])))
+                if ids[index] is None:
+                    raise InvalidJobId(f"null id: {plan.id_col} is empty")
+                job_id = validation.identifier(_text(ids[index]), "job id",
+                                               config.max_id_length)
+                key = keys[index] if keys is not None else None
+                if key is not None:
+                    key = validation.identifier(_text(key), "key", config.max_id_length)
+                due = validation.due(*when(index), config.max_delay)
+                if due.at_ms is not None and due.at_ms < now_ms:
+                    self.counts[3] += 1
+                    if plan.past == "reject":
+                        raise InvalidDelay(f"eta in the past: {_iso(due.at_ms)} (past='reject')")
+                call = self._template(queues[index] if queues is not None else plan.queue).call(
+                    args[index] if args is not None else (),
+                    (kwargs[index] if kwargs is not None else None) or {},
+                    job_id=job_id, key=key, max_payload_bytes=config.max_payload_bytes,
+                    max_nesting=config.max_nesting)
+            except (DelayQError, TypeError, ValueError) as exc:
+                self.counts[2] += 1
+                prepared.rejects.append((index, str(exc)))
+                continue
+            prepared.indexes.append(index)
+            prepared.items.append((call, due))
+            prepared.names.append(f"{self.partition}:{self.position + index}")
+        self.position += rows.num_rows
+        return prepared
+
+    def _template(self, queue: str | None) -> Template:
+        """The call options of a queue, resolved once (raises on an unknown queue)."""
+        found = self.templates.get(queue)
+        if found is None:
+            options = self.plan.options if queue is None else {**self.plan.options,
+                                                               "queue": queue}
+            found = self.templates[queue] = template(self.app, self.plan.task, options)
+        return found
+
+    def _rejects(self, rows: pa.RecordBatch, rejects: list[tuple[int, str]]) -> pa.RecordBatch:
+        taken = pa.array([index for index, _ in rejects], pa.int64())
+        return pa.RecordBatch.from_arrays(
+            [*(rows.column(c).take(taken) for c in self.plan.used),
+             pa.array([reason for _, reason in rejects], pa.string()),
+             pa.nulls(len(rejects), _COUNTS_TYPE)],
+            names=[*self.plan.used, REASON, COUNTS])
+
+    def _summary(self) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays(
+            [*(pa.nulls(1, kind) for kind in self.types), pa.nulls(1, pa.string()),
+             pa.array([self.counts], _COUNTS_TYPE)],
+            names=[*self.plan.used, REASON, COUNTS])
+
+
+def _values(rows: pa.RecordBatch, name: str) -> list:
+    """A column as Python values fit for JSON: structs and maps as dicts, times as ISO
+    text (decimals stay decimals: not JSON)."""
+    column = rows.column(name)
+    kind = column.type
+    if pa.types.is_nested(kind):
+        return [_plain(value) for value in column.to_pylist(maps_as_pydicts="strict")]
+    values = column.to_pylist()
+    if pa.types.is_temporal(kind) or pa.types.is_binary(kind):
+        return [_plain(value) for value in values]
+    return values
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        raise TypeError("binary columns cannot be task arguments; encode them first")
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    return value
+
+
+def _due_times(plan: Plan, rows: pa.RecordBatch) -> Callable[[int], tuple[Any, Any]]:
+    """(delay, eta) of the row at an index, for ``validation.due``."""
+    if plan.delay_col is not None:
+        delays, column = rows.column(plan.delay_col).to_pylist(), plan.delay_col
+
+        def delay(index: int) -> tuple[Any, None]:
+            value = delays[index]
+            if value is None:
+                raise InvalidDelay(f"null delay: {column} is empty")
+            return (float(value) if isinstance(value, decimal.Decimal) else value), None
+        return delay
+    assert plan.eta_col is not None
+    name, raw = plan.eta_col, rows.column(plan.eta_col)
+    if plan.eta_kind == "us":  # an instant: Arrow holds it as µs since the epoch (UTC)
+        raw = raw.cast(pa.int64())
+    etas = raw.to_pylist()
+
+    def eta(index: int) -> tuple[None, datetime]:
+        value = etas[index]
+        if value is None:
+            raise InvalidDelay(f"bad eta: {name} is empty")
+        if plan.eta_kind == "us":
+            return None, datetime.fromtimestamp(value / 1_000_000, timezone.utc)
+        if plan.eta_kind == "num":
+            return None, datetime.fromtimestamp(float(value), timezone.utc)
+        try:
+            return None, datetime.fromisoformat(value)
+        except ValueError:
+            raise InvalidDelay(f"bad eta: {value!r} is not an ISO-8601 time such as "
+                               "2030-01-31T08:00:00+00:00") from None
+    return eta
+
+
+def _iso(ms: float) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat()
+
+
+def _text(value: Any) -> str:
+    """Ids and keys may be integer columns; they are stored as text."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InvalidJobId(
+            f"ids and keys must be string or integer columns, got {type(value).__name__}")
+    return str(value)
