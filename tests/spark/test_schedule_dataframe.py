@@ -244,3 +244,26 @@ def test_duplicate_ids_have_one_winner_by_content_whatever_the_partitioning(spar
     assert winners[0] == winners[1] == winners[2]
     # the row whose used columns sort first as JSON text: '"n":47}' before '"n":7}'
     assert winners[0]["order:7"] == [47]
+
+
+def test_columns_no_call_uses_are_never_computed_or_sent_to_python(spark, app, delayq,
+                                                                  redis_server):
+    from pyspark.sql import functions as F
+
+    url = f"{redis_server.url}/0"
+
+    @F.udf("string")
+    def unused(n):  # no hints: pyspark would read them as a pandas UDF's
+        import redis
+
+        redis.Redis.from_url(url).incr("test:unused")
+        return "x" * 300_000
+
+    df = (spark.range(2_000, numPartitions=2)
+          .selectExpr("concat('u:', cast(id as string)) as job", "600.0 as d", "id")
+          .withColumn("blob", unused("id")))
+    summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="job", delay_col="d",
+                                          args_cols=["id"])
+
+    assert (summary.scheduled, rejects.count()) == (2_000, 0)
+    assert delayq.store.client.get("test:unused") is None
