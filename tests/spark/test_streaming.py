@@ -4,6 +4,7 @@ when Spark replays a batch from its checkpoint, caching nothing batch after batc
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -62,8 +63,9 @@ def test_a_micro_batch_replayed_from_its_checkpoint_schedules_nothing_twice(
     assert journal_events(delayq).count("scheduled") == 300
 
 
-def test_each_micro_batch_is_scheduled_with_its_rejects_and_caches_nothing(
-        spark, app, delayq, redis_client, tmp_path):
+def test_each_micro_batch_is_scheduled_logged_with_its_rejects_and_caches_nothing(
+        spark, app, delayq, redis_client, tmp_path, caplog):
+    caplog.set_level(logging.INFO, "celery_delayq.spark.streaming")
     for number in range(3):
         write_file(tmp_path / "in", f"orders-{number}.json",
                    range(number * 100, number * 100 + 100), bad=number * 100 + 7)
@@ -80,6 +82,9 @@ def test_each_micro_batch_is_scheduled_with_its_rejects_and_caches_nothing(
               rejects_path=str(tmp_path / "rejects"))
 
     assert batches == {n: (99, 0, 1) for n in range(3)}
+    assert [r.getMessage() for r in caplog.records if r.name.endswith("streaming")] == [
+        f"batch {n}: 99 scheduled, 0 existed, 1 rejected (0 with an eta past)"
+        for n in range(3)]
     assert cached == [cached_before] * 3
     assert persistent() == cached_before
     rejects = spark.read.parquet(str(tmp_path / "rejects")).collect()
