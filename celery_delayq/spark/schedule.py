@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 #: Hidden columns of the driver's plans: a row's used columns as JSON text (how rows are
-#: told apart), the winning text of a duplicated id, a reject's number among its equals.
-_MATCH, _WINNER, _NTH = "__delayq_match", "__delayq_winner", "__delayq_nth"
+#: told apart), a duplicated id (or a reject's text), a count (or a reject's number among
+#: its equals), a hash of the id.
+_MATCH, _WINNER, _NTH, _HASH = "__delayq_match", "__delayq_winner", "__delayq_nth", "__delayq_hash"
 #: The thread-local properties ``setJobGroup`` sets.
 _LABELS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
@@ -146,18 +147,21 @@ def _content(columns: Iterable[str]) -> Column:
 
 def _source(df: DataFrame, plan: Plan) -> DataFrame:
     """The used columns of ``df``, and when some id has several rows the ``LOST`` flag
-    on every row but the one whose content sorts first (a count per id finds them)."""
+    on every row but the one whose content sorts first. A count per hash of the id finds
+    them (longs count faster than text); ids whose hash is shared are counted again."""
     from pyspark.sql import functions as F
 
     used = [F.col(f"`{name}`") for name in plan.used]
     ident = F.col(f"`{plan.id_col}`")
-    duplicated = (df.where(ident.isNotNull()).groupBy(ident).count()
-                  .where("count > 1").select(ident.alias(_WINNER)).collect())
-    if not duplicated:
+    shared = (df.where(ident.isNotNull()).groupBy(F.xxhash64(ident).alias(_HASH)).count()
+              .where("count > 1").select(_HASH).collect())
+    if not shared:
         return df.select(*used)
-    ids = df.sparkSession.createDataFrame(duplicated, df.select(ident.alias(_WINNER)).schema)
-    winners = (df.join(F.broadcast(ids), ident == F.col(_WINNER))
-               .groupBy(F.col(_WINNER)).agg(F.min(_content(plan.used)).alias(_MATCH)))
+    hashes = df.sparkSession.createDataFrame(shared, f"{_HASH} long")
+    winners = (df.join(F.broadcast(hashes), F.xxhash64(ident) == F.col(_HASH))
+               .groupBy(ident.alias(_WINNER))
+               .agg(F.count("*").alias(_NTH), F.min(_content(plan.used)).alias(_MATCH))
+               .where(F.col(_NTH) > 1).select(_WINNER, _MATCH))
     return (df.join(F.broadcast(winners), ident == F.col(_WINNER), "left")
             .select(*used, (F.col(_MATCH).isNotNull()
                             & (_content(plan.used) != F.col(_MATCH))).alias(LOST)))
