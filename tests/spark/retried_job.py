@@ -5,30 +5,20 @@ summary as JSON."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-from celery import Celery
 from pyspark import TaskContext
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from celery_delayq.spark import schedule_dataframe
+from tests.spark.jobs import session
 
 ROWS, PARTITIONS = 16_000, 4
 
 
 def main(redis_url: str) -> None:
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    spark = (SparkSession.builder.master("local[2,2]")  # a task may fail once
-             .config("spark.ui.enabled", "false")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             # rows reach the writer 500 at a time: written rows precede the loss
-             .config("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    spark.sparkContext.setLogLevel("OFF")
-    app = Celery("retried", broker=f"{redis_url}/0", set_as_current=False)
-    app.conf.delayq_shards = 4
+    spark, app = session(  # rows reach the writer 500 at a time: written rows precede the loss
+        "retried", redis_url, **{"spark.sql.execution.arrow.maxRecordsPerBatch": "500"})
 
     @F.udf("long")
     def lost_once(n: int) -> int:

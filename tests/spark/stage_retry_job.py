@@ -13,28 +13,19 @@ import os
 import sys
 import tempfile
 
-from celery import Celery
 from pyspark import TaskContext
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from celery_delayq.spark import schedule_dataframe
+from tests.spark.jobs import session
 
 ROWS, PARTITIONS = 4_000, 4
 _seen: dict[int, int] = {}  # task attempt id -> rows it has seen (in this Python worker)
 
 
 def main(redis_url: str) -> None:
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    local_dir = tempfile.mkdtemp(prefix="delayq-stage-retry-")
-    spark = (SparkSession.builder.master("local[2,2]")  # a task may fail once
-             .config("spark.local.dir", local_dir)  # where the shuffle files are
-             .config("spark.ui.enabled", "false")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    spark.sparkContext.setLogLevel("OFF")
-    app = Celery("stage-retry", broker=f"{redis_url}/0", set_as_current=False)
-    app.conf.delayq_shards = 4
+    local_dir = tempfile.mkdtemp(prefix="delayq-stage-retry-")  # the shuffle files' place
+    spark, app = session("stage-retry", redis_url, **{"spark.local.dir": local_dir})
 
     @F.udf("long")
     def shuffle_lost_once(n: int) -> int:
