@@ -113,6 +113,16 @@ def ms_of(moment: datetime | None) -> int | None:
     return None if moment is None else round(moment.timestamp() * 1000)
 
 
+# Preconditions are named functions: Hypothesis describes a lambda by parsing its source,
+# which took most of three minutes on Python 3.10.
+def holding(machine: StoreMachine) -> bool:
+    return bool(machine.held)
+
+
+def leases_expired(machine: StoreMachine) -> bool:
+    return any(lease.expired for job in machine.jobs.values() for lease in job.leases.values())
+
+
 class StoreMachine(RuleBasedStateMachine):
     def __init__(self, delayq) -> None:
         super().__init__()
@@ -305,7 +315,7 @@ class StoreMachine(RuleBasedStateMachine):
             job.leases[shard.shard] = Lease(claimed_job.lease, expired=not long_lease)
             self.held.append(Held(claimed_job, shard, call))
 
-    @precondition(lambda self: self.held)
+    @precondition(holding)
     @rule(pick=st.integers(0, 50))
     def ack(self, pick) -> None:
         """The carrier published a claimed job; ack it as the carrier does."""
@@ -319,8 +329,7 @@ class StoreMachine(RuleBasedStateMachine):
                 and job.due_ms is None:
             job.stored = None
 
-    @precondition(lambda self: any(lease.expired for j in self.jobs.values()
-                                   for lease in j.leases.values()))
+    @precondition(leases_expired)
     @rule()
     def recover(self) -> None:
         """Expired leases end; where the envelope is, the job is due again."""
@@ -335,7 +344,7 @@ class StoreMachine(RuleBasedStateMachine):
         for job_id in back:
             self.give_back(job_id, before_ms)
 
-    @precondition(lambda self: self.held)
+    @precondition(holding)
     @rule(pick=st.integers(0, 50))
     def release(self, pick) -> None:
         """The carrier could not publish: it gives the claim back at once."""
@@ -349,7 +358,7 @@ class StoreMachine(RuleBasedStateMachine):
         if back:
             self.give_back(job_id, before_ms)
 
-    @precondition(lambda self: self.held)
+    @precondition(holding)
     @rule(pick=st.integers(0, 50))
     def dead_letter(self, pick) -> None:
         """The carrier cannot publish a claimed job: it dead-letters that copy alone."""
