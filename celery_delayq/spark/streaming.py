@@ -53,9 +53,9 @@ def schedule_stream(df: DataFrame, app: Celery, *, checkpoint: str,
     if not isinstance(checkpoint, str) or not checkpoint:
         raise InvalidOption("checkpoint must be the query's checkpoint location, e.g. "
                             "'s3a://bucket/checkpoints/refunds'")
-    for name in ("run", "df", "app"):
-        if name in keywords:
-            raise InvalidOption(f"schedule_stream sets {name}= of each batch's call itself")
+    if "run" in keywords:
+        raise InvalidOption("schedule_stream names each batch's run itself (checkpoint and "
+                            "batch id); leave run= out")
     spark = df.sparkSession
     # The arguments are checked now, on no rows, rather than in the first batch.
     schedule_dataframe(spark.createDataFrame(spark.sparkContext.emptyRDD(), df.schema), app,
