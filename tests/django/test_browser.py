@@ -9,33 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import chromium
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", "--window-size=1280,860")
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "admin-changelist.png"
 
 
 @pytest.fixture
 def browser():
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.skip("headless Chromium not found; to run this test install it with "
-                    "`apt-get install -y chromium chromium-driver`")
-    from selenium import webdriver
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in FLAGS:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options,
-                              service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
-    driver.implicitly_wait(5)
-    yield driver
-    driver.quit()
+    with chromium() as driver:
+        yield driver
 
 
 def test_support_user_filters_order_timeouts_and_cancels_one_in_the_browser(
