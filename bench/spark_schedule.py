@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     results = []
+    load_before = os.getloadavg()
     with RedisServer() as server:
         app = _app(server.url, args.shards)
         flush = DelayQ(app).store.client.flushall
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "spark_schedule", "task": TASK, "delay_s": DELAY_S,
         "shards": args.shards, "batch_size": args.batch_size,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+                    "platform": platform.platform(),
+                    "load_average_before_after": [load_before, os.getloadavg()]},
         "results": results}, indent=2))
     print(f"written to {args.out}")
     return 0

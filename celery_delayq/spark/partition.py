@@ -215,19 +215,21 @@ def _values(rows: pa.RecordBatch, name: str) -> list:
     text (decimals stay decimals: not JSON)."""
     column = rows.column(name)
     kind = column.type
-    if pa.types.is_nested(kind):
-        return [_plain(value) for value in column.to_pylist(maps_as_pydicts="strict")]
     values = column.to_pylist()
-    if pa.types.is_temporal(kind) or pa.types.is_binary(kind):
-        return [_plain(value) for value in values]
+    if pa.types.is_nested(kind) or pa.types.is_temporal(kind) or pa.types.is_binary(kind):
+        return [_plain(value, kind) for value in values]
     return values
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+def _plain(value: Any, kind: pa.DataType) -> Any:
+    if value is None:
+        return None
+    if pa.types.is_map(kind):  # (key, item) pairs
+        return {k: _plain(v, kind.item_type) for k, v in value}
+    if pa.types.is_struct(kind):
+        return {field.name: _plain(value[field.name], field.type) for field in kind}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [_plain(v, kind.value_type) for v in value]
     if isinstance(value, (bytes, bytearray)):
         raise TypeError("binary columns cannot be task arguments; encode them first")
     if isinstance(value, (datetime, date)):
