@@ -57,6 +57,14 @@ def core(session: nox.Session, resolution: str) -> None:
                 *session.posargs)
 
 
+@nox.session(python="3.11")
+def core_celery55(session: nox.Session) -> None:
+    """The core suite on Celery 5.5, whose kombu caps redis-py at 5.2.1."""
+    _install(session, "highest", "-e", ".[test]", "celery>=5.5,<5.6", "redis<5.3")
+    session.run("pytest", "--ignore=tests/django", "--ignore=tests/spark", *NO_CACHE,
+                *session.posargs)
+
+
 @nox.session
 @nox.parametrize("python,resolution", VERSIONS)
 def django(session: nox.Session, resolution: str) -> None:
