@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test lint demo bench bench-full clean docs test-matrix test-lowest test-install dist
+.PHONY: venv test lint demo bench bench-full clean docs test-matrix test-lowest test-install test-slow dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test-matrix: $(STAMP)
 # One pass of the core suite on the declared floors: what .ci/run adds to `make test`.
 test-lowest: $(STAMP)
 	$(VENV)/bin/nox -s 'core(lowest)'
+
+# The Spark runs in processes of their own (a retried task, a stage retry, spark-submit on a
+# standalone master; about 2 min): opt-in, so `make test` stays short; .ci/run runs them.
+test-slow: $(STAMP)
+	$(VENV)/bin/pytest -m slow tests/spark
 
 # The quickstart from a wheel built from this checkout, in a new virtualenv (tests/compat).
 test-install: $(STAMP)

@@ -24,6 +24,22 @@ from celery_delayq.testing.redis_server import RedisClusterServer, RedisServer
 
 CLUSTER = os.environ.get("DELAYQ_TEST_STORE") == "cluster"
 
+#: Markers of tests that run only when ``-m`` names them, and how to run them.
+OPT_IN = {
+    "bench": "a benchmark smoke test (about a minute); run it with pytest -m bench",
+    "install": "builds and installs the wheel (about a minute); run it with make test-install",
+    "slow": "a Spark run in its own processes (20-40 s); run it with make test-slow",
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Skip a test marked with an opt-in marker unless ``-m`` names that marker."""
+    chosen = config.option.markexpr or ""
+    for item in items:
+        for name, how in OPT_IN.items():
+            if name not in chosen and item.get_closest_marker(name):
+                item.add_marker(pytest.mark.skip(reason=how))
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:

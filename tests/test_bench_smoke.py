@@ -13,13 +13,6 @@ from bench.harness import ROOT
 pytestmark = pytest.mark.bench
 
 
-@pytest.fixture(autouse=True)
-def _opt_in(request):
-    """Runs only when asked for, e.g. ``pytest -m bench``: it takes about a minute."""
-    if "bench" not in (request.config.option.markexpr or ""):
-        pytest.skip("benchmark smoke test; run it with pytest -m bench")
-
-
 @pytest.mark.timeout(300)
 def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
     out = tmp_path / "lateness.json"

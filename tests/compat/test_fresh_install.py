@@ -39,12 +39,9 @@ def _uv(*args: str, timeout: float = 240) -> None:
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(request, tmp_path_factory) -> Path:
-    """A new venv holding the wheel built from this checkout, with its ``server`` extra.
-    Made only when asked for (``pytest -m install``, `make test-install`): it takes about a
-    minute, more on a cold uv cache."""
-    if "install" not in (request.config.option.markexpr or ""):
-        pytest.skip("builds and installs the wheel; run it with pytest -m install")
+def fresh_venv(tmp_path_factory) -> Path:
+    """A new venv holding the wheel built from this checkout, with its ``server`` extra
+    (about a minute, more on a cold uv cache)."""
     base = tmp_path_factory.mktemp("fresh")
     _uv("build", "--quiet", "--out-dir", str(base / "dist"), str(ROOT))
     (wheel,) = (base / "dist").glob("celery_delayq-*.whl")

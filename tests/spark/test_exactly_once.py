@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from celery_delayq.spark import schedule_dataframe
 from tests.store.test_schedule_once import writes
 
@@ -40,6 +42,7 @@ def test_reading_the_rejects_after_every_cached_block_is_dropped_writes_nothing(
     assert writes(redis_client) == before
 
 
+@pytest.mark.slow
 def test_rows_a_lost_task_attempt_wrote_count_as_scheduled_and_are_not_written_again(
         redis_server, redis_client, delayq):
     run = subprocess.run([sys.executable, "-m", "tests.spark.retried_job",

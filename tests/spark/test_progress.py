@@ -7,7 +7,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.spark.stage_retry_job import PARTITIONS, ROWS
+
+pytestmark = pytest.mark.slow
 
 
 def test_progress_counts_each_partition_once_and_never_goes_back_after_a_stage_retry(

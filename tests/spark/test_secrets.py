@@ -52,6 +52,7 @@ def schedule_args(refunds: str, *extra: str) -> list[str]:
             *extra]
 
 
+@pytest.mark.slow
 def test_spark_submit_keeps_the_password_out_of_the_conf_the_ui_and_the_event_log(
         locked, refunds, tmp_path):
     """The package's own __main__.py, submitted as docs/spark.md says, on spark-submit's

@@ -23,6 +23,8 @@ from celery_delayq.spark import __main__ as spark_main
 from celery_delayq.testing.redis_server import free_port
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow
+
 APP_NAME = "celery-delayq schedule shop.refund"
 
 
