@@ -78,5 +78,5 @@ def django(session: nox.Session, resolution: str) -> None:
 @nox.parametrize("python,resolution", VERSIONS)
 def spark(session: nox.Session, resolution: str) -> None:
     """The Spark suite: PySpark 3.5 on the lowest stack, the newest on the latest."""
-    _install(session, resolution, "-e", ".[test,spark]")
+    _install(session, resolution, "-e", ".[test,spark]", "selenium>=4.15")
     session.run("pytest", "tests/spark", *NO_CACHE, *session.posargs)

@@ -21,7 +21,8 @@ def chromium() -> Iterator:
     if not (binary and driver_binary):
         pytest.skip("headless Chromium not found; to run this test install it with "
                     "`apt-get install -y chromium chromium-driver`")
-    from selenium import webdriver
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium is in the dev extra: pip install -e '.[dev]'")
 
     options = webdriver.ChromeOptions()
     options.binary_location = binary

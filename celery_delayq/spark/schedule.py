@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -117,8 +118,11 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
             *(T.StructField(name, df.schema[name].dataType, True) for name in plan.used),
             T.StructField(REASON, T.StringType(), True),
             T.StructField(COUNTS, T.ArrayType(T.LongType()), True)])
-        outcomes = source.mapInArrow(
-            lambda batches: write_partition(plan, batches, done_rows), written)
+        with warnings.catch_warnings():  # PySpark 3.5 checks pandas with distutils'
+            warnings.filterwarnings(      # deprecated LooseVersion
+                "ignore", "distutils Version classes are deprecated", DeprecationWarning)
+            outcomes = source.mapInArrow(
+                lambda batches: write_partition(plan, batches, done_rows), written)
         watcher = _Watcher(df.rdd.getNumPartitions(), done_rows, progress)
         watcher.start()
         try:  # the one job that writes: nothing computes it again
@@ -126,7 +130,11 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
         finally:
             watcher.stop()
         if run is None:
-            Store(shipping.config(plan.shipped)).forget_run(plan.run)
+            store = Store(shipping.config(plan.shipped))
+            try:
+                store.forget_run(plan.run)
+            finally:
+                store.close()
         counts = [row[1] for row in collected if row[0] is None]
         sc.setJobGroup(reads, f"celery-delayq: look up the rejected rows of {task}")
         rejects = _rejects(df, plan, [(row[2], row[0]) for row in collected

@@ -108,7 +108,7 @@ def test_report_writes_parquet_tables_and_a_self_contained_page_to_a_hadoop_uri(
     assert spark.read.parquet(f"{out}/by_task.parquet").count() == 2
     assert report.html == f"{out}/report.html"
     page = (tmp_path / "report" / "report.html").read_text()
-    assert page.count("Plotly.newPlot(") == 6 and "shop.refund" in page
+    assert page.count('class="plotly-graph-div"') == 6 and "shop.refund" in page
     assert "<script src" not in page and "<link" not in page  # plotly.js is inline
     assert sorted(p.name for p in (tmp_path / "report").glob("[!.]*")) == [
         "by_task.parquet", "dead.parquet", "never_started.parquet", "over_time.parquet",
