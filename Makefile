@@ -35,9 +35,11 @@ test-matrix: $(STAMP)
 test-lowest: $(STAMP)
 	$(VENV)/bin/nox -s 'core(lowest)'
 
-# The Spark runs in processes of their own (a retried task, a stage retry, spark-submit on a
-# standalone master; about 2 min): opt-in, so `make test` stays short; .ci/run runs them.
+# The long runs, opt-in so `make test` stays short (.ci/run runs them, ~3 min): fault soaks
+# (a carrier SIGKILLed five times, a Sentinel failover, a full Redis drained) and the Spark
+# runs in processes of their own (a retried task, a stage retry, spark-submit).
 test-slow: $(STAMP)
+	$(VENV)/bin/pytest -m slow --ignore=tests/django --ignore=tests/spark
 	$(VENV)/bin/pytest -m slow tests/spark
 
 # The quickstart from a wheel built from this checkout, in a new virtualenv (tests/compat).

@@ -25,6 +25,7 @@ VERSIONS = [
 ]
 SHOWN = ("celery", "kombu", "redis", "hiredis", "django", "pyspark", "pytest")
 NO_CACHE = ("-p", "no:cacheprovider")  # sessions run side by side with `make test`
+ALL = ("-m", "slow or not slow")  # the opt-in long runs too
 
 
 def _pyenv_on_path() -> None:
@@ -53,7 +54,7 @@ print("python==" + sys.version.split()[0], *(n + "==" + names[n] for n in {SHOWN
 def core(session: nox.Session, resolution: str) -> None:
     """The core suite (everything but tests/django and tests/spark)."""
     _install(session, resolution, "-e", ".[test]")
-    session.run("pytest", "--ignore=tests/django", "--ignore=tests/spark", *NO_CACHE,
+    session.run("pytest", "--ignore=tests/django", "--ignore=tests/spark", *ALL, *NO_CACHE,
                 *session.posargs)
 
 
@@ -61,7 +62,7 @@ def core(session: nox.Session, resolution: str) -> None:
 def core_celery55(session: nox.Session) -> None:
     """The core suite on Celery 5.5, whose kombu caps redis-py at 5.2.1."""
     _install(session, "highest", "-e", ".[test]", "celery>=5.5,<5.6", "redis<5.3")
-    session.run("pytest", "--ignore=tests/django", "--ignore=tests/spark", *NO_CACHE,
+    session.run("pytest", "--ignore=tests/django", "--ignore=tests/spark", *ALL, *NO_CACHE,
                 *session.posargs)
 
 
@@ -79,4 +80,4 @@ def django(session: nox.Session, resolution: str) -> None:
 def spark(session: nox.Session, resolution: str) -> None:
     """The Spark suite: PySpark 3.5 on the lowest stack, the newest on the latest."""
     _install(session, resolution, "-e", ".[test,spark]", "selenium>=4.15")
-    session.run("pytest", "tests/spark", *NO_CACHE, *session.posargs)
+    session.run("pytest", "tests/spark", *ALL, *NO_CACHE, *session.posargs)

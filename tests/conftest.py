@@ -28,7 +28,7 @@ CLUSTER = os.environ.get("DELAYQ_TEST_STORE") == "cluster"
 OPT_IN = {
     "bench": "a benchmark smoke test (about a minute); run it with pytest -m bench",
     "install": "builds and installs the wheel (about a minute); run it with make test-install",
-    "slow": "a Spark run in its own processes (20-40 s); run it with make test-slow",
+    "slow": "a long fault soak or Spark run (10-40 s); run it with make test-slow",
 }
 
 

@@ -12,6 +12,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 from celery_delayq import envelope
 from celery_delayq.carrier import Carrier
 from tests.conftest import finish, wait_for
@@ -69,6 +71,7 @@ def start_carrier(spawn, *extra: str):
                  *extra)
 
 
+@pytest.mark.slow
 def test_carrier_sigkilled_five_times_while_jobs_fall_due_loses_nothing(
         proj, redis_client, spawn):
     n = 50_000

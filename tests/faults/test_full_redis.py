@@ -139,6 +139,7 @@ def test_stats_health_and_a_new_carrier_start_on_a_full_store(full_server, redis
     redis_client.delete("full")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("promotion", ["kombu", "direct"])
 def test_a_full_store_on_the_broker_redis_drains_and_loses_nothing(full_server, promotion):
     """Fill the broker's Redis with acknowledged jobs until producers are refused, then

@@ -72,6 +72,7 @@ def broker(redis_server):
     client.close()
 
 
+@pytest.mark.slow
 def test_forced_failover_the_carrier_follows_the_new_master_and_loses_no_replicated_job(
         sentinels, broker, redis_server):
     app, noop = sentinel_app(sentinels, f"{redis_server.url}/9")
