@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from pyspark.accumulators import AccumulatorParam
     from pyspark.sql import Column, DataFrame
 
+    from ..conf import DelayQConfig
+
 #: Hidden columns of the driver's plans: a row's used columns as JSON text (how rows are
 #: told apart), a duplicated id (or a reject's text), a count (or a reject's number among
 #: its equals), a hash of the id.
@@ -130,11 +132,7 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
         finally:
             watcher.stop()
         if run is None:
-            store = Store(shipping.config(plan.shipped))
-            try:
-                store.forget_run(plan.run)
-            finally:
-                store.close()
+            forget_run(shipping.config(plan.shipped), plan.run)
         counts = [row[1] for row in collected if row[0] is None]
         sc.setJobGroup(reads, f"celery-delayq: look up the rejected rows of {task}")
         rejects = _rejects(df, plan, [(row[2], row[0]) for row in collected
@@ -196,6 +194,15 @@ def _rejects(df: DataFrame, plan: Plan, found: list[tuple[str, str]]) -> DataFra
             .select(*(F.col(f"`{name}`") for name in df.columns),
                     F.element_at(REASON, F.col(_NTH)).alias("reason"))).collect()
     return spark.createDataFrame(rows, schema)
+
+
+def forget_run(config: DelayQConfig, run: str) -> None:
+    """Drop a finished call's outcome from the store (``Store.forget_run``)."""
+    store = Store(config)
+    try:
+        store.forget_run(run)
+    finally:
+        store.close()
 
 
 def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_col, queue,

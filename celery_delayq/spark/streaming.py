@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..conf import DelayQConfig
 from ..errors import InvalidOption
-from ..store import Store
-from .schedule import Summary, schedule_dataframe
+from .schedule import Summary, forget_run, schedule_dataframe
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -85,11 +84,8 @@ class BatchWriter:
         return f"stream-{self._stream}-{batch_id}"
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        store = Store(DelayQConfig.from_app(self.app))
-        try:  # batch_id - 1 is committed, or Spark would have replayed it instead
-            store.forget_run(self.run(batch_id - 1))
-        finally:
-            store.close()
+        # batch_id - 1 is committed, or Spark would have replayed it instead
+        forget_run(DelayQConfig.from_app(self.app), self.run(batch_id - 1))
         batch.persist()  # read more than once (duplicate ids, write, rejects), from a source
         try:             # that may be costly to read; a lost block is read again, exactly
             summary, rejects = schedule_dataframe(batch, self.app, run=self.run(batch_id),
