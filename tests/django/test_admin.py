@@ -105,11 +105,21 @@ def test_reschedule_action_asks_for_a_new_time_then_moves_the_due_time(
 
     done = _act(admin_client, "reschedule_tasks", "order:1:close", "order:2:close",
                 apply="Reschedule", delay_minutes="120")
-    assert any(m.startswith("due ") and "2 tasks" in m for m in _messages(done))
+    [message] = _messages(done)
+    assert message.startswith("due ") and "2 tasks" in message
     for job_id in ("order:1:close", "order:2:close"):
         moved = shop_delayq.get(job_id).due - pending[job_id].due
         assert 89 * 60 < moved.total_seconds() < 91 * 60
         assert DelayedTask.objects.get(job_id=job_id).due == shop_delayq.get(job_id).due
+
+
+def test_reschedule_by_delay_gives_every_selected_task_the_same_due_time(
+        admin_client, pending, shop_delayq):
+    job_ids = ("order:1:close", "order:2:close", "refund:3:check:0")
+    done = _act(admin_client, "reschedule_tasks", *job_ids, apply="Reschedule",
+                delay_minutes="45")
+    assert len(_messages(done)) == 1, _messages(done)
+    assert len({shop_delayq.get(job_id).due for job_id in job_ids}) == 1
 
 
 def test_reschedule_form_refuses_both_a_delay_and_a_date(admin_client, pending):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django import forms
 from django.contrib import admin, messages
@@ -47,10 +47,11 @@ class RescheduleForm(forms.Form):
             raise forms.ValidationError("Give either a delay or a date and time, not both.")
         return data
 
-    def due(self) -> dict:
+    def due(self) -> datetime:
+        """One due time for every selected task: a delay counts from when the form is applied."""
         if self.cleaned_data.get("due_at") is not None:
-            return {"eta": self.cleaned_data["due_at"]}
-        return {"delay": timedelta(minutes=self.cleaned_data["delay_minutes"])}
+            return self.cleaned_data["due_at"]
+        return timezone.now() + timedelta(minutes=self.cleaned_data["delay_minutes"])
 
 
 @admin.register(DelayedTask)
@@ -168,7 +169,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
         form = RescheduleForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
             due = form.due()
-            self._each(request, queryset, lambda row: operations.reschedule(row, **due))
+            self._each(request, queryset, lambda row: operations.reschedule(row, eta=due))
             return None
         return TemplateResponse(request, "admin/delayq/delayedtask/reschedule.html", {
             **self.admin_site.each_context(request),
