@@ -4,7 +4,8 @@ One redis-server, one database per arm (flushed before each), nothing consuming:
 
 * **delayq** ``apply_delayed_many`` of ``--jobs`` calls with small arguments (one int),
   due over the next day, with and without a business key, with the journal on (the
-  default cap) and off (``delayq_journal_maxlen=0``);
+  default cap) and off (``delayq_journal_maxlen=0``), and with a key and a job id of the
+  caller's own (``order:<n>:close``, which adds the task id index);
 * **native** ``--jobs`` ``apply_async((n,), countdown=3600)`` messages of a plain task
   with the same name and arguments, sitting in the broker list before a worker takes
   them (what a worker then holds is measured by ``bench.worker_rss``).
@@ -32,17 +33,18 @@ from .stats import cell, summarise, table
 RESULTS = ROOT / "bench" / "results"
 _CHUNK = 10_000
 
-#: arm name -> (journal on, business key); "native" is Celery's own countdown.
+#: arm name -> (journal on, business key, own job id); "native" is Celery's own countdown.
 ARMS = {
-    "delayq, journal on, key": (True, True),
-    "delayq, journal on, no key": (True, False),
-    "delayq, journal off, key": (False, True),
-    "delayq, journal off, no key": (False, False),
+    "delayq, journal on, key, own job id": (True, True, True),
+    "delayq, journal on, key": (True, True, False),
+    "delayq, journal on, no key": (True, False, False),
+    "delayq, journal off, key": (False, True, False),
+    "delayq, journal off, no key": (False, False, False),
 }
 
 
 
-def delayq_arm(url: str, db: int, jobs: int, journal: bool, key: bool) -> dict:
+def delayq_arm(url: str, db: int, jobs: int, journal: bool, key: bool, own_id: bool) -> dict:
     client = redis.Redis.from_url(f"{url}/{db}")
     client.flushdb()
     app, task = workload.standalone_app(url, db, journal_maxlen=100_000 if journal else 0)
@@ -50,7 +52,8 @@ def delayq_arm(url: str, db: int, jobs: int, journal: bool, key: bool) -> dict:
     started = time.perf_counter()
     for first in range(0, jobs, _CHUNK):
         task.apply_delayed_many([
-            {"args": (n,), "delay": 3600 + n % 86_400, **({"key": f"order:{n}"} if key else {})}
+            {"args": (n,), "delay": 3600 + n % 86_400, **({"key": f"order:{n}"} if key else {}),
+             **({"job_id": f"order:{n}:close"} if own_id else {})}
             for n in range(first, min(first + _CHUNK, jobs))])
     seconds = time.perf_counter() - started
     after = workload.used_memory(client)

@@ -357,8 +357,12 @@ class DelayQ:
     def revoke(self, task_ids: Iterable[str]) -> int:
         """Cancel the stored jobs of these Celery task ids, as ``app.control.revoke`` does
         (see :mod:`celery_delayq.revoke`); returns how many were cancelled."""
-        return sum(self.cancel_outcome(task_id, by="revoke", task_id=task_id)
-                   is CancelOutcome.CANCELLED for task_id in task_ids)
+        cancelled = 0
+        for task_id in task_ids:
+            if self.store.cancel_task(task_id, by="revoke") is CancelOutcome.CANCELLED:
+                revoke.mark_revoked(self.app, task_id)
+                cancelled += 1
+        return cancelled
 
     def cancel_key(self, key: str, by: str = "") -> int:
         """Cancel every pending job with this business key (their results REVOKED);

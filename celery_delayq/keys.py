@@ -17,6 +17,9 @@ journal entries.
                            the field "" (never a task name) counts cancels
     <prefix>:{N}:reserved:<job id>  STRING token of the producer scheduling that id (of
                            shard N's own, whatever its business key), expires by itself
+    <prefix>:{N}:task:<task id>  STRING the job id of a job stored on shard N whose task
+                           id is not its job id (scheduled with an id of its own), so
+                           Celery's revoke finds it; expires a day after the job's due time
     <prefix>:{N}:outcome:<run>  HASH  job id -> "<code> <row>": what a run (a Spark job)
                            did with each input row, so a row is written at most once in it
     <prefix>:meta          HASH  store-wide facts (the shard count it was created with)
@@ -100,6 +103,10 @@ class Keyspace:
     def reservation(self, job_id: str, stored_id: str) -> str:
         """The key a producer holds while it schedules ``job_id``: on the id's own shard."""
         return f"{self.prefix}:{{{self.shard_for(job_id).shard}}}:reserved:{stored_id}"
+
+    def task_index(self, shard: ShardKeys, stored_task_id: str) -> str:
+        """Where a job on ``shard`` whose task id is not its job id is found by task id."""
+        return f"{self.prefix}:{{{shard.shard}}}:task:{stored_task_id}"
 
     def outcome(self, shard: ShardKeys, run: str) -> str:
         """What a run did with the input rows whose jobs live on ``shard``."""

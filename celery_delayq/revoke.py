@@ -10,10 +10,10 @@ opts in (``DelayQ(app)``) and acting only for such apps, cancel it in the store 
   that did not opt in (``celery control revoke``, Flower).
 
 Both still broadcast / keep Celery's in-memory revoke, which stops a task already promoted.
-A task id is looked up as a job id: the job id of a call is its task id unless the call
-gave ``job_id=``; such a job is revoked through its ``DelayedResult.revoke()`` (which knows
-its job id) or cancelled with ``DelayQ.cancel(job_id)``. A cancelled job's result is
-REVOKED, so ``AsyncResult.get()`` raises ``TaskRevokedError`` at once.
+A task id is looked up as a job id (the job id of a call is its task id), then in the task
+id index the store keeps beside a job scheduled with ``job_id=`` of its own
+(``Store.cancel_task``); that index lives until a day past the job's due time. A cancelled
+job's result is REVOKED, so ``AsyncResult.get()`` raises ``TaskRevokedError`` at once.
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wrong type
 #: How long a run's outcome (``RunRows``) is kept after its last write, unless forgotten.
 OUTCOME_MS = 24 * 3600 * 1000
+#: How long a job's task id index (keys.py) outlives its due time: a job pending that much
+#: past due (no carrier running) is no longer found by its task id, only by its job id.
+TASK_INDEX_GRACE_MS = 24 * 3600 * 1000
 
 
 class CancelOutcome(str, Enum):
@@ -261,11 +264,16 @@ class Store:
                 if rows is not None:
                     keys.append(self.keys.outcome(shard, rows.run))
                 args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen,
-                                   OUTCOME_MS if rows is not None else 0]
+                                   OUTCOME_MS if rows is not None else 0, TASK_INDEX_GRACE_MS]
                 for index in chunk:
                     call, due = items[index]
+                    task_index = 0
+                    if call.task_id != call.job_id:
+                        keys.append(self.keys.task_index(shard, pack_id(call.task_id)))
+                        task_index = len(keys)
                     args += [call.stored_id, call.envelope, *due.script_args(),
-                             bykey_member(call.key, call.stored_id), call.task, call.key or ""]
+                             bykey_member(call.key, call.stored_id), call.task, call.key or "",
+                             task_index]
                     if rows is not None:
                         args.append(rows.names[index])
                 calls.append((SCRIPTS["schedule"], keys, args))
@@ -357,15 +365,17 @@ class Store:
         with self.unavailable():
             raise failed
 
-    def cancel(self, job_id: str, key: str | None = None, by: str = "") -> CancelOutcome:
+    def cancel(self, job_id: str, key: str | None = None, by: str = "",
+               task_id: str = "") -> CancelOutcome:
         """Cancel a pending job; the outcome says whether anything of that id will run.
 
         A job id names one job whatever its business key: a copy stored under another
-        key (two producers racing with different keys) is cancelled as well.
+        key (two producers racing with different keys) is cancelled as well. With
+        ``task_id``, only a job of that Celery task id is cancelled.
         """
         home = self.keys.shard_for(job_id, key)
-        codes = {self._cancel(home, "id", job_id, by)[0]}
-        codes |= {self._cancel(shard, "id", job_id, by)[0]
+        codes = {self._cancel(home, "id", job_id, by, task_id)[0]}
+        codes |= {self._cancel(shard, "id", job_id, by, task_id)[0]
                   for shard in self._shards_holding(job_id, in_flight=True)
                   if shard is not home}
         if 0 in codes:  # a carrier holds a copy: it will be delivered
@@ -378,22 +388,43 @@ class Store:
         return [task_id or unpack_id(job_id) for task_id, job_id in zip(
             reply[2::2], reply[3::2], strict=True)]
 
-    def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str) -> list[Any]:
+    def cancel_task(self, task_id: str, by: str = "") -> CancelOutcome:
+        """Cancel the pending job of a Celery task id: the job of that id, else the job
+        its task id index names (a job scheduled with an id of its own)."""
+        outcome = self.cancel(task_id, by=by)
+        if outcome is not CancelOutcome.UNKNOWN:
+            return outcome
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.get(self.keys.task_index(shard, pack_id(task_id)))
+            job_ids = {unpack_id(stored) for stored in pipe.execute() if stored is not None}
+        for job_id in job_ids:  # one, unless its job moved to another key's shard
+            outcome = self.cancel(job_id, by=by, task_id=task_id)
+            if outcome is not CancelOutcome.UNKNOWN:
+                return outcome
+        return CancelOutcome.UNKNOWN
+
+    def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str,
+                task_id: str = "") -> list[Any]:
         with self.unavailable():
             return SCRIPTS["cancel"].call(
                 self.client,
                 [shard.due, shard.jobs, shard.inflight, shard.bykey, shard.journal,
                  shard.counts],
-                [kind, value if kind == "key" else pack_id(value), self._maxlen, by])
+                [kind, value if kind == "key" else pack_id(value), self._maxlen, by, task_id])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
         """Move a pending job to a new due time; returns it (ms) or None if not pending."""
         for shard in self._candidates(job_id, key):
             with self.unavailable():
-                ok, due_ms = SCRIPTS["reschedule"].call(
+                ok, due_ms, task_id = SCRIPTS["reschedule"].call(
                     self.client, [shard.due, shard.jobs, shard.journal],
                     [pack_id(job_id), *due.script_args(), self.keys.wake_channel, shard.shard,
                      self._maxlen])
+                if ok and task_id:  # its task id index lives as long as it is pending
+                    self.client.pexpireat(self.keys.task_index(shard, pack_id(task_id)),
+                                          due_ms + TASK_INDEX_GRACE_MS)
             if ok:
                 return due_ms
         return None

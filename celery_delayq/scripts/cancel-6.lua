@@ -13,6 +13,8 @@ ARGV[1] "id", "key", or "move": an id whose job is replaced under a business key
 ARGV[2] the job id, or the business key
 ARGV[3] journal maxlen (0: no journal)
 ARGV[4] who cancelled / why (journal), may be ""
+ARGV[5] for "id": the Celery task id the job must have, or "" for any. A job of that id
+        with another task id (a later call replaced it) is left alone: answered -1
 
 Returns {code, number cancelled}. For "id", code is 1 cancelled, 0 too late (a carrier
 holds it, or an earlier copy of it: that is delivered), -1 unknown. For "key", code is 1,
@@ -32,6 +34,13 @@ if ARGV[1] == 'key' then
   for i, member in ipairs(members) do ids[i] = string.sub(member, #ARGV[2] + 2) end
 else
   ids = {ARGV[2]}
+  if ARGV[5] ~= '' then
+    local ok, decoded = pcall(cjson.decode, string.match(
+        redis.call('HGET', KEYS[2], ARGV[2]) or '', '^[^\n]*'))
+    if not (ok and type(decoded) == 'table' and decoded['i'] == ARGV[5]) then
+      return {-1, 0}
+    end
+  end
 end
 local maxlen = tonumber(ARGV[3])
 local cancelled = 0

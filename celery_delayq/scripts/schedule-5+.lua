@@ -5,21 +5,26 @@ KEYS[2] jobs      HASH  job id -> envelope
 KEYS[3] bykey     ZSET  business-key index
 KEYS[4] journal   STREAM
 KEYS[5] counts    HASH  task name -> jobs stored (pending or being promoted)
-KEYS[6] outcome   HASH  (optional) job id -> "<code> <row>": what a call of one run did with
-                  the job of that input row. The same row again (a retried Spark task, a
-                  recomputed partition) is not written again: its first code is returned,
-                  with due ms -1; another row of the run with that id gets code -2
+KEYS[6] outcome   HASH  (when ARGV[5] is not "0") job id -> "<code> <row>": what a call of
+                  one run did with the job of that input row. The same row again (a
+                  retried Spark task, a recomputed partition) is not written again: its
+                  first code is returned, with due ms -1; another row of the run with
+                  that id gets code -2
+KEYS[6 or 7..]    task  STRING  the task id index key of each job whose task id is not its
+                  job id (keys.py), in the order of those jobs
 
 ARGV[1] if_exists: "keep" | "replace" | "error"
 ARGV[2] wake channel
 ARGV[3] shard number (published on the wake channel)
 ARGV[4] journal maxlen (0: no journal)
-ARGV[5] ms the outcome hash is kept after this call ("0" without KEYS[6])
-ARGV[6..] seven values per job:
+ARGV[5] ms the outcome hash is kept after this call ("0": no outcome hash)
+ARGV[6] ms a task id index key outlives its job's due time
+ARGV[7..] eight values per job:
           job id, envelope (three lines of JSON, see envelope.py),
           absolute due ms or "" (then the delay below counts from Redis's clock, TIME),
           delay ms, bykey member ("<key>\0<job id>") or "", task name, business key or "",
-          and with KEYS[6] an eighth: the input row's name within the run
+          the number of its task id index key in KEYS or 0 (none: its task id is its id),
+          and with an outcome hash a ninth: the input row's name within the run
 
 Returns three values per job: code, due ms, the existing envelope (or nil). Codes:
    1 scheduled    2 replaced an existing job
@@ -31,7 +36,7 @@ its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
 local checks = {1, 'zset', 2, 'hash', 3, 'zset', 4, 'stream', 5, 'hash'}
-local outcome = KEYS[6]
+local outcome = ARGV[5] ~= '0' and KEYS[6]
 if outcome then checks[#checks + 1], checks[#checks + 2] = 6, 'hash' end
 local problem = damaged(checks)
 if problem then return redis.error_reply(problem) end
@@ -39,18 +44,19 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local if_exists = ARGV[1]
 local maxlen = tonumber(ARGV[4])
+local index_grace = tonumber(ARGV[6])
 local out = {}
 local written = {}
 local per_task = {}  -- task name -> change of its count, written once per call
 
-for i = 6, #ARGV, outcome and 8 or 7 do
+for i = 7, #ARGV, outcome and 9 or 8 do
   local job_id, envelope, member, task = ARGV[i], ARGV[i + 1], ARGV[i + 4], ARGV[i + 5]
   local due = now + tonumber(ARGV[i + 3])
   if ARGV[i + 2] ~= '' then due = tonumber(ARGV[i + 2]) end
   local first = outcome and redis.call('HGET', KEYS[6], job_id)
   if first then  -- this run gave the id its job already: never a second write
     local code, row = string.match(first, '^(%S+) (.*)$')
-    out[#out + 1] = row == ARGV[i + 7] and tonumber(code) or -2
+    out[#out + 1] = row == ARGV[i + 8] and tonumber(code) or -2
     out[#out + 1] = -1
     out[#out + 1] = false
   else
@@ -83,6 +89,10 @@ for i = 6, #ARGV, outcome and 8 or 7 do
       per_task[task] = (per_task[task] or 0) + 1
       redis.call('ZADD', KEYS[1], due, job_id)
       if member ~= '' then redis.call('ZADD', KEYS[3], 0, member) end
+      local index = tonumber(ARGV[i + 7])
+      if index > 0 then
+        redis.call('SET', KEYS[index], job_id, 'PX', math.max(due - now, 0) + index_grace)
+      end
       if maxlen > 0 then
         redis.call('XADD', KEYS[4], '*', 'event',
                    code == 1 and 'scheduled' or 'rescheduled', 'job', job_id,
@@ -93,7 +103,7 @@ for i = 6, #ARGV, outcome and 8 or 7 do
       out[#out + 1] = false
       written[job_id] = true
     end
-    if outcome then redis.call('HSET', KEYS[6], job_id, out[#out - 2] .. ' ' .. ARGV[i + 7]) end
+    if outcome then redis.call('HSET', KEYS[6], job_id, out[#out - 2] .. ' ' .. ARGV[i + 8]) end
   end
 end
 for task, n in pairs(per_task) do

@@ -20,6 +20,7 @@ import pytest
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
+from celery_delayq.keys import pack_id
 from celery_delayq.testing.redis_server import RedisServer, SentinelSet, free_port
 from tests.conftest import CLUSTER, ROOT, celery_cli, store_keys, wait_for
 
@@ -147,9 +148,11 @@ def test_store_works_with_a_password_protected_redis():
 @pytest.mark.parametrize("job_id", ["delayq:{0}:due", "../../etc", "order:1\u2028x", "*"])
 def test_job_ids_that_look_like_keys_stay_inside_the_store(proj, redis_client, job_id):
     before = store_keys(proj.delayq)
-    proj.record.apply_delayed(args=("x",), delay=60, job_id=job_id, key=job_id)
+    result = proj.record.apply_delayed(args=("x",), delay=60, job_id=job_id, key=job_id)
     assert proj.delayq.get(job_id).job_id == job_id
+    keys = proj.delayq.store.keys
     assert set(store_keys(proj.delayq)) <= set(before) | {
-        k for s in proj.delayq.store.keys
-        for k in (s.due, s.jobs, s.bykey, s.journal, s.counts)}
+        k for s in keys
+        for k in (s.due, s.jobs, s.bykey, s.journal, s.counts,
+                  keys.task_index(s, pack_id(result.id)))}
     assert proj.delayq.cancel_key(job_id) == 1

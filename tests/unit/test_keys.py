@@ -19,8 +19,8 @@ def test_a_uuid4_job_id_is_stored_in_22_characters():
 
 @pytest.mark.parametrize("job_id", [
     "order:42", "~starts-with-tilde", "~~", "~AAAAAAAAAAAAAAAAAAAAA",
-    str(uuid.uuid1()),  # not version 4
-    str(uuid.uuid4()).upper(),  # not canonical
+    "42890294-e8b7-11f1-8f29-02fc00000001",  # a uuid1: not version 4
+    "DB5B0B0A-E0E2-48AA-9DE8-B9A68E0B3601",  # a uuid4 upper-case: not canonical
     "0000000 -0000-4000-0000-000000000000", "0000_000-0000-4000-0000-000000000000",
     "00000000-0000-4000-0000-00000000000g",
 ])

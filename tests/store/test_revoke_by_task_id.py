@@ -1,0 +1,68 @@
+"""Celery's revoke reaches a job scheduled with an id of its own (``job_id=``), whose task
+id is not its job id: the store keeps a task id index beside such a job (keys.py)."""
+
+from __future__ import annotations
+
+import pytest
+from celery import states
+from celery.result import AsyncResult
+
+from celery_delayq.keys import pack_id
+from celery_delayq.store import TASK_INDEX_GRACE_MS
+
+
+@pytest.mark.parametrize("key", [None, "order:1"], ids=["no-key", "business-key"])
+def test_revoke_by_task_id_cancels_a_job_scheduled_with_its_own_id(proj, delayq, key):
+    kept = proj.record.apply_delayed(args=("kept",), delay=3600, job_id="order:2:close")
+    revoked = proj.record.apply_delayed(args=("own",), delay=3600, job_id="order:1:close",
+                                        key=key)
+    assert revoked.id != revoked.job_id
+
+    AsyncResult(revoked.id, app=proj.app).revoke()
+
+    assert [job.job_id for job in delayq.pending()] == [kept.job_id]
+    assert AsyncResult(revoked.id, app=proj.app).state == states.REVOKED
+    assert AsyncResult(kept.id, app=proj.app).state == states.PENDING
+
+
+def test_revoke_by_the_task_id_of_a_replaced_call_leaves_its_replacement_pending(
+        proj, delayq):
+    first = proj.record.apply_delayed(args=(1,), delay=3600, job_id="order:1:close")
+    second = proj.record.apply_delayed(args=(2,), delay=3600, job_id="order:1:close",
+                                       if_exists="replace")
+    assert first.id != second.id
+
+    assert delayq.revoke([first.id]) == 0
+    assert [(job.task_id, job.args) for job in delayq.pending()] == [(second.id, [2])]
+    assert AsyncResult(second.id, app=proj.app).state == states.PENDING
+
+    assert delayq.revoke([second.id]) == 1
+    assert delayq.pending() == []
+
+
+def test_revoke_by_task_id_is_too_late_once_a_carrier_holds_the_job(proj, delayq):
+    result = proj.record.apply_delayed(args=(1,), delay=0, job_id="order:1:close")
+    assert delayq.store.claim(list(delayq.store.keys), batch=10, lease_ms=60_000)
+
+    assert delayq.revoke([result.id]) == 0
+    assert AsyncResult(result.id, app=proj.app).state == states.PENDING
+
+
+def _index_ttl_ms(delayq, task_id: str, key: str) -> int:
+    store = delayq.store
+    shard = store.keys.shard_for("order:1:close", key)
+    return store.client.pttl(store.keys.task_index(shard, pack_id(task_id)))
+
+
+def test_the_task_id_index_lives_while_its_job_is_pending_and_a_day_more(proj, delayq):
+    day = TASK_INDEX_GRACE_MS
+    result = proj.record.apply_delayed(args=(1,), delay=600, job_id="order:1:close",
+                                       key="order:1")
+    assert 600_000 + day - 5_000 < _index_ttl_ms(delayq, result.id, "order:1") <= 600_000 + day
+
+    delayq.reschedule("order:1:close", delay=3 * 86_400, key="order:1")
+    ttl = _index_ttl_ms(delayq, result.id, "order:1")
+    assert 3 * 86_400_000 + day - 5_000 < ttl <= 3 * 86_400_000 + day
+
+    delayq.revoke([result.id])
+    assert delayq.pending() == []
