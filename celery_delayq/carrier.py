@@ -48,6 +48,7 @@ from .memory import CarrierGuard
 from .message import Message, MessageBuilder
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
+from .reading import printable
 from .stopping import StopFlag
 from .store import ClaimAhead, Claimed, DirectRoutes, Promoted, ShardClaim
 
@@ -284,7 +285,7 @@ class Carrier:
         except Exception as exc:  # one job must never stop the others
             logger.exception("unexpected error promoting job %s; it is dead-lettered, replay "
                              "it with `celery delayq replay %s` once the cause is fixed",
-                             job.job_id, job.job_id)
+                             printable(job.job_id), printable(job.job_id))
             dead.append(self._dead_letter(shard, job, exc, internal=True))
             return None
         assert job.due_ms is not None  # else build() refused it
@@ -379,14 +380,15 @@ class Carrier:
 
     def _dead_letter(self, shard: ShardKeys, job: Claimed, exc: Exception,
                      internal: bool = False) -> str:
-        """Move a job to the dead letters; returns "job id: reason" for the batch log."""
+        """Move a job to the dead letters; returns "job id: reason" for the batch log (bytes
+        that are not UTF-8 shown as ``\\xNN``, so a strict UTF-8 log file takes the line)."""
         reason = str(exc.args[0]) if exc.args else type(exc).__name__
         if internal:
             reason = (f"carrier error {type(exc).__name__}: {reason} (see the carrier log; "
                       "replay once fixed)")
         reason = reason[:_REASON_MAX]
         self.store.dead_letter(shard, job, reason)
-        return f"{job.job_id}: {reason}"
+        return printable(f"{job.job_id}: {reason}")
 
     def _note_failed_shards(self, step: str, failed: dict[ShardKeys, DelayQError],
                             served: Sequence[ShardKeys] = ()) -> None:

@@ -21,6 +21,7 @@ from celery import states as celery_states
 
 from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD
 from .errors import DelayQError
+from .reading import printable
 
 logger = logging.getLogger("celery_delayq.journal")
 
@@ -121,8 +122,8 @@ def _record(task, task_id: str | None, event: str) -> None:
     try:
         shard = int(request.get(HEADER_SHARD))
     except (TypeError, ValueError):
-        logger.warning("delayed job %s has no valid %s header; %s not journaled", job_id,
-                       HEADER_SHARD, event)
+        logger.warning("delayed job %s has no valid %s header; %s not journaled",
+                       printable(job_id), HEADER_SHARD, event)
         return
     _outbox.put(delayq, (shard, event, {
         "job": job_id, "task": task.name, "key": request.get(HEADER_KEY) or "",

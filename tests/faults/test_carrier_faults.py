@@ -7,6 +7,7 @@ carriers published can be counted in the broker itself.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import signal
 import threading
@@ -169,6 +170,23 @@ def test_planted_bad_envelopes_are_dead_lettered_listed_and_replayable(
              what="the replayed job")
     print(f"\nplanted=1000 dead-lettered={len(dead)} healthy-delivered={len(healthy)} "
           "replayed=1")
+
+
+def test_a_dead_letter_whose_job_id_is_not_utf8_is_logged_to_a_utf8_log_file(
+        proj, delayq, redis_client, tmp_path):
+    shard = delayq.store.keys.shard(0)
+    redis_client.hset(shard.jobs, b"bad-\xff", "{not json")
+    redis_client.zadd(shard.due, {b"bad-\xff": 0})
+    handler = logging.FileHandler(tmp_path / "carrier.log", encoding="utf-8")  # strict
+    logger = logging.getLogger("celery_delayq.carrier")
+    logger.addHandler(handler)
+    try:
+        carry_until_quiet(proj.app, direct=False)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert "dead-lettered 1 jobs (bad-\\xff: its job id is not valid UTF-8)" in (
+        tmp_path / "carrier.log").read_text()
 
 
 def test_cancel_racing_the_carrier_reports_what_happened(proj, delayq, redis_client, carrier):
