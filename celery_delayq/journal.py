@@ -16,6 +16,7 @@ import threading
 from collections import defaultdict
 from typing import Any
 
+import redis
 from celery import signals
 from celery import states as celery_states
 
@@ -62,10 +63,14 @@ class _Outbox:
             self.flush()
 
     def _run(self) -> None:
-        while True:
+        while True:  # nothing may end this thread: later events would never be written
             self._due.wait(_FLUSH_EVERY)
             self._due.clear()
-            self.flush()
+            try:
+                self.flush()
+            except Exception:
+                logger.exception("worker events were dropped; the next ones are written "
+                                 "as usual")
 
     def flush(self, **_: Any) -> None:
         """Write every waiting event (also called when a worker process shuts down)."""
@@ -77,7 +82,7 @@ class _Outbox:
         for delayq, entries in by_delayq.items():
             try:
                 delayq.store.journal_many(entries)
-            except DelayQError as exc:
+            except (DelayQError, redis.RedisError) as exc:  # e.g. a damaged journal key
                 logger.warning("could not journal %d worker events: %s", len(entries), exc)
 
 

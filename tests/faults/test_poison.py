@@ -19,7 +19,7 @@ from celery_delayq.carrier import Carrier
 from celery_delayq.errors import DamagedShard
 from celery_delayq.metrics import CarrierMetrics
 from celery_delayq.reading import printable
-from tests.conftest import PROMOTIONS, finish
+from tests.conftest import PROMOTIONS, finish, wait_for
 from tests.faults.test_carrier_faults import (
     PARKED,
     carry_until_quiet,
@@ -165,3 +165,21 @@ def test_dead_letter_of_a_planted_envelope_keeps_its_bytes(proj, delayq, redis_c
     stored = json.loads(raw_client.hget(delayq.store.keys.shard(0).dead, "not-utf8")
                         .decode("utf-8", "surrogateescape"))
     assert stored["envelope"].encode("utf-8", "surrogateescape") == raw
+
+
+def test_a_journal_write_redis_refuses_leaves_later_worker_events_journaled(
+        delayq, redis_client, caplog):
+    from celery_delayq import journal
+
+    shard = delayq.store.keys.shard(0)
+    event = {"job": "order:1:close", "task": "tests.proj.record", "key": "", "task_id": "t",
+             "retries": 0, "due": ""}
+    redis_client.set(shard.journal, "not a stream")  # XADD: WRONGTYPE
+    journal._outbox.put(delayq, (0, "succeeded", event))
+    journal.flush()
+    assert "could not journal 1 worker events" in caplog.text
+
+    redis_client.delete(shard.journal)
+    journal._outbox.put(delayq, (0, "succeeded", {**event, "job": "order:2:close"}))
+    wait_for(lambda: redis_client.xlen(shard.journal) == 1, timeout=5,
+             what="the flush thread to write the next event")
