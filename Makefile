@@ -18,12 +18,13 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The core suite runs in $(CORE_PROCESSES) processes (pytest-xdist: most of its time is spent
-# waiting on servers, workers and carriers, so three share two CPUs well); the Django and Spark
+# waiting on servers, workers and carriers, so three share two CPUs well), each test file in
+# one process, in its order; the Django and Spark
 # suites run in their own processes (each embeds its own Celery worker and JVM); the last
 # pass repeats the store and end-to-end suites on a real Redis Cluster.
 CORE_PROCESSES ?= 3
 test: lint
-	$(VENV)/bin/pytest --ignore=tests/django --ignore=tests/spark -n $(CORE_PROCESSES)
+	$(VENV)/bin/pytest --ignore=tests/django --ignore=tests/spark -n $(CORE_PROCESSES) --dist loadfile
 	$(VENV)/bin/pytest tests/django
 	$(VENV)/bin/pytest tests/spark
 	DELAYQ_TEST_STORE=cluster $(VENV)/bin/pytest tests/store tests/carrier

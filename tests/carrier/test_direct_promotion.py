@@ -116,6 +116,9 @@ def test_long_arguments_get_a_truncated_repr_that_is_still_valid_utf8(
         '["x"]', json.dumps([text], ensure_ascii=False))
     redis_client.hset(shard.jobs, "long", raw.encode())
     redis_client.zadd(shard.due, {"long": 0})
+    # a queue the app knows when the carrier starts is promoted into directly from its
+    # first job (task_create_missing_queues adds it; else that job goes through kombu)
+    assert app.amqp.queues[PARKED]
     promote_once(app, direct=True)
 
     (message,) = parked(redis_client)
