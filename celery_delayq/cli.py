@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from datetime import datetime
 
 import click
 
-from .errors import DelayQError
+from .conf import SETTINGS
+from .errors import DelayQError, InvalidDelay
 from .extension import DelayQ
 from .memory import eviction_problem
 from .reading import datetime_of_ms
@@ -33,16 +35,29 @@ def delayq() -> None:
     """celery-delayq: the carrier and the delay store's contents."""
 
 
+_DEFAULTS = {setting.name: setting.default for setting in SETTINGS}
+
+
+def _setting(name: str) -> str:
+    """An option's default as help shows it: the app's setting and its built-in value."""
+    value = _DEFAULTS[name]
+    shown = value if isinstance(value, bool) else f"{value:g}"
+    return f"app.conf.delayq_{name} (built in: {shown})"
+
+
 @delayq.command()
-@click.option("--batch", type=int, default=None, help="Jobs claimed per shard per round trip.")
-@click.option("--lease", type=float, default=None, help="Seconds a claimed job stays leased.")
+@click.option("--batch", type=int, default=None, show_default=_setting("claim_batch"),
+              help="Jobs claimed per shard per round trip.")
+@click.option("--lease", type=float, default=None, show_default=_setting("lease_seconds"),
+              help="Seconds a claimed job stays leased.")
 @click.option("--shard-lease", type=float, default=None,
+              show_default=_setting("shard_lease_seconds"),
               help="Seconds a carrier's hold on a shard lasts without renewal.")
-@click.option("--idle-timeout", type=float, default=None,
+@click.option("--idle-timeout", type=float, default=None, show_default=_setting("idle_timeout"),
               help="Longest sleep without looking at Redis, seconds.")
 @click.option("--direct/--no-direct", default=None,
-              help="Push plain jobs onto the broker's queue lists inside the claim script "
-                   "(default: delayq_direct_promotion).")
+              show_default=_setting("direct_promotion"),
+              help="Push plain jobs onto the broker's queue lists inside the claim script.")
 @click.option("--metrics-port", type=int, default=None,
               help="Serve Prometheus metrics on this port (needs celery-delayq[metrics]).")
 @click.option("-l", "--loglevel", default="INFO", show_default=True,
@@ -159,22 +174,39 @@ def check_store(ctx: click.Context, repair: bool) -> None:
 @delayq.command(name="ls")
 @click.option("--task", default=None, help="Only this task name.")
 @click.option("--key", default=None, help="Only this business key.")
+@click.option("--args-contains", "args_contains", default=None, metavar="JSON",
+              help="Only jobs called with this argument value (JSON: 42, '\"42\"'; "
+                   "text that is not JSON is a string). Reads the store until --limit match.")
 @click.option("--limit", default=100, show_default=True)
 @click.option("--dead", is_flag=True, help="List dead-lettered jobs instead.")
 @click.pass_context
-def ls(ctx: click.Context, task: str | None, key: str | None, limit: int, dead: bool) -> None:
+def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str | None,
+       limit: int, dead: bool) -> None:
     """List pending jobs in due order (or dead letters with --dead)."""
     try:
         if dead:
             for entry in _delayq(ctx).store.dead(limit):
                 click.echo(f"{entry['job_id']}  {_ms(entry['at'])}  {entry['reason']}")
             return
-        for job in _delayq(ctx).pending(task=task, key=key, limit=limit):
-            due = job.due.isoformat(timespec="milliseconds") if job.due else "-"
-            click.echo(f"{due}  {job.job_id}  {job.task}  key={job.key or '-'}  "
-                       f"queue={job.queue}")
+        jobs = _delayq(ctx).pending(task=task, key=key, limit=limit,
+                                    args_contains=_json_or_text(args_contains))
     except DelayQError as exc:
         _fail(exc)
+    if not jobs:
+        click.echo("no pending jobs")
+    for job in jobs:
+        due = job.due.isoformat(timespec="milliseconds") if job.due else "-"
+        click.echo(f"{due}  {job.job_id}  {job.task}  key={job.key or '-'}  queue={job.queue}")
+
+
+def _json_or_text(value: str | None) -> object:
+    """A command-line value as JSON (``42``, ``"42"``, ``true``), else as the text itself."""
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 @delayq.command()
@@ -211,6 +243,52 @@ def cancel(ctx: click.Context, job_id: str | None, key: str | None) -> None:
     except DelayQError as exc:
         _fail(exc)
     raise click.UsageError("give a JOB_ID or --key KEY")
+
+
+@delayq.command()
+@click.argument("job_id")
+@click.option("--delay", type=float, default=None, help="Due this many seconds from now.")
+@click.option("--eta", default=None, metavar="ISO-8601",
+              help="Due at this time, with its offset: 2030-01-31T08:00:00+00:00.")
+@click.option("--key", default=None, help="The job's business key (finds it faster).")
+@click.pass_context
+def reschedule(ctx: click.Context, job_id: str, delay: float | None, eta: str | None,
+               key: str | None) -> None:
+    """Give pending JOB_ID a new due time."""
+    if (delay is None) == (eta is None):
+        raise click.UsageError("give --delay SECONDS or --eta ISO-8601, one of them")
+    try:
+        when = datetime.fromisoformat(eta) if eta is not None else None
+    except ValueError:
+        raise click.UsageError(f"--eta {eta!r} is not an ISO-8601 time such as "
+                               "2030-01-31T08:00:00+00:00") from None
+    try:
+        due = _delayq(ctx).reschedule(job_id, delay=delay, eta=when, key=key)
+    except InvalidDelay as exc:
+        raise click.UsageError(str(exc)) from None
+    except DelayQError as exc:
+        _fail(exc)
+    _say_due(job_id, None if due is None else due.isoformat(timespec="milliseconds"))
+
+
+@delayq.command(name="run-now")
+@click.argument("job_id")
+@click.option("--key", default=None, help="The job's business key (finds it faster).")
+@click.pass_context
+def run_now(ctx: click.Context, job_id: str, key: str | None) -> None:
+    """Make pending JOB_ID due now."""
+    try:
+        moved = _delayq(ctx).run_now(job_id, key=key)
+    except DelayQError as exc:
+        _fail(exc)
+    _say_due(job_id, "now" if moved else None)
+
+
+def _say_due(job_id: str, due: str | None) -> None:
+    if due is None:
+        click.echo(f"{job_id}: not pending (promoted, cancelled or unknown)")
+        sys.exit(1)
+    click.echo(f"{job_id}: due {due}")
 
 
 @delayq.command()

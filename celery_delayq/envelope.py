@@ -74,6 +74,9 @@ ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
 # Infinity are refused: they are not JSON, and the direct promotion script could not
 # pass them on.
 encode_json = JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+#: One value as canonical JSON (keys sorted): equal values, equal text. What
+#: ``pending(args_contains=...)`` compares a call's argument values by.
+canonical_json = JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False).encode
 _json_decode = json.JSONDecoder(object_hook=object_hook).decode
 # The tokens that nest (and strings, skipped whole), and the escapes of a JSON text.
 _NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')

@@ -377,8 +377,15 @@ class DelayQ:
         return self.store.get(job_id, key)
 
     def pending(self, task: str | None = None, key: str | None = None,
-                limit: int = 100) -> list[Job]:
-        return self.store.pending(task=task, key=key, limit=limit)
+                args_contains: Any = None, limit: int = 100) -> list[Job]:
+        """Pending jobs in due order: of one task, one business key, and/or called with
+        ``args_contains`` as one of their argument values (``42`` finds ``close(42)`` and
+        ``close(order=42)``; a value is compared whole, as JSON: ``1`` is not ``true``).
+        Searching by arguments reads the store from its earliest job until ``limit`` match.
+        """
+        contains = (None if args_contains is None
+                    else validation.json_value(args_contains, "args_contains"))
+        return self.store.pending(task=task, key=key, limit=limit, args_contains=contains)
 
     def reschedule(self, job_id: str, *, delay: float | timedelta | None = None,
                    eta: datetime | None = None, key: str | None = None) -> datetime | None:

@@ -25,7 +25,7 @@ from redis.exceptions import ClusterDownError
 
 from .conf import DelayQConfig
 from .connection import connect, redact
-from .envelope import Call, Job
+from .envelope import Call, Job, canonical_json
 from .errors import (
     ConfigurationError,
     DamagedShard,
@@ -150,6 +150,23 @@ class ClaimAhead:
                 if isinstance(reply, Exception):
                     raise reply
         return _shard_claims(self.shards, replies[self._acks:])
+
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """The filters of ``Store.pending`` on a job it has read."""
+
+    task: str | None
+    args_contains: str | None  # canonical JSON of one argument value
+
+    def matches(self, job: Job) -> bool:
+        if self.task is not None and job.task != self.task:
+            return False
+        if self.args_contains is None:
+            return True
+        values = [*job.args, *job.kwargs.values()]
+        return any(canonical_json(value) == self.args_contains for value in values)
 
 
 class Store:
@@ -478,23 +495,28 @@ class Store:
                         self.config.default_queue)
 
     def pending(self, task: str | None = None, key: str | None = None,
-                limit: int = 100) -> list[Job]:
-        """Pending jobs in due order, optionally of one task and/or one business key.
+                limit: int = 100, args_contains: str | None = None) -> list[Job]:
+        """Pending jobs in due order, optionally of one task and/or one business key, and
+        with ``args_contains`` (canonical JSON, ``envelope.canonical_json``) only those
+        called with that value as one of their positional or keyword argument values.
 
-        Jobs that cannot be read (:meth:`get` shows why) are left out, counted and logged
-        once per call; the carrier dead-letters them when they fall due.
+        Without a key this reads the due sets from their start until ``limit`` jobs match:
+        a filter that matches few jobs reads the whole store. Jobs that cannot be read
+        (:meth:`get` shows why) are left out, counted and logged once per call; the carrier
+        dead-letters them when they fall due.
         """
         shards = [self.keys.shard_for("", key)] if key else list(self.keys)
         jobs: list[Job] = []
         skipped = Unreadable("pending jobs", _logger)
+        wanted = _Wanted(task, args_contains)
         with self.unavailable():
             for shard in shards:
-                jobs.extend(self._pending_in(shard, task, key, limit, skipped))
+                jobs.extend(self._pending_in(shard, wanted, key, limit, skipped))
         skipped.log()
         jobs.sort(key=lambda job: job.due.timestamp() if job.due else math.inf)
         return jobs[:limit]
 
-    def _pending_in(self, shard: ShardKeys, task: str | None, key: str | None,
+    def _pending_in(self, shard: ShardKeys, wanted: _Wanted, key: str | None,
                     limit: int, skipped: Unreadable) -> list[Job]:
         if key:
             members = cast("list[str]", self.client.zrangebylex(  # decode_responses
@@ -504,7 +526,7 @@ class Store:
             for stored in ids:
                 pipe.zscore(shard.due, raw_id(stored))
             scored = [(i, s) for i, s in zip(ids, pipe.execute(), strict=True) if s is not None]
-            return self._jobs_of(shard, scored, task, skipped)[:limit]
+            return self._jobs_of(shard, scored, wanted, skipped)[:limit]
         found: list[Job] = []
         start = 0
         while len(found) < limit:
@@ -512,12 +534,12 @@ class Store:
                 shard.due, start, start + _SCAN_CHUNK - 1, withscores=True))
             if not chunk:
                 break
-            found.extend(self._jobs_of(shard, chunk, task, skipped))
+            found.extend(self._jobs_of(shard, chunk, wanted, skipped))
             start += _SCAN_CHUNK
         return found[:limit]
 
     def _jobs_of(self, shard: ShardKeys, scored: list[tuple[str, float]],
-                 task: str | None, skipped: Unreadable) -> list[Job]:
+                 wanted: _Wanted, skipped: Unreadable) -> list[Job]:
         if not scored:
             return []
         raws = self.client.hmget(shard.jobs, [raw_id(stored) for stored, _ in scored])
@@ -529,7 +551,7 @@ class Store:
             if job_id is None or job.unreadable:
                 skipped.add(f"job {stored!r} on shard {shard.shard}",
                             job.unreadable or "not a stored job id")
-            elif task is None or job.task == task:
+            elif wanted.matches(job):
                 jobs.append(job)
         return jobs
 

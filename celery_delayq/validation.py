@@ -6,8 +6,9 @@ import math
 import re
 import time
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from .envelope import canonical_json
 from .errors import InvalidDelay, InvalidJobId, InvalidOption
 from .reading import is_text
 
@@ -83,3 +84,12 @@ def if_exists(value: str) -> str:
     if value not in IF_EXISTS:
         raise InvalidOption(f"if_exists must be one of {', '.join(IF_EXISTS)}; got {value!r}")
     return value
+
+
+def json_value(value: Any, name: str) -> str:
+    """``value`` as canonical JSON text (see ``envelope.canonical_json``)."""
+    try:
+        return canonical_json(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidOption(f"{name} must be a JSON value (text, number, true/false, None, "
+                            f"list or dict), got {value!r}: {exc}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 from tests.conftest import finish
 
@@ -45,3 +46,56 @@ def test_show_of_an_unknown_job_exits_nonzero(spawn, redis_client):
 
 def test_ls_dead_on_an_empty_store_lists_nothing(spawn, redis_client):
     assert run(spawn, "ls", "--dead") == (0, "")
+
+
+def test_ls_on_an_empty_store_says_so(spawn, redis_client):
+    assert run(spawn, "ls") == (0, "no pending jobs\n")
+
+
+def test_ls_finds_jobs_by_an_argument_value(proj, spawn, redis_client):
+    proj.record.apply_delayed(args=(42,), delay=600, job_id="order:42:close")
+    proj.record.apply_delayed(args=("42",), delay=600, job_id="text-42")
+    proj.record.apply_delayed(args=("order-7",), delay=600, job_id="order-7")
+    code, output = run(spawn, "ls", "--args-contains", "42")
+    assert code == 0 and "order:42:close" in output and "text-42" not in output
+    code, output = run(spawn, "ls", "--args-contains", '"42"')
+    assert code == 0 and "text-42" in output and "order:42:close" not in output
+    code, output = run(spawn, "ls", "--args-contains", "order-7")  # not JSON: the text
+    assert code == 0 and "order-7" in output
+
+
+def test_reschedule_and_run_now_move_a_pending_job(proj, delayq, spawn, redis_client):
+    proj.record.apply_delayed(args=("x",), delay=600, job_id="order:1:close", key="order:1")
+    code, output = run(spawn, "reschedule", "order:1:close", "--delay", "7200")
+    assert code == 0 and output.startswith("order:1:close: due 20")
+    left = delayq.get("order:1:close").due - datetime.now(timezone.utc)
+    assert 7100 < left.total_seconds() <= 7200
+
+    eta = (datetime.now(timezone.utc) + timedelta(days=100)).replace(microsecond=0)
+    code, output = run(spawn, "reschedule", "order:1:close", "--eta", eta.isoformat())
+    assert (code, output) == (0, f"order:1:close: due {eta.isoformat(timespec='milliseconds')}\n")
+
+    code, output = run(spawn, "run-now", "order:1:close", "--key", "order:1")
+    assert (code, output) == (0, "order:1:close: due now\n")
+    assert delayq.get("order:1:close").due <= datetime.now(timezone.utc)
+
+
+def test_reschedule_refuses_bad_input_and_unknown_jobs(spawn, redis_client):
+    code, output = run(spawn, "reschedule", "nope", "--delay", "60")
+    assert (code, output) == (1, "nope: not pending (promoted, cancelled or unknown)\n")
+    code, output = run(spawn, "run-now", "nope")
+    assert (code, output) == (1, "nope: not pending (promoted, cancelled or unknown)\n")
+    code, output = run(spawn, "reschedule", "nope")
+    assert code == 2 and "give --delay SECONDS or --eta ISO-8601" in output
+    code, output = run(spawn, "reschedule", "nope", "--eta", "2030-01-01 08:00")
+    assert code == 2 and "no timezone" in output
+
+
+def test_carrier_help_shows_each_option_default(spawn):
+    code, output = run(spawn, "carrier", "--help")
+    assert code == 0
+    for default in ("delayq_claim_batch (built in: 500)", "delayq_lease_seconds (built in: 30)",
+                    "delayq_shard_lease_seconds (built in: 10)",
+                    "delayq_idle_timeout (built in: 5)",
+                    "delayq_direct_promotion (built in: False)"):
+        assert default in " ".join(output.split()), default

@@ -58,6 +58,15 @@ def test_changelist_filters_by_task_and_searches_by_business_key(admin_client, p
     assert by_state.context["cl"].result_count == 3
 
 
+def test_changelist_search_finds_a_task_by_its_arguments(
+        admin_client, pending, shop_delayq, sync):
+    shop_delayq.schedule("shop.tasks.check_refund_status", args=(777, 1), delay=600,
+                         key="refund:9", job_id="refund:9:check:1")
+    sync.run_once()
+    searched = admin_client.get(reverse(CHANGELIST), {"q": "777"})
+    assert [r.job_id for r in searched.context["cl"].result_list] == ["refund:9:check:1"]
+
+
 def test_detail_page_is_read_only_with_pretty_args_and_the_event_timeline(
         admin_client, pending):
     row = pending["refund:3:check:0"]

@@ -60,7 +60,8 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     list_display_links = ("task_name",)
     list_filter = ("state", "task", "queue", "stored")
     date_hierarchy = "due"
-    search_fields = ("key", "job_id", "task_id")
+    search_fields = ("key", "job_id", "task_id", "args", "kwargs")
+    search_help_text = "A business key, job id or task id, or a value it was called with."
     actions = ("cancel_tasks", "run_now", "reschedule_tasks")
     list_per_page = 50
     fieldsets = (
