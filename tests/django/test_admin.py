@@ -137,6 +137,24 @@ def test_reschedule_form_refuses_both_a_delay_and_a_date(admin_client, pending):
     assert b"Give either a delay or a date and time, not both." in response.content
 
 
+def test_reschedule_form_shows_each_tasks_current_due_time(admin_client, pending):
+    form = _act(admin_client, "reschedule_tasks", "order:1:close")
+    due = pending["order:1:close"].due
+    assert f"now due {due:%Y-%m-%d %H:%M:%S} UTC" in form.content.decode()
+
+
+def test_reschedule_form_asks_for_a_time_when_given_none(admin_client, pending):
+    response = _act(admin_client, "reschedule_tasks", "order:1:close", apply="Reschedule")
+    assert b"Give a delay in minutes or a date and time." in response.content
+
+
+def test_reschedule_form_refuses_a_time_that_has_passed(admin_client, pending, shop_delayq):
+    response = _act(admin_client, "reschedule_tasks", "order:1:close", apply="Reschedule",
+                    due_at="2020-01-01 10:00")
+    assert b"2020-01-01 10:00 has passed; give a later time, or use" in response.content
+    assert shop_delayq.get("order:1:close").due == pending["order:1:close"].due
+
+
 def test_staff_without_action_permissions_sees_tasks_but_cannot_act(
         client, pending, shop_delayq):
     client.force_login(_staff())

@@ -43,8 +43,17 @@ class RescheduleForm(forms.Form):
 
     def clean(self):
         data = super().clean()
-        if (data.get("delay_minutes") is None) == (data.get("due_at") is None):
+        if self.errors:  # a field's own error says what is wrong
+            return data
+        delay, at = data.get("delay_minutes"), data.get("due_at")
+        if delay is None and at is None:
+            raise forms.ValidationError("Give a delay in minutes or a date and time.")
+        if delay is not None and at is not None:
             raise forms.ValidationError("Give either a delay or a date and time, not both.")
+        if at is not None and at <= timezone.now():
+            raise forms.ValidationError(
+                f"{timezone.localtime(at):%Y-%m-%d %H:%M} has passed; give a later time, or "
+                "use “Run selected delayed tasks now”.")
         return data
 
     def due(self) -> datetime:
