@@ -48,7 +48,7 @@ from .memory import CarrierGuard
 from .message import Message, MessageBuilder
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
-from .reading import printable
+from .reading import counted, printable
 from .stopping import StopFlag
 from .store import ClaimAhead, Claimed, DirectRoutes, Promoted, ShardClaim
 
@@ -134,7 +134,8 @@ class Carrier:
                 self.stats.recovered += recovered
                 if self.metrics:
                     self.metrics.recovered.inc(recovered)
-                logger.warning("recovered %d jobs whose carrier lease expired", recovered)
+                logger.warning("recovered %s whose carrier lease expired",
+                               counted(recovered, "job"))
         if self._memory.braking():  # workers on a shared Redis need room to take messages
             self._settle()
             return _MEMORY_WAIT
@@ -203,9 +204,10 @@ class Carrier:
             self.stats.dead += len(dead)
             if self.metrics:
                 self.metrics.dead_lettered.inc(len(dead))
-            logger.error("dead-lettered %d jobs (%s%s); list them with `celery delayq ls "
-                         "--dead`, replay with `celery delayq replay JOB_ID`", len(dead),
-                         "; ".join(dead[:3]), "; ..." if len(dead) > 3 else "")
+            logger.error("dead-lettered %s (%s%s); list them with `celery delayq ls "
+                         "--dead`, replay with `celery delayq replay JOB_ID`",
+                         counted(len(dead), "job"), "; ".join(dead[:3]),
+                         "; ..." if len(dead) > 3 else "")
         return acks
 
     def _settle(self) -> None:
@@ -233,7 +235,8 @@ class Carrier:
         except BaseException:
             with contextlib.suppress(StoreUnavailable, redis.RedisError):
                 released = self.store.release(claims)
-                logger.warning("gave %d claimed jobs back after a failed publish", released)
+                logger.warning("gave %s back after a failed publish",
+                               counted(released, "claimed job"))
             raise
 
     def _publish_batch(self):
@@ -408,7 +411,7 @@ class Carrier:
             self.metrics.observe_promoted(lateness)
         lateness.sort()
         self.stats.promoted += len(lateness)
-        logger.info("promoted %d jobs; lateness p50 %.1f ms, max %.1f ms", len(lateness),
+        logger.info("promoted %s; lateness p50 %.1f ms, max %.1f ms", counted(len(lateness), "job"),
                     lateness[len(lateness) // 2], lateness[-1])
 
     @cached_property

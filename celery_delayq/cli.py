@@ -18,7 +18,7 @@ from .conf import SETTINGS
 from .errors import DelayQError, InvalidDelay
 from .extension import DelayQ
 from .memory import eviction_problem
-from .reading import datetime_of_ms
+from .reading import counted, datetime_of_ms
 
 
 def _delayq(ctx: click.Context) -> DelayQ:
@@ -166,8 +166,9 @@ def check_store(ctx: click.Context, repair: bool) -> None:
                            f"{f', {fixed} repaired' if repair else ''}; e.g. "
                            f"{', '.join(report.examples[kind])}")
     jobs, both = sum(r.jobs for r in reports), sum(r.in_both for r in reports)
-    click.echo(f"{'clean' if not left else f'{left} problems left'}: {jobs} jobs checked on "
-               f"{len(reports)} shards ({both} scheduled again while in flight)")
+    click.echo(f"{'clean' if not left else f'{left} problems left'}: "
+               f"{counted(jobs, 'job')} checked on {len(reports)} shards "
+               f"({both} scheduled again while in flight)")
     sys.exit(1 if left else 0)
 
 
@@ -238,7 +239,8 @@ def cancel(ctx: click.Context, job_id: str | None, key: str | None) -> None:
             click.echo(f"{job_id}: {outcome.value}")
             sys.exit(0 if outcome.name == "CANCELLED" else 1)
         if key:
-            click.echo(f"cancelled {_delayq(ctx).cancel_key(key, by='cli')} jobs of key {key!r}")
+            cancelled = _delayq(ctx).cancel_key(key, by="cli")
+            click.echo(f"cancelled {counted(cancelled, 'job')} of key {key!r}")
             return
     except DelayQError as exc:
         _fail(exc)

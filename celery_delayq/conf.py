@@ -288,5 +288,6 @@ def _broker_redis_url(app) -> str:
         return broker
     raise ConfigurationError(
         "celery-delayq needs a Redis URL: set app.conf.delayq_redis_url "
-        "(or CELERY_DELAYQ_REDIS_URL in Django settings) to e.g. redis://localhost:6379/0"
+        "(or CELERY_DELAYQ_REDIS_URL in Django settings) to e.g. redis://localhost:6379/0, "
+        "or use a Redis broker; on the command line, name your app: celery -A proj delayq ..."
     )

@@ -6,6 +6,8 @@ of the input errors is raised.
 
 from __future__ import annotations
 
+from .reading import counted
+
 
 class DelayQError(Exception):
     """Base class of every celery-delayq error."""
@@ -70,8 +72,8 @@ class StoreFull(StoreUnavailable):
 
     def __init__(self, detail: str, stored: list[str] | None = None) -> None:
         self.stored = stored or []
-        written = (f"; {len(self.stored)} jobs of this call were stored (their ids are in "
-                   "the exception's .stored), the others were not") if self.stored else ""
+        written = (f"; {counted(len(self.stored), 'job')} of this call stored (their ids "
+                   "are in the exception's .stored), the others not") if self.stored else ""
         super().__init__(
             f"{detail}{written}. New delayed jobs are refused until the carriers promote due "
             "jobs and free memory: retry later; make room with a larger maxmemory, or start "

@@ -22,7 +22,7 @@ from celery import states as celery_states
 
 from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD
 from .errors import DelayQError
-from .reading import printable
+from .reading import counted, printable
 
 logger = logging.getLogger("celery_delayq.journal")
 
@@ -83,7 +83,8 @@ class _Outbox:
             try:
                 delayq.store.journal_many(entries)
             except (DelayQError, redis.RedisError) as exc:  # e.g. a damaged journal key
-                logger.warning("could not journal %d worker events: %s", len(entries), exc)
+                logger.warning("could not journal %s: %s", counted(len(entries), "worker event"),
+                               exc)
 
 
 _outbox = _Outbox()

@@ -52,6 +52,11 @@ def job_id_of(stored: str) -> str | None:
     return job_id if pack_id(job_id) == stored else None
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 job``, ``2 jobs``: a count for a message."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def printable(value: str) -> str:
     """``value`` with the bytes that were not UTF-8 shown as ``\\xNN``."""
     return value.encode(errors="surrogateescape").decode(errors="backslashreplace")

@@ -221,6 +221,12 @@ class Store:
         except redis.ResponseError as exc:
             if str(exc).startswith(_DAMAGED):
                 raise DamagedShard(str(exc)) from exc
+            if str(exc).startswith("DB index is out of range"):
+                raise ConfigurationError(
+                    f"Redis at {redact(self.config.redis_url)} has no such database (the "
+                    "number after the last /): its `databases` setting is lower; give "
+                    "delayq_redis_url (or the broker URL) a database below it, such as /0"
+                ) from exc
             if _refused_for_memory(exc):
                 self.headroom.refused()
                 raise StoreFull(f"Redis at {redact(self.config.redis_url)} refused a write: "

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 from tests.conftest import finish
@@ -99,3 +102,18 @@ def test_carrier_help_shows_each_option_default(spawn):
                     "delayq_idle_timeout (built in: 5)",
                     "delayq_direct_promotion (built in: False)"):
         assert default in " ".join(output.split()), default
+
+
+def test_a_store_url_naming_a_database_the_server_lacks_is_a_clear_error(
+        spawn, redis_server, monkeypatch):
+    monkeypatch.setenv("DELAYQ_TEST_STORE_URL", f"{redis_server.url}/99")
+    code, output = run(spawn, "stats")
+    assert code == 1 and "Traceback" not in output
+    assert "/99 has no such database" in output and "delayq_redis_url" in output
+
+
+def test_without_an_app_the_cli_says_how_to_name_one(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "celery", "delayq", "stats"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("CELERY")})
+    assert done.returncode == 1 and "celery -A proj delayq" in done.stderr

@@ -185,7 +185,7 @@ def test_a_dead_letter_whose_job_id_is_not_utf8_is_logged_to_a_utf8_log_file(
     finally:
         logger.removeHandler(handler)
         handler.close()
-    assert "dead-lettered 1 jobs (bad-\\xff: its job id is not valid UTF-8)" in (
+    assert "dead-lettered 1 job (bad-\\xff: its job id is not valid UTF-8)" in (
         tmp_path / "carrier.log").read_text()
 
 

@@ -177,7 +177,7 @@ def test_a_journal_write_redis_refuses_leaves_later_worker_events_journaled(
     redis_client.set(shard.journal, "not a stream")  # XADD: WRONGTYPE
     journal._outbox.put(delayq, (0, "succeeded", event))
     journal.flush()
-    assert "could not journal 1 worker events" in caplog.text
+    assert "could not journal 1 worker event:" in caplog.text
 
     redis_client.delete(shard.journal)
     journal._outbox.put(delayq, (0, "succeeded", {**event, "job": "order:2:close"}))

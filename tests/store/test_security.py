@@ -105,7 +105,7 @@ def test_carrier_log_and_metrics_never_show_the_store_password(redis_server, tmp
         try:
             _, noop = app_with_store(url, delayq_shards=4)
             noop.apply_delayed(delay=0.1)  # works: redis-py reads ?password=
-            wait_for(lambda: "promoted 1 jobs" in (tmp_path / "carrier.log").read_text(),
+            wait_for(lambda: "promoted 1 job;" in (tmp_path / "carrier.log").read_text(),
                      timeout=30, what="the job promoted with ?password=")
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
             server.stop()
