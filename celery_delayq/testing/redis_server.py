@@ -15,6 +15,7 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -370,13 +371,20 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="data directory (default: temporary)")
     parser.add_argument("--appendonly", action="store_true", help="persist with AOF")
     opts = parser.parse_args()
-    server = RedisServer(opts.port, appendonly=opts.appendonly, directory=opts.dir).start()
-    print(f"redis-server ({binary()}) serving {server.url}; Ctrl-C stops it", flush=True)
-    assert server.process is not None  # start() started it
+    server = RedisServer(opts.port, appendonly=opts.appendonly, directory=opts.dir)
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    # Ctrl-C, kill and a closed terminal all stop the server with the helper, from before
+    # it starts (SIGINT too: a shell starting the helper in the background ignores it)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
     try:
+        server.start()
+        print(f"redis-server ({binary()}) serving {server.url}; Ctrl-C stops it", flush=True)
+        assert server.process is not None  # start() started it
         server.process.wait()
-    except KeyboardInterrupt:
-        pass
     finally:
         server.close()
 
