@@ -2,10 +2,11 @@
 
 The store's scripts journal scheduled / rescheduled / cancelled / promoted / dead
 themselves; a worker adds what happens to a promoted task through Celery's signals,
-recognising it by the ``delayq_job`` header the carrier sets. ``started`` is written
-before the task runs (with anything waiting), so even a worker killed mid-task leaves it
-in the journal; outcomes wait in a per-process outbox written in one pipeline every few
-milliseconds, so they cost the task no Redis round trip of its own.
+recognising it by the ``delayq_job`` header the carrier sets. Events wait in a
+per-process outbox that a thread writes in one pipeline, so they cost the task no Redis
+round trip of its own: outcomes every few milliseconds, ``started`` at once, while the
+task runs, so a worker killed mid-task leaves it in the journal (unless killed within the
+round trip itself). Under a burst the thread writes whatever has gathered in one pipeline.
 """
 
 from __future__ import annotations
@@ -49,18 +50,17 @@ class _Outbox:
         self._events: list[tuple[Any, tuple[int, str, dict[str, Any]]]] = []
         self._thread: threading.Thread | None = None
 
-    def put(self, delayq, entry: tuple[int, str, dict[str, Any]], now: bool = False) -> None:
-        """Queue an event; ``now`` writes it (and anything waiting) before returning."""
+    def put(self, delayq, entry: tuple[int, str, dict[str, Any]], soon: bool = False) -> None:
+        """Queue an event; ``soon`` wakes the flush thread at once instead of at its next
+        tick (the caller never waits for Redis)."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="delayq-journal",
                                                 daemon=True)
                 self._thread.start()
             self._events.append((delayq, entry))
-            if len(self._events) >= _FLUSH_AT:
+            if soon or len(self._events) >= _FLUSH_AT:
                 self._due.set()
-        if now:
-            self.flush()
 
     def _run(self) -> None:
         while True:  # nothing may end this thread: later events would never be written
@@ -131,8 +131,14 @@ def _record(task, task_id: str | None, event: str) -> None:
         logger.warning("delayed job %s has no valid %s header; %s not journaled",
                        printable(job_id), HEADER_SHARD, event)
         return
-    _outbox.put(delayq, (shard, event, {
+    record_event(delayq, shard, event, {
         "job": job_id, "task": task.name, "key": request.get(HEADER_KEY) or "",
         "task_id": task_id or "", "retries": request.retries or 0,
         "due": request.get(HEADER_DUE) or "",
-    }), now=event == "started")
+    })
+
+
+def record_event(delayq, shard: int, event: str, fields: dict[str, Any]) -> None:
+    """Queue a worker event for the journal of ``shard``; the caller never waits for Redis.
+    ``started`` is written at once, while the task runs, so a killed worker leaves it."""
+    _outbox.put(delayq, (shard, event, fields), soon=event == "started")

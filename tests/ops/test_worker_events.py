@@ -1,0 +1,22 @@
+"""Worker journal events cost a task no Redis round trip of its own."""
+
+from __future__ import annotations
+
+import time
+
+from celery_delayq import journal
+from tests.conftest import wait_for
+
+PAUSE_MS = 2000
+
+
+def test_a_started_event_is_written_without_the_task_waiting_for_redis(delayq, redis_client):
+    shard = delayq.store.keys.shard(0)
+    event = {"job": "order:1:close", "task": "tests.proj.record", "key": "", "task_id": "t",
+             "retries": 0, "due": ""}
+    redis_client.client_pause(PAUSE_MS)  # every client's next command waits this long
+    began = time.monotonic()
+    journal.record_event(delayq, 0, "started", event)
+    assert time.monotonic() - began < PAUSE_MS / 2000, "the caller waited for Redis"
+    wait_for(lambda: redis_client.xlen(shard.journal) == 1, timeout=10,
+             what="the started event, once Redis answers again")
