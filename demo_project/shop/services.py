@@ -16,17 +16,18 @@ from .models import Order, Refund
 from .tasks import check_refund_status, close_unpaid_order
 
 
-def schedule_timeout(order: Order) -> None:
-    """Close ``order`` after ``SHOP_ORDER_TIMEOUT`` seconds unless it is paid first."""
+def schedule_timeout(order: Order, timeout: float | None = None) -> None:
+    """Close ``order`` after ``timeout`` seconds (default ``SHOP_ORDER_TIMEOUT``) unless it
+    is paid first."""
     close_unpaid_order.apply_delayed(
-        args=(order.pk,), delay=settings.SHOP_ORDER_TIMEOUT, key=order.key,
-        job_id=f"{order.key}:close")
+        args=(order.pk,), delay=settings.SHOP_ORDER_TIMEOUT if timeout is None else timeout,
+        key=order.key, job_id=f"{order.key}:close")
 
 
-def place_order(customer: str, total: Decimal | str) -> Order:
+def place_order(customer: str, total: Decimal | str, timeout: float | None = None) -> Order:
     with transaction.atomic():
         order = Order.objects.create(customer=customer, total=Decimal(total))
-        schedule_timeout(order)
+        schedule_timeout(order, timeout)
     return order
 
 

@@ -1,0 +1,80 @@
+"""``manage.py seed_demo``, which ``make demo`` runs on every start: it seeds the shop once,
+and what it seeds is still pending while a newcomer looks, at the times the README gives."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+from shop.models import Order, Refund
+
+from celery_delayq.testing.pytest_plugin import DelayQTester
+
+pytestmark = pytest.mark.django_db(transaction=True)  # on_commit writes must really commit
+
+
+@pytest.fixture
+def shop_clock(shop_app, redis_server, settings):
+    """The shop's store on a test clock, with the demo's default timings."""
+    settings.SHOP_ORDER_TIMEOUT = 60
+    settings.SHOP_REFUND_GAPS = [10, 30, 120, 300]
+    with DelayQTester(shop_app, f"{redis_server.url}/1") as tester:
+        yield tester
+
+
+def seed() -> str:
+    out = io.StringIO()
+    call_command("seed_demo", stdout=out)
+    return out.getvalue()
+
+
+def shop() -> tuple[dict[str, str], dict[str, str]]:
+    """Each seeded customer's order status, and refund status where they have one."""
+    orders = {order.customer: order.status for order in Order.objects.all()}
+    refunds = {refund.order.customer: refund.status
+               for refund in Refund.objects.select_related("order")}
+    return orders, refunds
+
+
+def test_seeding_a_second_time_adds_nothing_and_says_so(shop_clock):
+    first = seed()
+    pending = sorted(job.job_id for job in shop_clock.pending())
+    assert (Order.objects.count(), Refund.objects.count()) == (5, 2)
+    assert "seeded 5 orders (2 paid) and 2 refunds" in first
+
+    second = seed()
+    assert (Order.objects.count(), Refund.objects.count()) == (5, 2)
+    assert sorted(job.job_id for job in shop_clock.pending()) == pending
+    assert "the shop has 5 orders and 2 refunds already: seeding nothing" in second
+
+
+def test_seeded_timeouts_stay_pending_while_a_newcomer_looks(shop_clock):
+    seed()
+    unpaid, paid, requested = Order.Status.UNPAID, Order.Status.PAID, Refund.Status.REQUESTED
+    closed, approved, rejected = (Order.Status.CLOSED, Refund.Status.APPROVED,
+                                  Refund.Status.REJECTED)
+    keys = {name: Order.objects.get(customer=name).key for name in ("Grace", "Linus")}
+
+    shop_clock.advance(seconds=59)
+    assert shop() == ({"Ada": unpaid, "Grace": unpaid, "Linus": unpaid, "Ken": paid,
+                       "Barbara": paid}, {"Ken": approved, "Barbara": requested})
+    shop_clock.advance(seconds=1)
+    assert shop()[0]["Ada"] == closed
+
+    shop_clock.advance(minutes=16)  # 17 minutes in: still there to look at in the admin
+    assert shop() == ({"Ada": closed, "Grace": unpaid, "Linus": unpaid, "Ken": paid,
+                       "Barbara": paid}, {"Ken": approved, "Barbara": requested})
+    assert {job.key for job in shop_clock.pending(task="shop.tasks.close_unpaid_order")} == {
+        keys["Grace"], keys["Linus"]}
+    assert len(shop_clock.pending(task="shop.tasks.check_refund_status")) == 1
+
+    shop_clock.advance(minutes=1)  # Barbara's refund: rejected at its 6th check, 1060 s in
+    assert shop()[1] == {"Ken": approved, "Barbara": rejected}
+    shop_clock.advance(minutes=12)
+    assert shop()[0]["Grace"] == closed  # 30 minutes in
+    shop_clock.advance(minutes=89)
+    assert shop()[0]["Linus"] == unpaid
+    shop_clock.advance(minutes=1)  # 2 hours in
+    assert shop()[0]["Linus"] == closed
+    assert shop_clock.pending() == []
