@@ -30,7 +30,8 @@ INTRO = """\
 # Configuration reference
 
 Generated from `SETTINGS` in `celery_delayq/conf.py` when the site is built: this table is
-every setting there is.
+every setting of the Celery app there is. The few read elsewhere (the Django app's, the
+pytest plugin's) follow it, [outside the Celery app's settings](#outside-the-celery-apps-settings).
 
 Set them on the Celery app (`app.conf.delayq_shards = 16`). In a Django project whose Celery
 app reads settings with `namespace="CELERY"`, write them in `settings.py` in upper case with
@@ -64,17 +65,59 @@ def _type_name(setting: Setting) -> str:
     return names.get(setting.type.__name__, setting.type.__name__)
 
 
+#: Settings read outside ``SETTINGS``: name, where it is set, default, meaning (Markdown).
+#: tests/docs/test_docs.py checks this list against the names the code reads.
+OUTSIDE = [
+    ("DELAYQ_CELERY_APP", "Django settings", "Celery's current app",
+     "The Celery app of the Django app (`delayq_sync`, `delayq_reconcile`, the admin's "
+     "actions, its system checks, transactional scheduling), as `\"module:attribute\"` "
+     "(`\"module\"` alone means its `app`). Celery's current app is the project's when "
+     "`proj/__init__.py` imports it, as Celery's Django guide shows."),
+    ("DELAYQ_TRANSACTIONAL", "Django settings", "`True`",
+     "`apply_delayed` inside `transaction.atomic()` writes its `DelayedTask` row in the "
+     "transaction and Redis on commit (see the Django guide); `False` writes Redis at once. "
+     "Read at each call."),
+    ("delayq_app", "pytest ini option", "none",
+     "The Celery app of the `delayq` fixture, as `\"module:attribute\"`; or override the "
+     "`delayq_app` fixture. With neither, a test using `delayq` stops with a usage error."),
+    ("delayq_redis_url", "pytest ini option", "none: a `redis-server` for the session",
+     "The Redis of the `delayq` fixture (not the Celery setting of the same name); each test "
+     "gets a key prefix of its own there, deleted afterwards."),
+    ("DELAYQ_PYTEST_REDIS_URL", "environment variable", "none",
+     "As the ini option `delayq_redis_url`, which it overrides."),
+]
+
+
+def markdown_text(text: str) -> str:
+    """``text`` for a Markdown table cell, shown as written: ``*`` and ``_`` are not
+    emphasis (``'*.example.com'`` turned the rest of its cell italic), ``|`` ends no cell."""
+    for char in "\\`*_[]|":
+        text = text.replace(char, "\\" + char)
+    return text.replace("<", "&lt;")
+
+
 def configuration_page(settings: Iterable[Setting] = SETTINGS) -> str:
-    """Markdown of the configuration reference, one table row per setting."""
-    rows = ["| setting | Django setting | default | type | meaning |",
-            "|---|---|---|---|---|"]
+    """Markdown of the configuration reference, one table row per setting, then the
+    settings read outside ``SETTINGS``. A setting's two names share its first cell, which
+    leaves the meaning room while the names stay whole."""
+    rows = ["| setting<br>Django setting | default | type | meaning |", "|---|---|---|---|"]
     for s in settings:
-        doc = s.doc.replace("|", "\\|")
-        rows.append(f"| `delayq_{s.name}` | `CELERY_DELAYQ_{s.name.upper()}` | "
-                    f"`{format_default(s)}` | {_type_name(s)} | {doc} |")
+        rows.append(f"| `delayq_{s.name}`<br>`CELERY_DELAYQ_{s.name.upper()}` | "
+                    f"`{format_default(s)}` | {_type_name(s)} | {markdown_text(s.doc)} |")
     lists = ("Lists (`list of seconds`, `list of hosts`) also take a comma-separated string, "
              "as an environment variable would give them.")
-    return INTRO + "\n".join(rows) + "\n\n" + lists + "\n"
+    outside = ["## Outside the Celery app's settings", "",
+               "| setting | where | default | meaning |", "|---|---|---|---|"]
+    outside += [f"| `{name}` | {where} | {default} | {meaning} |"
+                for name, where, default, meaning in OUTSIDE]
+    return (INTRO + _names_kept_whole(rows) + "\n" + lists + "\n\n" + outside[0] + "\n\n"
+            + _names_kept_whole(outside[2:]))
+
+
+def _names_kept_whole(table: list[str]) -> str:
+    """The table in a ``div.names`` (md_in_html): ``extra.css`` keeps its first column's
+    names whole, where the theme would break them anywhere."""
+    return '<div class="names" markdown>\n\n' + "\n".join(table) + "\n\n</div>\n"
 
 
 def prepare(out: Path) -> Path:
@@ -83,7 +126,7 @@ def prepare(out: Path) -> Path:
     if src.exists():
         shutil.rmtree(src)
     src.mkdir(parents=True)
-    for page in DOCS.glob("*.md"):
+    for page in [*DOCS.glob("*.md"), *DOCS.glob("*.css")]:
         shutil.copy2(page, src / page.name)
     if (DOCS / "img").is_dir():
         shutil.copytree(DOCS / "img", src / "img")

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -48,19 +49,66 @@ def test_site_builds_with_no_warnings(tmp_path):
     assert "delayq_countdown_threshold" in (site / "configuration.html").read_text()
 
 
+def _rendered_rows(page: str) -> dict[str, list]:
+    """The configuration page as the site shows it: each table row's cells as plain text
+    (tags dropped), by the row's first name; a cell with emphasis in it keeps ``<em>``."""
+    markdown = pytest.importorskip("markdown")
+    html = markdown.markdown(page, extensions=["tables", "md_in_html"])
+    rows = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", html, re.DOTALL):
+        cells = [c.strip() for c in re.findall(r"<td>(.*?)</td>", row, re.DOTALL)]
+        texts = [c if re.search(r"<(em|strong)>", c)
+                 else unescape(re.sub(r"<[^>]+>", " ", c)).split() for c in cells]
+        if cells:
+            rows[texts[0][0] if isinstance(texts[0], list) else cells[0]] = texts
+    return rows
+
+
 def test_configuration_page_lists_every_setting_with_its_default():
     page = build.configuration_page()
-    rows = {m.group(1): line for line in page.splitlines()
-            if (m := re.match(r"\| `delayq_(\w+)` \|", line))}
-    assert set(rows) == {s.name for s in SETTINGS}
+    rows = _rendered_rows(page[:page.index("## Outside the Celery app's settings")])
+    assert set(rows) == {f"delayq_{s.name}" for s in SETTINGS}
     for setting in SETTINGS:
-        cells = [c.strip() for c in rows[setting.name].strip("|").split(" | ")]
-        assert cells[1] == f"`CELERY_DELAYQ_{setting.name.upper()}`"
-        assert cells[2] == f"`{build.format_default(setting)}`"
-        assert setting.doc.replace("|", "\\|") in cells[4]
-    assert "| `delayq_shards` | `CELERY_DELAYQ_SHARDS` | `8` | int |" in page
-    assert "`10, 60, 300, 1800, 7200`" in page  # http_retry_schedule
-    assert "| `delayq_redis_url` | `CELERY_DELAYQ_REDIS_URL` | `none` |" in page
+        names, default, _type, meaning = rows[f"delayq_{setting.name}"]
+        assert names == [f"delayq_{setting.name}", f"CELERY_DELAYQ_{setting.name.upper()}"]
+        assert " ".join(default) == build.format_default(setting)
+        assert meaning == setting.doc.split(), f"{setting.name}: rendered otherwise than written"
+    assert rows["delayq_shards"][:3] == [["delayq_shards", "CELERY_DELAYQ_SHARDS"], ["8"],
+                                         ["int"]]
+    assert rows["delayq_http_retry_schedule"][1] == ["10,", "60,", "300,", "1800,", "7200"]
+    assert rows["delayq_redis_url"][1] == ["none"]
+    allowed = rows["delayq_http_allowed_hosts"][3]  # '*.example.com' ... '*' was in italics
+    assert "'*.example.com'," in allowed and "'*'" in allowed
+
+
+def _settings_read_outside_conf() -> dict[str, str]:
+    """Each setting the code reads besides ``SETTINGS``, with its default as written there:
+    Django settings read with ``getattr(settings, NAME, DEFAULT)``, the pytest plugin's ini
+    options and its environment variable."""
+    package = ROOT / "celery_delayq"
+    found = {}
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        for name, default in re.findall(r'getattr\(settings, "(\w+)", ([^)]+)\)', text):
+            found[name] = default
+        for name in re.findall(r'addini\("(\w+)"', text):
+            found[name] = ""
+        for name in re.findall(r'^ENV_\w+ = "(\w+)"', text, re.MULTILINE):
+            found[name] = ""
+    return found
+
+
+def test_configuration_page_lists_the_settings_read_outside_settings_too():
+    read = _settings_read_outside_conf()
+    assert {"DELAYQ_CELERY_APP", "DELAYQ_TRANSACTIONAL", "delayq_app", "delayq_redis_url",
+            "DELAYQ_PYTEST_REDIS_URL"} <= set(read)
+    page = build.configuration_page()
+    section = page[page.index("## Outside the Celery app's settings"):]
+    rows = _rendered_rows(section)
+    assert set(rows) == set(read)
+    for name, default in read.items():
+        if default not in ("", "None"):
+            assert rows[name][2] == [default], name
 
 
 def python_examples(page: str) -> list[tuple[str, str]]:
