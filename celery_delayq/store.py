@@ -152,7 +152,6 @@ class ClaimAhead:
         return _shard_claims(self.shards, replies[self._acks:])
 
 
-
 @dataclass(frozen=True)
 class _Wanted:
     """The filters of ``Store.pending`` on a job it has read."""
@@ -165,8 +164,17 @@ class _Wanted:
             return False
         if self.args_contains is None:
             return True
-        values = [*job.args, *job.kwargs.values()]
-        return any(canonical_json(value) == self.args_contains for value in values)
+        return any(_canonical(value) == self.args_contains
+                   for value in (*job.args, *job.kwargs.values()))
+
+
+def _canonical(value: Any) -> str | None:
+    """A stored argument value as canonical JSON; None for one JSON has no text for (NaN
+    or Infinity planted by hand: producers refuse them)."""
+    try:
+        return canonical_json(value)
+    except (TypeError, ValueError):
+        return None
 
 
 class Store:

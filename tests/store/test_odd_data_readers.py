@@ -90,6 +90,15 @@ def test_pending_lists_every_healthy_job_and_logs_the_unreadable_once(
     assert [j.job_id for j in delayq.pending(task=TASK, limit=5)] == list(healthy)[:5]
 
 
+def test_search_by_argument_passes_over_odd_jobs_and_values_json_cannot_hold(
+        delayq, redis_client, healthy, planted):
+    shard = delayq.store.keys.shard(0)
+    redis_client.hset(shard.jobs, "odd:nan", f'{{"t":"{TASK}"}}\n[NaN,5]\n{{"k":Infinity}}')
+    redis_client.zadd(shard.due, {"odd:nan": delayq.store.now_ms() + 1000})
+    assert [job.job_id for job in delayq.pending(args_contains=5)] == ["odd:nan", "good:5"]
+    assert [job.job_id for job in delayq.pending(args_contains=7, key="order:1")] == ["good:7"]
+
+
 def test_get_shows_an_odd_job_as_unreadable_instead_of_raising(delayq, healthy, planted):
     shard = delayq.store.keys.shard(1)
     for job_id in ODD_JOBS:
