@@ -45,7 +45,9 @@ class _Outbox:
         os.register_at_fork(after_in_child=self._reset)  # a child starts its own thread
 
     def _reset(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the list of waiting events
+        self._writing = threading.Lock()  # held through a flush: a flush returns only
+        # once events another flush took are written too (a test's cleanup comes after)
         self._due = threading.Event()
         self._events: list[tuple[Any, tuple[int, str, dict[str, Any]]]] = []
         self._thread: threading.Thread | None = None
@@ -74,6 +76,10 @@ class _Outbox:
 
     def flush(self, **_: Any) -> None:
         """Write every waiting event (also called when a worker process shuts down)."""
+        with self._writing:
+            self._write()
+
+    def _write(self) -> None:
         with self._lock:
             events, self._events = self._events, []
         by_delayq: dict[Any, list[tuple[int, str, dict[str, Any]]]] = defaultdict(list)

@@ -20,3 +20,17 @@ def test_a_started_event_is_written_without_the_task_waiting_for_redis(delayq, r
     assert time.monotonic() - began < PAUSE_MS / 2000, "the caller waited for Redis"
     wait_for(lambda: redis_client.xlen(shard.journal) == 1, timeout=10,
              what="the started event, once Redis answers again")
+
+
+def test_flush_returns_only_once_the_events_the_thread_is_writing_are_written(
+        delayq, redis_client):
+    shard = delayq.store.keys.shard(0)
+    event = {"job": "order:1:close", "task": "tests.proj.record", "key": "", "task_id": "t",
+             "retries": 0, "due": ""}
+    redis_client.client_pause(500)
+    paused = time.monotonic()
+    journal.record_event(delayq, 0, "started", event)  # the thread takes it and waits
+    time.sleep(0.1)
+    journal.flush()  # what a test's cleanup calls before it deletes the store's keys
+    assert time.monotonic() - paused >= 0.45, "flush returned while the thread still wrote"
+    assert redis_client.xlen(shard.journal) == 1
