@@ -216,3 +216,21 @@ def test_testing_guide_example_passes_under_the_plugin(redis_db, tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
+
+
+def test_every_test_the_docs_name_exists():
+    """``tests/...py`` paths, ``tests/...py::test_name`` and bare `` `test_name` ``
+    references (`` `test_name...` ``: one that starts so) in README.md and docs/."""
+    tests = {path: path.read_text() for path in (ROOT / "tests").rglob("*.py")}
+    defined = {name for text in tests.values() for name in re.findall(r"def (test_\w+)\(", text)}
+    missing = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = page.read_text()
+        for match in re.finditer(r"tests/[\w/]+\.py(?:::(\w+))?", text):
+            path = ROOT / match.group(0).split("::")[0]
+            if path not in tests or (match.group(1) and match.group(1) not in defined):
+                missing.append(f"{page.name}: {match.group(0)}")
+        for name in re.findall(r"`(test_\w+?)(?:\[[^\]`]*\])?(?:\.\.\.)?`", text):
+            if not any(test.startswith(name) for test in defined):
+                missing.append(f"{page.name}: {name}")
+    assert missing == []
