@@ -58,6 +58,9 @@ class ShardKeys:
     owner: str
     counts: str
 
+    def __hash__(self) -> int:  # a dict key per job when scheduling: the number suffices
+        return self.shard
+
 
 #: The Redis type each key of a shard holds (``TYPE``); any other type means damage.
 KEY_TYPES = {"due": "zset", "inflight": "zset", "jobs": "hash", "bykey": "zset",
