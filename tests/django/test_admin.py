@@ -155,6 +155,14 @@ def test_reschedule_form_refuses_a_time_that_has_passed(admin_client, pending, s
     assert shop_delayq.get("order:1:close").due == pending["order:1:close"].due
 
 
+def test_reschedule_form_refuses_a_delay_past_any_date(admin_client, pending, shop_delayq):
+    response = _act(admin_client, "reschedule_tasks", "order:1:close", apply="Reschedule",
+                    delay_minutes="1e12")
+    assert response.status_code == 200
+    assert b"Ensure this value is less than or equal to" in response.content
+    assert shop_delayq.get("order:1:close").due == pending["order:1:close"].due
+
+
 def test_staff_without_action_permissions_sees_tasks_but_cannot_act(
         client, pending, shop_delayq):
     client.force_login(_staff())

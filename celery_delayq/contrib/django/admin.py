@@ -16,6 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince, timeuntil
 
 from celery_delayq import DelayQError
+from celery_delayq.conf import MAX_DELAY
 
 from . import operations
 from .chart import pending_chart
@@ -36,6 +37,7 @@ class RescheduleForm(forms.Form):
 
     delay_minutes = forms.FloatField(
         label="Delay from now (minutes)", required=False, min_value=0,
+        max_value=MAX_DELAY / 60,  # the store refuses more than delayq_max_delay itself
         help_text="e.g. 30 for half an hour from now")
     due_at = forms.DateTimeField(
         label="Or at (date and time)", required=False,
