@@ -37,6 +37,20 @@ def _pending(delayq: DelayQ) -> int:
     return sum(row["pending"] for row in delayq.store.stats())
 
 
+def _redis_cpu_s(app: Celery) -> float:
+    """CPU seconds redis-server has used so far (user + system)."""
+    cpu = DelayQ(app).store.client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def _measured(app: Celery, arm, *args) -> dict:
+    """Run an arm; add the Redis CPU it cost, per row in microseconds."""
+    before = _redis_cpu_s(app)
+    result = arm(app, *args)
+    result["redis_cpu_us_per_row"] = (_redis_cpu_s(app) - before) / result["rows"] * 1e6
+    return result
+
+
 def bulk_api(app: Celery, rows: int, chunk: int) -> dict:
     """``DelayQ.schedule_many`` in chunks from this process."""
     delayq = DelayQ(app)
@@ -113,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         app = _app(server.url, args.shards)
         flush = DelayQ(app).store.client.flushall
         print(f"bulk API: {args.rows:,} rows", flush=True)
-        results.append(bulk_api(app, args.rows, args.chunk))
+        results.append(_measured(app, bulk_api, args.rows, args.chunk))
         flush()
         print(f"spark {args.master}: {args.rows:,} rows", flush=True)
-        results.append(spark_arm(app, args.rows, args.master, args.partitions,
+        results.append(_measured(app, spark_arm, args.rows, args.master, args.partitions,
                                  args.batch_size))
     for result in results:
         if result["stored"] != args.rows:
@@ -124,9 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
 
-    print(f"\n{'arm':<48} {'rows':>10} {'seconds':>8} {'rows/s':>10}")
+    print(f"\n{'arm':<48} {'rows':>10} {'seconds':>8} {'rows/s':>10} {'redis us/row':>13}")
     for r in results:
-        print(f"{r['arm']:<48} {r['rows']:>10,} {r['seconds']:>8.1f} {r['rows_per_s']:>10,.0f}")
+        print(f"{r['arm']:<48} {r['rows']:>10,} {r['seconds']:>8.1f} {r['rows_per_s']:>10,.0f}"
+              f" {r['redis_cpu_us_per_row']:>13.1f}")
     print(f"(spark session start-up, not counted: {results[1]['spark_startup_s']:.1f}s)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
