@@ -363,7 +363,6 @@ class Carrier:
         self._direct = DirectRoutes(
             lists=[broker_queue(prefix, name) for name in routed],
             queues=[(name, self._queue(name)[1]) for name in routed],
-            default_queue=self.delayq.config.default_queue,
             origin=ORIGIN, repr_max=self.app.amqp.argsrepr_maxsize)
         logger.info("direct promotion into %s", ", ".join(routed))
 

@@ -7,6 +7,7 @@ this module: it imports only what the command group needs, and commands import t
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import sys
@@ -15,7 +16,7 @@ from datetime import datetime
 import click
 
 from .conf import SETTINGS
-from .errors import DelayQError, InvalidDelay
+from .errors import DelayQError, InvalidDelay, InvalidOption
 from .extension import DelayQ
 from .memory import eviction_problem
 from .reading import counted, datetime_of_ms
@@ -89,7 +90,7 @@ def carrier(ctx: click.Context, batch: int | None, lease: float | None,
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Pending, overdue, in-flight and dead jobs per shard."""
+    """Pending, overdue, paused, in-flight and dead jobs per shard."""
     try:
         rows = _delayq(ctx).store.stats()
     except DelayQError as exc:
@@ -97,14 +98,14 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows))
         return
-    click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'inflight':>8} {'dead':>6} "
-               f"{'journal':>8}  next due")
+    click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'paused':>8} {'inflight':>8} "
+               f"{'dead':>6} {'journal':>8}  next due")
     for row in rows:
         click.echo(f"{row['shard']:>5} {row['pending']:>9} {row['overdue']:>8} "
-                   f"{row['inflight']:>8} {row['dead']:>6} {row['journal']:>8}  "
-                   f"{_ms(row['next_due_ms'])}")
-    total = sum(row["pending"] for row in rows)
-    click.echo(f"total pending: {total}")
+                   f"{row['paused']:>8} {row['inflight']:>8} {row['dead']:>6} "
+                   f"{row['journal']:>8}  {_ms(row['next_due_ms'])}")
+    total, paused = (sum(row[name] for row in rows) for name in ("pending", "paused"))
+    click.echo(f"total pending: {total}" + (f" ({paused} held by a pause)" if paused else ""))
 
 
 @delayq.command()
@@ -130,6 +131,10 @@ def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None
     healthy = overdue <= max_overdue and age <= max_overdue_age and not problems and not damaged
     click.echo(f"{'ok' if healthy else 'unhealthy'}: {overdue} overdue jobs (max {max_overdue}), "
                f"oldest waiting {age:.1f}s (max {max_overdue_age:g}s)")
+    paused = sum(row["paused"] for row in rows)
+    if paused:
+        click.echo(f"paused: {counted(paused, 'due job')} held by a pause, not counted as "
+                   "overdue (`celery delayq paused` lists the pauses)")
     for problem in problems:
         click.echo(f"unsafe: {problem}")
     for row in damaged:
@@ -197,7 +202,8 @@ def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str
         click.echo("no pending jobs")
     for job in jobs:
         due = job.due.isoformat(timespec="milliseconds") if job.due else "-"
-        click.echo(f"{due}  {job.job_id}  {job.task}  key={job.key or '-'}  queue={job.queue}")
+        click.echo(f"{due}  {job.job_id}  {job.task}  key={job.key or '-'}  queue={job.queue}"
+                   + ("  (paused)" if job.paused else ""))
 
 
 def _json_or_text(value: str | None) -> object:
@@ -284,6 +290,61 @@ def run_now(ctx: click.Context, job_id: str, key: str | None) -> None:
     except DelayQError as exc:
         _fail(exc)
     _say_due(job_id, "now" if moved else None)
+
+
+@delayq.command()
+@click.option("--task", default=None, help="The task name, e.g. shop.tasks.check_refund.")
+@click.option("--queue", default=None, help="The queue name, e.g. refunds.")
+@click.pass_context
+def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
+    """Hold the due jobs of a task or a queue until `resume` (every carrier obeys it)."""
+    try:
+        _delayq(ctx).pause(task=task, queue=queue, by=_cli_user())
+    except InvalidOption as exc:
+        raise click.UsageError(str(exc)) from None
+    except DelayQError as exc:
+        _fail(exc)
+    click.echo(f"paused {'task ' + task if task else 'queue ' + str(queue)}: its due jobs "
+               "are held, pending, until you run `delayq resume` with the same option")
+
+
+@delayq.command()
+@click.option("--task", default=None, help="The task name.")
+@click.option("--queue", default=None, help="The queue name.")
+@click.pass_context
+def resume(ctx: click.Context, task: str | None, queue: str | None) -> None:
+    """End a pause: its held jobs are due again and promoted oldest first."""
+    try:
+        released = _delayq(ctx).resume(task=task, queue=queue, by=_cli_user())
+    except InvalidOption as exc:
+        raise click.UsageError(str(exc)) from None
+    except DelayQError as exc:
+        _fail(exc)
+    click.echo(f"resumed {'task ' + task if task else 'queue ' + str(queue)}: "
+               f"{counted(released, 'held job')} due again")
+
+
+@delayq.command()
+@click.pass_context
+def paused(ctx: click.Context) -> None:
+    """List the paused tasks and queues."""
+    try:
+        found = _delayq(ctx).paused()
+    except DelayQError as exc:
+        _fail(exc)
+    if not found["tasks"] and not found["queues"]:
+        click.echo("nothing is paused")
+    for kind in ("tasks", "queues"):
+        for name in found[kind]:
+            click.echo(f"{kind[:-1]} {name}")
+
+
+def _cli_user() -> str:
+    """Who ran the command, as the journal's ``by`` of a pause or resume."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no user name in this environment (a bare container)
+        return "cli"
 
 
 def _say_due(job_id: str, due: str | None) -> None:

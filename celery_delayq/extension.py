@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -13,7 +14,7 @@ from celery.result import AsyncResult, EagerResult
 from celery.utils.time import maybe_make_aware
 from vine import promise
 
-from . import journal, revoke, validation
+from . import journal, pausing, revoke, validation
 from .conf import DelayQConfig
 from .envelope import (
     Call,
@@ -27,12 +28,14 @@ from .envelope import (
 )
 from .errors import InvalidOption, JobExists
 from .publishing import Publishing, Sent
+from .reading import counted
 from .store import CancelOutcome, ScheduleCode, Store
 from .validation import Due
 
 if TYPE_CHECKING:
     from celery import Celery
 
+logger = logging.getLogger("celery_delayq")
 _ATTR = "_delayq"
 _create_lock = threading.Lock()
 
@@ -397,6 +400,33 @@ class DelayQ:
     def run_now(self, job_id: str, key: str | None = None) -> bool:
         """Make a pending job due now; False if it is no longer pending."""
         return self.reschedule(job_id, delay=0, key=key) is not None
+
+
+    # -- pausing -----------------------------------------------------------------------
+
+    def pause(self, *, task: str | None = None, queue: str | None = None,
+              by: str = "api") -> None:
+        """Hold the due jobs of a task or a queue (pass one) until :meth:`resume`; they
+        stay pending, listed, cancellable and reschedulable. Every carrier obeys it from
+        its next claim round; ``by`` (who did it) is journaled."""
+        field = pausing.field(task, queue)
+        self.store.pause(field, by)
+        logger.info("paused %s (by %s): its due jobs are held until resumed",
+                    field.replace(":", " ", 1), by)
+
+    def resume(self, *, task: str | None = None, queue: str | None = None,
+               by: str = "api") -> int:
+        """End a pause; its held jobs fall due again (the carrier promotes them oldest
+        first). Returns how many held jobs were given back."""
+        field = pausing.field(task, queue)
+        released = self.store.resume(field, by)
+        logger.info("resumed %s (by %s): %s given back", field.replace(":", " ", 1), by,
+                    counted(released, "held job"))
+        return released
+
+    def paused(self) -> dict[str, list[str]]:
+        """What is paused: ``{"tasks": [...], "queues": [...]}``."""
+        return pausing.listing(self.store.paused())
 
 
 def _from_ms(ms: float) -> datetime:

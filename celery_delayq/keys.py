@@ -15,6 +15,8 @@ journal entries.
     <prefix>:{N}:owner     STRING id of the carrier serving the shard, expires with its lease
     <prefix>:{N}:counts    HASH  task name -> jobs stored (pending or being promoted);
                            the field "" (never a task name) counts cancels
+    <prefix>:{N}:paused    HASH  "task:<name>" / "queue:<name>" -> who paused it and when
+                           (JSON), the same on every shard (see pausing.py)
     <prefix>:{N}:reserved:<job id>  STRING token of the producer scheduling that id (of
                            shard N's own, whatever its business key), expires by itself
     <prefix>:{N}:task:<task id>  STRING the job id of a job stored on shard N whose task
@@ -57,6 +59,7 @@ class ShardKeys:
     journal: str
     owner: str
     counts: str
+    paused: str
 
     def __hash__(self) -> int:  # a dict key per job when scheduling: the number suffices
         return self.shard
@@ -64,7 +67,8 @@ class ShardKeys:
 
 #: The Redis type each key of a shard holds (``TYPE``); any other type means damage.
 KEY_TYPES = {"due": "zset", "inflight": "zset", "jobs": "hash", "bykey": "zset",
-             "dead": "hash", "journal": "stream", "owner": "string", "counts": "hash"}
+             "dead": "hash", "journal": "stream", "owner": "string", "counts": "hash",
+             "paused": "hash"}
 
 
 class Keyspace:
@@ -91,6 +95,7 @@ class Keyspace:
             journal=f"{tag}:journal",
             owner=f"{tag}:owner",
             counts=f"{tag}:counts",
+            paused=f"{tag}:paused",
         )
 
     def shard(self, n: int) -> ShardKeys:

@@ -93,6 +93,8 @@ class StoreCollector:
         per_shard = {
             "delayq_pending_jobs": ("Jobs waiting for their due time.", "pending"),
             "delayq_overdue_jobs": ("Jobs due but not yet claimed by a carrier.", "overdue"),
+            "delayq_paused_jobs": ("Due jobs held by a pause of their task or queue (pending, "
+                                   "not overdue).", "paused"),
             "delayq_inflight_jobs": ("Jobs claimed and being published.", "inflight"),
             "delayq_dead_jobs": ("Dead-lettered jobs kept for replay.", "dead"),
             "delayq_unreadable_due_jobs": ("Pending jobs whose due score is no time (+-inf, "

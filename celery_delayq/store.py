@@ -13,7 +13,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cached_property
 from typing import Any, NamedTuple, cast
@@ -37,6 +37,7 @@ from .errors import (
 )
 from .keys import KEY_TYPES, Keyspace, ShardKeys, bykey_member, pack_id, raw_id, unpack_id
 from .memory import Headroom, Memory
+from .pausing import HELD_MAX, HELD_MIN, split_score
 from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
 from .reservation import Reservation, reserving
 from .scripts import SCRIPTS, Deferred, Script, execute
@@ -128,7 +129,6 @@ class DirectRoutes:
 
     lists: list[str]  # the broker's list of each queue
     queues: list[tuple[str, int]]  # (queue name, delivery mode) of each list
-    default_queue: str  # the queue of envelopes that name none
     origin: str  # the origin header
     repr_max: int  # longest argsrepr / kwargsrepr header
 
@@ -320,8 +320,8 @@ class Store:
                                   if reply[3 * offset] in (1, 2)])
         for chunk, reply in zip(owners, replies, strict=True):
             for offset, index in enumerate(chunk):
-                code, due_ms, existing = reply[3 * offset:3 * offset + 3]
-                results[index] = Scheduled(_CODES[code], due_ms, existing)
+                code, score, existing = reply[3 * offset:3 * offset + 3]
+                results[index] = Scheduled(_CODES[code], split_score(score)[0], existing)
         for index, found in moved.items():  # the new copy is stored: the old one goes
             self._cancel(found, "move", items[index][0].job_id, "replaced under another key")
         return cast("list[Scheduled]", results)  # every item has its outcome now
@@ -380,10 +380,11 @@ class Store:
             pipe = self.client.pipeline(transaction=False)
             pipe.hget(shard.jobs, call.stored_id)
             pipe.zscore(shard.due, call.stored_id)
-            envelope, due_ms = pipe.execute()
+            envelope, score = pipe.execute()
         if envelope is None:
             return None
         code = ScheduleCode.KEPT if if_exists == "keep" else ScheduleCode.CONFLICT
+        due_ms = split_score(score)[0]
         return Scheduled(code, -1 if due_ms is None else int(due_ms), envelope)
 
     def _refuse(self, failed: Exception, stored: list[str]) -> None:
@@ -496,15 +497,15 @@ class Store:
                 pipe.hget(shard.dead, stored)
             flat = pipe.execute()
         replies = [tuple(flat[n:n + 3]) for n in range(0, len(flat), 3)]
-        found = sorted((due_ms is None, raw is None, n) for n, (raw, due_ms, dead)
+        found = sorted((score is None, raw is None, n) for n, (raw, score, dead)
                        in enumerate(replies) if raw is not None or dead is not None)
         if not found:
             return None
         n = found[0][2]
-        (raw, due_ms, dead), shard = replies[n], shards[n]
+        (raw, score, dead), shard = replies[n], shards[n]
         if raw is not None:
-            state = "scheduled" if due_ms is not None else "claimed"
-            return Job.read(job_id, raw, due_ms, state, shard.shard, self.config.default_queue)
+            return self._job(job_id, raw, score, "scheduled" if score is not None else "claimed",
+                             shard)
         return Job.dead(job_id, _dead_letter(stored, dead, shard.shard)[0], shard.shard,
                         self.config.default_queue)
 
@@ -541,14 +542,19 @@ class Store:
                 pipe.zscore(shard.due, raw_id(stored))
             scored = [(i, s) for i, s in zip(ids, pipe.execute(), strict=True) if s is not None]
             return self._jobs_of(shard, scored, wanted, skipped)[:limit]
-        found: list[Job] = []
+        # held jobs (pausing.py) first: due already, they sort after every other score
+        held = cast("list[tuple[str, float]]", self.client.zrangebyscore(
+            shard.due, HELD_MIN, HELD_MAX, withscores=True))
+        found = self._jobs_of(shard, held, wanted, skipped)
         start = 0
         while len(found) < limit:
             chunk = cast("list[tuple[str, float]]", self.client.zrange(
                 shard.due, start, start + _SCAN_CHUNK - 1, withscores=True))
             if not chunk:
                 break
-            found.extend(self._jobs_of(shard, chunk, wanted, skipped))
+            found.extend(self._jobs_of(shard, [(stored, score) for stored, score in chunk
+                                               if not HELD_MIN <= score <= HELD_MAX],
+                                       wanted, skipped))
             start += _SCAN_CHUNK
         return found[:limit]
 
@@ -558,16 +564,22 @@ class Store:
             return []
         raws = self.client.hmget(shard.jobs, [raw_id(stored) for stored, _ in scored])
         jobs = []
-        for (stored, due_ms), raw in zip(scored, raws, strict=True):
+        for (stored, score), raw in zip(scored, raws, strict=True):
             job_id = job_id_of(stored)
-            job = Job.read(job_id or stored, raw, due_ms, "scheduled", shard.shard,
-                           self.config.default_queue)
+            job = self._job(job_id or stored, raw, score, "scheduled", shard)
             if job_id is None or job.unreadable:
                 skipped.add(f"job {stored!r} on shard {shard.shard}",
                             job.unreadable or "not a stored job id")
             elif wanted.matches(job):
                 jobs.append(job)
         return jobs
+
+    def _job(self, job_id: str, raw: Any, score: float | None, state: str,
+             shard: ShardKeys) -> Job:
+        """The job stored as ``raw`` with due score ``score`` (held or not)."""
+        due_ms, held = split_score(score)
+        job = Job.read(job_id, raw, due_ms, state, shard.shard, self.config.default_queue)
+        return replace(job, paused=True) if held else job
 
     def dead(self, limit: int = 100) -> list[dict[str, Any]]:
         """Dead-lettered jobs with their reason, newest first.
@@ -614,9 +626,10 @@ class Store:
         return code == 1
 
     def stats(self) -> list[dict[str, Any]]:
-        """Per-shard counts: pending, overdue, in flight, dead, journal length, next due,
-        and ``unreadable_due``: pending jobs whose due score is no time (±inf, after the year
-        9999), which ``next_due_ms`` passes over. ``damaged`` says which key of the shard
+        """Per-shard counts: pending, overdue, paused (held by a pause: pending, not overdue),
+        in flight, dead, journal length, next due, and ``unreadable_due``: pending jobs
+        whose due score is no time (±inf, after the year 9999), which ``next_due_ms``
+        passes over. ``damaged`` says which key of the shard
         holds the wrong type ("" when none); its counts are then 0.
 
         "Overdue" (due but not yet claimed) and ``now_ms`` follow Redis's clock.
@@ -632,17 +645,18 @@ class Store:
                 pipe.xlen(shard.journal)
                 pipe.zcount(shard.due, MIN_MS, MAX_MS)
                 self._head(pipe, shard)
+                pipe.zcount(shard.due, HELD_MIN, HELD_MAX)
             replies = pipe.execute(raise_on_error=False)
             damaged = self.damaged() if any(isinstance(r, Exception) for r in replies) else {}
         rows = []
         for shard in self.keys:
-            shard_replies, replies = replies[:7], replies[7:]
-            pending, overdue, inflight, dead, journal, readable, head = (
-                (0, 0, 0, 0, 0, 0, []) if shard.shard in damaged else shard_replies)
+            shard_replies, replies = replies[:8], replies[8:]
+            pending, overdue, inflight, dead, journal, readable, head, paused = (
+                (0, 0, 0, 0, 0, 0, [], 0) if shard.shard in damaged else shard_replies)
             rows.append({
                 "shard": shard.shard, "pending": pending, "overdue": overdue,
-                "inflight": inflight, "dead": dead, "journal": journal,
-                "unreadable_due": pending - readable,
+                "paused": paused, "inflight": inflight, "dead": dead, "journal": journal,
+                "unreadable_due": pending - readable - paused,
                 "next_due_ms": int(head[0][1]) if head else None, "now_ms": now_ms,
                 "damaged": damaged.get(shard.shard, ""),
             })
@@ -688,6 +702,33 @@ class Store:
         cancelled = tasks.pop("", 0)
         return {task: n for task, n in tasks.items() if n}, cancelled
 
+    # -- pausing -----------------------------------------------------------------------
+
+    def pause(self, field: str, by: str) -> None:
+        """Hold the due jobs of a task or queue (a ``pausing.field``) on every shard."""
+        self._pause_script("pause", field, by)
+
+    def resume(self, field: str, by: str) -> int:
+        """End a pause on every shard; returns how many held jobs were given back."""
+        return sum(self._pause_script("resume", field, by))
+
+    def _pause_script(self, action: str, field: str, by: str) -> list[int]:
+        calls = [(SCRIPTS["pause"], [s.paused, s.due, s.jobs, s.journal],
+                  [action, field, by, self._maxlen if s.shard == 0 else 0,
+                   self.config.default_queue, self.keys.wake_channel, s.shard])
+                 for s in self.keys]
+        with self.unavailable():
+            return execute(self.client, calls)
+
+    def paused(self) -> set[str]:
+        """The ``pausing.field`` of every pause (of any shard: one left by a pause that
+        failed part way is listed too)."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.hkeys(shard.paused)
+            return {name for names in pipe.execute() for name in names}
+
     # -- carrier side ------------------------------------------------------------------
 
     def claim(self, shards: list[ShardKeys], batch: int, lease_ms: int,
@@ -712,14 +753,14 @@ class Store:
 
     def _claim_calls(self, shards: list[ShardKeys], batch: int, lease_ms: int,
                      direct: DirectRoutes | None) -> list[tuple[Script, list[str], list[Any]]]:
-        lists, routes, origin, repr_max, default = [], [], "", 0, ""
+        lists, routes, origin, repr_max = [], [], "", 0
         if direct is not None:
             lists, routes = direct.lists, [value for route in direct.queues for value in route]
-            origin, repr_max, default = direct.origin, direct.repr_max, direct.default_queue
+            origin, repr_max = direct.origin, direct.repr_max
         return [(SCRIPTS["claim_due"],
-                 [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, *lists],
-                 [batch, lease_ms, self._maxlen, s.shard, origin, repr_max, default,
-                  self.config.max_nesting, *routes])
+                 [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, s.paused, *lists],
+                 [batch, lease_ms, self._maxlen, s.shard, origin, repr_max,
+                  self.config.default_queue, self.config.max_nesting, *routes])
                 for s in shards]
 
     def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:

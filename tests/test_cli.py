@@ -117,3 +117,36 @@ def test_without_an_app_the_cli_says_how_to_name_one(tmp_path):
                           capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items() if not k.startswith("CELERY")})
     assert done.returncode == 1 and "celery -A proj delayq" in done.stderr
+
+
+def test_pause_paused_health_stats_ls_and_resume_of_a_task(proj, delayq, spawn, redis_client):
+    code, output = run(spawn, "pause", "--task", proj.record.name)
+    assert code == 0 and f"paused task {proj.record.name}" in output
+    assert run(spawn, "paused") == (0, f"task {proj.record.name}\n")
+    proj.record.apply_delayed(args=("x",), eta=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                              job_id="held")
+    delayq.store.claim(list(delayq.store.keys), 10, 60_000)  # a carrier's round holds it
+
+    code, output = run(spawn, "health")
+    assert code == 0 and "ok: 0 overdue jobs" in output
+    assert "paused: 1 due job held by a pause" in output
+    code, output = run(spawn, "stats")
+    assert "total pending: 1 (1 held by a pause)" in output
+    code, output = run(spawn, "ls")
+    assert "held" in output and output.rstrip().endswith("(paused)")
+
+    code, output = run(spawn, "resume", "--task", proj.record.name)
+    assert (code, output.strip()) == (0, f"resumed task {proj.record.name}: 1 held job due "
+                                         "again")
+    assert run(spawn, "paused") == (0, "nothing is paused\n")
+    entries = [fields for shard in delayq.store.keys
+               for _, fields in delayq.store.client.xrange(shard.journal)
+               if fields["event"] in ("paused", "resumed")]
+    assert [e["by"] for e in entries] == [e["by"] for e in entries[:1]] * 2
+    assert entries[0]["by"].startswith("cli")
+
+
+def test_pause_without_or_with_both_options_is_a_usage_error(spawn, redis_client):
+    for args in ((), ("--task", "t", "--queue", "q")):
+        code, output = run(spawn, "pause", *args)
+        assert code == 2 and "pass exactly one of task=" in output

@@ -46,6 +46,21 @@ def test_scraped_metrics_move_as_jobs_are_scheduled_promoted_and_cancelled(proj,
     assert after["delayq_claim_batch_size_sum"] >= 5
     assert total(after, "delayq_redis_roundtrip_seconds_count") > 0
     assert after["delayq_oldest_overdue_seconds"] == 0
+    assert total(after, "delayq_paused_jobs") == 0
+
+
+def test_jobs_held_by_a_pause_are_scraped_as_paused_not_overdue(proj, delayq, spawn,
+                                                                redis_client):
+    port = free_port()
+    spawn("delayq", "carrier", "--metrics-port", str(port))
+    wait_for(lambda: _reachable(port), what="the metrics endpoint")
+    delayq.pause(queue="parked")
+    proj.record.apply_delayed_many([{"args": (i,), "delay": 0.1} for i in range(3)],
+                                   queue="parked")
+    wait_for(lambda: total(scrape(port), "delayq_paused_jobs") == 3, what="3 paused jobs")
+    after = scrape(port)
+    assert total(after, "delayq_overdue_jobs") == 0
+    assert after["delayq_oldest_overdue_seconds"] == 0
 
 
 def test_health_fails_when_due_jobs_wait_unclaimed(proj, spawn, redis_client):

@@ -15,7 +15,8 @@ KEYS[3]   jobs      HASH  job id -> envelope
 KEYS[4]   bykey     ZSET  business-key index
 KEYS[5]   journal   STREAM
 KEYS[6]   counts    HASH  task name -> jobs stored (pending or being promoted)
-KEYS[7..] the broker's message list of each queue open to direct promotion (none: off)
+KEYS[7]   paused    HASH  "task:<name>" / "queue:<name>" -> who paused it (pausing.py)
+KEYS[8..] the broker's message list of each queue open to direct promotion (none: off)
 
 ARGV[1]   batch size
 ARGV[2]   lease in ms
@@ -26,7 +27,7 @@ ARGV[6]   longest argsrepr / kwargsrepr header, in bytes
 ARGV[7]   the default queue (of envelopes that name none)
 ARGV[8]   delayq_max_nesting: args and kwargs with more brackets than this are claimed
           (the carrier decodes them; too deep, they are dead-lettered, never pushed)
-ARGV[9..] two values per KEYS[7..], in the same order: queue name, delivery mode
+ARGV[9..] two values per KEYS[8..], in the same order: queue name, delivery mode
 
 Returns {now ms, next due ms or -1, {due ms of each job promoted directly}, lease,
          id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs and
@@ -35,12 +36,16 @@ decimals, a token ack / recover / dead check, so an old copy's ack never takes t
 of the same id claimed again (after a replace) by this or another call.
 Job ids are stored packed (keys.pack_id); messages carry them unpacked.
 The next due time is that of the earliest job left on the due set.
+A due job of a paused task or queue is held instead (its score becomes HELD_BASE + due ms,
+see pausing.py): it stays pending, and the claim goes on past it.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
-local problem = damaged({1, 'zset', 2, 'zset', 3, 'hash', 4, 'zset', 5, 'stream', 6, 'hash'})
+-- include: held.lua
+local problem = damaged({1, 'zset', 2, 'zset', 3, 'hash', 4, 'zset', 5, 'stream', 6, 'hash',
+                         7, 'hash'})
 if problem then return redis.error_reply(problem) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -50,11 +55,30 @@ local repr_max = tonumber(ARGV[6])
 local max_nesting = tonumber(ARGV[8])
 
 local routes = {}
-for n = 7, #KEYS do
+for n = 8, #KEYS do
   local found = redis.call('TYPE', KEYS[n]).ok
   if found == 'list' or found == 'none' then  -- a damaged queue list: those jobs are claimed
-    routes[ARGV[2 * n - 5]] = {index = n, mode = tonumber(ARGV[2 * n - 4])}
+    routes[ARGV[2 * n - 7]] = {index = n, mode = tonumber(ARGV[2 * n - 6])}
   end
+end
+local paused = {}
+local flat = redis.call('HGETALL', KEYS[7])
+for i = 1, #flat, 2 do paused[flat[i]] = true end
+local pausing = #flat > 0
+local held_line = {}  -- first line -> whether a pause holds its jobs
+-- True when a pause holds the job (a readable due time only: a damaged one is claimed,
+-- and the carrier dead-letters it).
+local function hold(env, due)
+  if not pausing or not env then return false end
+  local d = tonumber(due)
+  if not d or d < HELD_MIN - HELD_BASE or d > HELD_MAX - HELD_BASE then return false end
+  local line = string.match(env, '^[^\n]*')
+  local found = held_line[line]
+  if found == nil then
+    found = held_by(paused, line, ARGV[7]) ~= nil
+    held_line[line] = found
+  end
+  return found
 end
 
 local function repr(text)
@@ -258,8 +282,12 @@ if #ids > 0 then
   local envelopes = each_chunk('HMGET', KEYS[3], names)
   for n, job_id in ipairs(names) do
     local due, env = ids[2 * n], envelopes[n]
-    local r, args, kwargs = plain(job_id, env, due)
-    if r then
+    local held = hold(env, due)
+    local r, args, kwargs
+    if not held then r, args, kwargs = plain(job_id, env, due) end
+    if held then
+      redis.call('ZADD', KEYS[1], HELD_BASE + tonumber(due), job_id)
+    elseif r then
       local fields = r.fields
       local queue = r.index
       pushed[queue] = pushed[queue] or {}

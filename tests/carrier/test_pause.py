@@ -1,0 +1,169 @@
+"""Pausing a task or a queue: its due jobs are held, pending, until it is resumed."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from celery_delayq.carrier import Carrier
+from celery_delayq.errors import InvalidOption
+from tests.conftest import CLUSTER, PROMOTIONS, store_keys, wait_for
+
+PAST = datetime(2026, 1, 1, tzinfo=timezone.utc)
+PARKED = "parked.pause"  # no worker consumes it
+
+
+def labels(proj) -> list[str]:
+    return [run["label"] for run in proj.runs()]
+
+
+def serve_once(app) -> None:
+    """One carrier round over every shard, then the shards go back."""
+    carrier = Carrier(app)
+    carrier.run_once()
+    carrier.close()
+
+
+@pytest.mark.parametrize("carrier", PROMOTIONS, indirect=True)
+def test_a_paused_task_waits_pending_listed_cancellable_reschedulable_until_resumed(
+        proj, delayq, worker, carrier):
+    delayq.pause(task=proj.record.name, by="test")
+    held = [proj.record.apply_delayed(args=(f"held-{n}",), eta=PAST + timedelta(seconds=n),
+                                      job_id=f"held-{n}") for n in range(3)]
+    assert proj.flaky.apply_delayed(args=("other task", 0), delay=0.2).get(timeout=15)
+
+    wait_for(lambda: sum(row["paused"] for row in delayq.store.stats()) == 3,
+             what="3 held jobs")
+    assert labels(proj) == ["other task"]
+    pending = delayq.pending(task=proj.record.name)
+    assert [(job.job_id, job.paused, job.due) for job in pending] == [
+        (f"held-{n}", True, PAST + timedelta(seconds=n)) for n in range(3)]
+    assert delayq.get("held-0").state == "scheduled" and delayq.get("held-0").paused
+    assert held[0].cancel() is True
+    later = delayq.reschedule("held-1", delay=3600)
+    assert later is not None and not delayq.get("held-1").paused
+
+    assert delayq.resume(task=proj.record.name, by="test") == 1
+    wait_for(lambda: "held-2" in labels(proj), what="the held job to run once resumed")
+    assert delayq.get("held-1").due == later  # rescheduled: still waiting for its new time
+    assert sorted(labels(proj)) == ["held-2", "other task"]
+
+
+def test_resume_promotes_the_held_jobs_oldest_due_first(proj, app, delayq, redis_client):
+    """(Of one shard: one business key keeps them together; each claim round takes the
+    oldest of every shard.)"""
+    delayq.pause(queue=PARKED)
+    for n in (3, 1, 4, 0, 2):
+        proj.record.apply_delayed(args=(f"job-{n}",), eta=PAST + timedelta(minutes=n),
+                                  queue=PARKED, job_id=f"job-{n}", key="order:1")
+    serve_once(app)
+    assert redis_client.llen(PARKED) == 0
+    assert sum(row["paused"] for row in delayq.store.stats()) == 5
+
+    assert delayq.resume(queue=PARKED) == 5
+    serve_once(app)
+    bodies = [json.loads(m)["headers"]["delayq_job"]
+              for m in reversed(redis_client.lrange(PARKED, 0, -1))]
+    assert bodies == [f"job-{n}" for n in range(5)]
+
+
+def test_every_carrier_obeys_a_pause_from_its_next_claim_round(proj, app, delayq, worker):
+    carriers = [Carrier(app) for _ in range(2)]
+    threads = [threading.Thread(target=c.run, daemon=True) for c in carriers]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: all(c._shards for c in carriers), what="both carriers to own shards")
+        delayq.pause(task=proj.record.name, by="test")
+        for n in range(16):  # ids spread over every shard, so over both carriers
+            proj.record.apply_delayed(args=(f"held-{n}",), delay=0.1, job_id=f"held-{n}")
+            proj.flaky.apply_delayed(args=(f"free-{n}", 0), delay=0.1, job_id=f"free-{n}")
+        wait_for(lambda: len(proj.runs()) == 16, what="the 16 jobs of the other task")
+        wait_for(lambda: sum(row["paused"] for row in delayq.store.stats()) == 16,
+                 what="16 held jobs")
+        assert not [label for label in labels(proj) if label.startswith("held")]
+    finally:
+        for c in carriers:
+            c.stop()
+        for thread in threads:
+            thread.join(10)
+
+
+def test_pause_and_resume_are_journaled_with_who_did_it(delayq):
+    delayq.pause(queue="refunds", by="cli:alice")
+    assert delayq.paused() == {"tasks": [], "queues": ["refunds"]}
+    delayq.resume(queue="refunds", by="admin:bob")
+    assert delayq.paused() == {"tasks": [], "queues": []}
+    entries = [fields for shard in delayq.store.keys
+               for _, fields in delayq.store.client.xrange(shard.journal)]
+    assert entries == [{"event": "paused", "queue": "refunds", "by": "cli:alice"},
+                       {"event": "resumed", "queue": "refunds", "by": "admin:bob"}]
+
+
+@pytest.mark.parametrize("arguments", [
+    {}, {"task": "a", "queue": "b"}, {"task": ""}, {"queue": 7}, {"task": "line\nbreak"},
+])
+def test_pause_of_nothing_or_of_two_things_is_refused_and_writes_nothing(delayq, arguments):
+    with pytest.raises(InvalidOption, match=r"task=|queue="):
+        delayq.pause(**arguments)
+    with pytest.raises(InvalidOption, match=r"task=|queue="):
+        delayq.resume(**arguments)
+    assert store_keys(delayq) == []
+
+
+def test_a_held_job_keeps_its_due_time_for_keep_replace_and_error(proj, app, delayq):
+    delayq.pause(task=proj.record.name)
+    proj.record.apply_delayed(args=("first",), eta=PAST, job_id="same")
+    serve_once(app)
+    kept = proj.record.apply_delayed(args=("second",), delay=60, job_id="same")
+    assert kept.eta == PAST and delayq.get("same").args == ["first"]
+    replaced = proj.record.apply_delayed(args=("third",), delay=60, job_id="same",
+                                         if_exists="replace")
+    job = delayq.get("same")
+    assert job.args == ["third"] and not job.paused and job.due == replaced.eta
+
+
+@pytest.mark.skipif(CLUSTER, reason="checks the shard keys of a single Redis")
+def test_a_held_job_with_a_damaged_due_score_is_claimed_to_be_dead_lettered(
+        proj, app, delayq, redis_client):
+    delayq.pause(task=proj.record.name)
+    proj.record.apply_delayed(args=("x",), eta=PAST, job_id="odd")
+    shard = delayq.store.keys.shard_for("odd")
+    redis_client.zadd(shard.due, {"odd": float("-inf")})
+    serve_once(app)
+    assert delayq.store.dead() and delayq.store.dead()[0]["job_id"] == "odd"
+
+
+TASKS = st.sampled_from(["tests.proj.record", "tests.proj.flaky"])
+QUEUES = st.sampled_from(["parked.a", "parked.b"])
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(jobs=st.lists(st.tuples(TASKS, QUEUES, st.integers(0, 10_000)), min_size=1,
+                     max_size=30),
+       paused_tasks=st.sets(TASKS), paused_queues=st.sets(QUEUES))
+def test_a_claim_takes_exactly_the_due_jobs_nothing_paused_holds(
+        delayq, redis_client, jobs, paused_tasks, paused_queues):
+    for key in store_keys(delayq):
+        delayq.store.client.delete(key)
+    for task in paused_tasks:
+        delayq.pause(task=task)
+    for queue in paused_queues:
+        delayq.pause(queue=queue)
+    for n, (task, queue, ms) in enumerate(jobs):
+        delayq.schedule(task, (n,), eta=PAST + timedelta(milliseconds=ms), queue=queue,
+                        job_id=f"job-{n}")
+    free = {f"job-{n}" for n, (task, queue, _) in enumerate(jobs)
+            if task not in paused_tasks and queue not in paused_queues}
+
+    claims = delayq.store.claim(list(delayq.store.keys), 1000, 60_000)
+    assert {job.job_id for claim in claims for job in claim.jobs} == free
+    held = delayq.pending(limit=1000)
+    assert {job.job_id for job in held} == {f"job-{n}" for n in range(len(jobs))} - free
+    assert all(job.paused for job in held)
