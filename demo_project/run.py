@@ -5,7 +5,8 @@ SQLite database, creates the user ``admin`` with a new random password printed o
 starts the processes, seeds a few orders and refunds (into an empty shop only: a later
 start adds none) and serves the admin on http://127.0.0.1:8000/admin/ until Ctrl-C.
 ``--smoke`` runs everything on free ports with short timeouts, checks that an unpaid order
-closes, two with long timeouts stay pending and the admin answers, and exits.
+closes, two with long timeouts stay pending, the refund check on the paused queue is held
+until resumed and the admin answers (showing the pause), and exits.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ class Demo:
     def start_processes(self) -> None:
         (self.data / "logs").mkdir(parents=True, exist_ok=True)
         celery = ("-m", "celery", "-A", "demo_project.celery_app")
+        # the default queue, and "refunds" (seed_demo.PAUSED) once the seed's pause ends
         self.spawn("worker", *celery, "worker", "--pool", "threads", "--concurrency", "4",
-                   "--loglevel", "INFO")
+                   "--queues", "celery,refunds", "--loglevel", "INFO")
         self.spawn("carrier", *celery, "delayq", "carrier")
         self.spawn("sync", "-m", "django", "delayq_sync")
         self.spawn("web", "-m", "django", "runserver", f"127.0.0.1:{self.port}", "--noreload")
@@ -144,11 +146,14 @@ def admin_page(base: str, user: str, password: str, path: str) -> str:
 
 def smoke_check(base: str, user: str, password: str, timeout: float = 60.0) -> None:
     """The seeded order on ``SHOP_ORDER_TIMEOUT`` closes, the two with long timeouts stay
-    pending, paid ones stay paid, refunds get decided, and the admin lists the mirrored
-    tasks."""
+    pending, paid ones stay paid, two refunds get decided, the admin lists the mirrored
+    tasks under the banner of the paused queue whose refund check it holds, and that refund
+    is decided once the queue is resumed."""
+    from shop.management.commands.seed_demo import PAUSED
     from shop.models import Order, Refund
 
     from celery_delayq.contrib.django.models import DelayedTask
+    from demo_project.celery_app import delayq
 
     deadline = time.monotonic() + timeout
     while True:
@@ -162,12 +167,23 @@ def smoke_check(base: str, user: str, password: str, timeout: float = 60.0) -> N
             raise RuntimeError(f"after {timeout:g} s: {closed}/1 orders closed, {decided}/2 "
                                f"refunds decided, {mirrored}/1 timeouts mirrored as succeeded")
         time.sleep(0.3)
-    assert Order.objects.filter(status=Order.Status.PAID).count() == 2, "a paid order closed"
+    assert Order.objects.filter(status=Order.Status.PAID).count() == 3, "a paid order closed"
     assert Order.objects.filter(status=Order.Status.UNPAID).count() == 2, "an order closed early"
     assert DelayedTask.objects.pending().filter(task="shop.tasks.close_unpaid_order").count() == 2
+    [held] = [job for job in delayq.pending(task="shop.tasks.check_refund_status")
+              if job.queue == PAUSED]
+    assert held.paused, f"the check on the paused queue is due but not held: {held}"
     html = admin_page(base, user, password, "/admin/delayq/delayedtask/")
     assert "close_unpaid_order" in html and "check_refund_status" in html, html[:500]
-    print(f"smoke: ok ({closed} orders closed on time, {decided} refunds decided, admin lists "
+    assert 'class="delayq-paused"' in html and f"queue <code>{PAUSED}</code>" in html, html[:500]
+    released = delayq.resume(queue=PAUSED, by="smoke check")
+    while Refund.objects.exclude(status=Refund.Status.REQUESTED).count() < 3:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"after {timeout:g} s: the refund held by the pause of {PAUSED} "
+                               f"was not decided once resumed ({released} released)")
+        time.sleep(0.3)
+    print(f"smoke: ok ({closed} orders closed on time, {decided} refunds decided, 1 held by "
+          f"the pause of {PAUSED} until resumed, admin lists "
           f"{DelayedTask.objects.count()} delayed tasks)", flush=True)
 
 

@@ -48,17 +48,21 @@ def refund_gap(attempt: int) -> float:
     return gaps[min(attempt, len(gaps) - 1)]
 
 
-def schedule_check(refund: Refund, attempt: int) -> None:
+def schedule_check(refund: Refund, attempt: int, queue: str | None = None) -> None:
+    """Check ``refund`` after the gap of ``attempt``, on ``queue`` (default: the default
+    queue)."""
     check_refund_status.apply_delayed(
         args=(refund.pk, attempt), delay=refund_gap(attempt), key=refund.key,
-        job_id=f"{refund.key}:check:{attempt}")
+        job_id=f"{refund.key}:check:{attempt}", queue=queue)
 
 
-def request_refund(order: Order, amount: Decimal | str,
-                   answers_after: int | None = None) -> Refund:
+def request_refund(order: Order, amount: Decimal | str, answers_after: int | None = None,
+                   queue: str | None = None) -> Refund:
+    """Request a refund; its first status check goes to ``queue`` (default: the default
+    queue), later ones to the default queue."""
     with transaction.atomic():
         refund = Refund.objects.create(
             order=order, amount=Decimal(amount),
             provider_answers_after=answers_after or random.randint(2, 4))
-        schedule_check(refund, 0)
+        schedule_check(refund, 0, queue)
     return refund

@@ -1,15 +1,27 @@
-"""The delayed-task admin through Django's test client: list, detail, actions, permissions."""
+"""The delayed-task admin through Django's test client: list, detail, actions, permissions,
+pause / resume and the banner while anything is paused."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+from celery import Celery
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
+from celery_delayq import DelayQ
 from celery_delayq.contrib.django.models import DelayedTask
+from celery_delayq.testing.redis_server import RedisServer
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CHANGELIST = "admin:delayq_delayedtask_changelist"
+REFUND_CHECK, ORDER_TIMEOUT = "shop.tasks.check_refund_status", "shop.tasks.close_unpaid_order"
+NOTHING_PAUSED = {"tasks": [], "queues": []}
+
+#: The app the Django app works with when a test points settings.DELAYQ_CELERY_APP here.
+project_app: Celery | None = None
 
 
 @pytest.fixture
@@ -170,11 +182,12 @@ def test_staff_without_action_permissions_sees_tasks_but_cannot_act(
     assert response.status_code == 200
     assert response.context["cl"].result_count == 3
     assert 'name="action"' not in response.content.decode(), "no actions offered"
-    for action in ("cancel_tasks", "run_now", "reschedule_tasks"):
+    for action in ("cancel_tasks", "run_now", "reschedule_tasks", "pause_tasks"):
         _act(client, action, "order:1:close", apply="Reschedule", delay_minutes="1")
     job = shop_delayq.get("order:1:close")
     assert job is not None and job.due == pending["order:1:close"].due, "nothing happened"
     assert DelayedTask.objects.get(job_id="order:1:close").state == "scheduled"
+    assert shop_delayq.paused() == NOTHING_PAUSED
 
 
 def test_each_action_needs_its_own_permission(client, pending, shop_delayq):
@@ -183,6 +196,7 @@ def test_each_action_needs_its_own_permission(client, pending, shop_delayq):
                .fields["action"].choices]
     assert "cancel_tasks" in choices
     assert "run_now" not in choices and "reschedule_tasks" not in choices
+    assert "pause_tasks" not in choices and "resume_tasks" not in choices
     _act(client, "run_now", "order:1:close")
     assert shop_delayq.get("order:1:close").due == pending["order:1:close"].due
     _act(client, "cancel_tasks", "order:1:close")
@@ -192,3 +206,156 @@ def test_each_action_needs_its_own_permission(client, pending, shop_delayq):
 def test_staff_without_view_permission_gets_no_list(client, pending):
     client.force_login(User.objects.create_user("intern", password="x", is_staff=True))
     assert client.get(reverse(CHANGELIST)).status_code == 403
+
+
+# -- pause and resume ------------------------------------------------------------------
+
+
+def _page(client, name: str = CHANGELIST, *args) -> str:
+    response = client.get(reverse(name, args=args))
+    assert response.status_code == 200
+    return response.content.decode().replace("\xa0", " ")
+
+
+def _journaled(delayq: DelayQ, event: str) -> list[dict[str, str]]:
+    return [fields for shard in delayq.store.keys
+            for _, fields in delayq.store.read_journal(shard) if fields.get("event") == event]
+
+
+def test_pause_action_pauses_each_task_of_the_selection_once_and_journals_the_admin_user(
+        admin_client, pending, shop_delayq):
+    response = _act(admin_client, "pause_tasks", "order:1:close", "order:2:close",
+                    "refund:3:check:0")
+    assert _messages(response) == [
+        f"Paused {REFUND_CHECK}: its due tasks wait until it is resumed.",
+        f"Paused {ORDER_TIMEOUT}: its due tasks wait until it is resumed."]
+    assert shop_delayq.paused() == {"tasks": [REFUND_CHECK, ORDER_TIMEOUT], "queues": []}
+    assert sorted((f["task"], f["by"]) for f in _journaled(shop_delayq, "paused")) == [
+        (REFUND_CHECK, "admin:admin"), (ORDER_TIMEOUT, "admin:admin")]
+
+
+def test_pausing_a_paused_task_again_changes_nothing_and_says_so(
+        admin_client, pending, shop_delayq):
+    shop_delayq.pause(task=ORDER_TIMEOUT, by="ops")
+    response = _act(admin_client, "pause_tasks", "order:1:close")
+    assert _messages(response) == [f"{ORDER_TIMEOUT} was already paused"]
+    assert [f["by"] for f in _journaled(shop_delayq, "paused")] == ["ops"]
+
+
+def test_resume_action_releases_the_held_tasks_and_says_how_many(
+        admin_client, pending, shop_delayq, shop_carrier):
+    _act(admin_client, "pause_tasks", "refund:3:check:0")
+    _act(admin_client, "run_now", "refund:3:check:0")
+    wait_for(lambda: (job := shop_delayq.get("refund:3:check:0")) and job.paused,
+             what="the carrier holding the due refund check")
+    assert ", held by a pause" in _page(admin_client)
+
+    response = _act(admin_client, "resume_tasks", "refund:3:check:0")
+    assert _messages(response) == [
+        f"Resumed {REFUND_CHECK}: 1 held task released, due now (oldest first)."]
+    assert shop_delayq.paused() == NOTHING_PAUSED
+    assert ", held by a pause" not in _page(admin_client)
+    wait_for(lambda: shop_delayq.get("refund:3:check:0") is None,
+             what="the carrier promoting the released refund check")
+    assert [f["by"] for f in _journaled(shop_delayq, "resumed")] == ["admin:admin"]
+
+
+def test_resuming_a_task_that_is_not_paused_names_its_paused_queue_and_the_command(
+        admin_client, pending, shop_delayq):
+    queue = pending["refund:3:check:0"].queue
+    shop_delayq.pause(queue=queue, by="ops")
+    response = _act(admin_client, "resume_tasks", "refund:3:check:0")
+    assert _messages(response) == [
+        f"{REFUND_CHECK} was not paused, but its queue {queue} is: resume with "
+        f"`celery -A demo_project.celery_app:app delayq resume --queue {queue}`"]
+    assert shop_delayq.paused() == {"tasks": [], "queues": [queue]}
+
+
+def test_banner_shows_what_is_paused_on_list_and_detail_and_goes_after_resume(
+        admin_client, pending, shop_delayq):
+    assert 'class="delayq-paused"' not in _page(admin_client)
+    shop_delayq.pause(task=REFUND_CHECK, by="ops")
+    shop_delayq.pause(queue="refunds", by="ops")
+
+    listed = _page(admin_client)
+    assert 'class="delayq-paused"' in listed
+    assert f"task <code>{REFUND_CHECK}</code>, queue <code>refunds</code>" in listed
+    assert "the action “Resume the task of the selected rows” below" in listed
+    assert (f"celery -A demo_project.celery_app:app delayq resume --task {REFUND_CHECK}\n"
+            "celery -A demo_project.celery_app:app delayq resume --queue refunds") in listed
+    detail = _page(admin_client, "admin:delayq_delayedtask_change",
+                   pending["order:1:close"].pk)
+    assert f"task <code>{REFUND_CHECK}</code>, queue <code>refunds</code>" in detail
+    assert "Resume the task of the selected rows" not in detail, "no actions on that page"
+
+    _act(admin_client, "resume_tasks", "refund:3:check:0")
+    shop_delayq.resume(queue="refunds", by="ops")
+    assert 'class="delayq-paused"' not in _page(admin_client)
+
+
+def test_staff_with_the_pause_permission_may_pause_and_resume_and_nothing_else(
+        client, pending, shop_delayq):
+    client.force_login(_staff("pause_delayedtask"))
+    choices = [c[0] for c in client.get(reverse(CHANGELIST)).context["action_form"]
+               .fields["action"].choices]
+    assert {"pause_tasks", "resume_tasks"} <= set(choices)
+    assert not {"cancel_tasks", "run_now", "reschedule_tasks"} & set(choices)
+    _act(client, "pause_tasks", "order:1:close")
+    assert shop_delayq.paused()["tasks"] == [ORDER_TIMEOUT]
+    assert [f["by"] for f in _journaled(shop_delayq, "paused")] == ["admin:support"]
+    _act(client, "resume_tasks", "order:1:close")
+    assert shop_delayq.paused() == NOTHING_PAUSED
+
+
+def test_staff_without_the_pause_permission_cannot_resume_and_sees_only_the_command(
+        client, pending, shop_delayq):
+    shop_delayq.pause(task=ORDER_TIMEOUT, by="ops")
+    client.force_login(_staff("cancel_delayedtask"))
+    page = _page(client)
+    assert f"task <code>{ORDER_TIMEOUT}</code>" in page and "delayq resume --task" in page
+    assert "Resume the task of the selected rows" not in page
+    _act(client, "resume_tasks", "order:1:close")
+    assert shop_delayq.paused()["tasks"] == [ORDER_TIMEOUT], "a forged POST resumes nothing"
+
+
+@pytest.fixture
+def store_gone_down(pending, shop_delayq, settings, monkeypatch):
+    """The project's store paused a task, then its redis-server stopped (the rows of
+    ``pending`` stay in the database)."""
+    with RedisServer() as server:
+        app = Celery("gone", broker="redis://127.0.0.1:1/0", set_as_current=False)
+        app.conf.update(delayq_redis_url=f"{server.url}/0", delayq_redis_retries=1,
+                        delayq_redis_socket_timeout=0.5)
+        delayq = DelayQ(app)
+        delayq.pause(task=ORDER_TIMEOUT, by="ops")
+        server.stop()
+        monkeypatch.setattr(sys.modules[__name__], "project_app", app)
+        settings.DELAYQ_CELERY_APP = f"{__name__}:project_app"
+        yield delayq
+        delayq.store.close()
+
+
+def test_pages_render_without_banner_but_with_a_warning_while_redis_is_down(
+        admin_client, store_gone_down):
+    response = admin_client.get(reverse(CHANGELIST))
+    assert response.status_code == 200 and response.context["cl"].result_count == 3
+    assert 'class="delayq-paused"' not in response.content.decode()
+    [warning] = response.context["messages"]
+    assert warning.level_tag == "warning"
+    assert str(warning).startswith("What is paused is unknown (no banner): Redis could not "
+                                   f"say: Redis at {store_gone_down.store.config.redis_url} "
+                                   "is unavailable")
+    row = DelayedTask.objects.get(job_id="order:1:close")
+    detail = admin_client.get(reverse("admin:delayq_delayedtask_change", args=[row.pk]))
+    assert detail.status_code == 200 and "What is paused is unknown" in _messages(detail)[0]
+
+
+def test_pause_and_resume_while_redis_is_down_give_an_error_message_not_a_500(
+        admin_client, store_gone_down):
+    for action in ("pause_tasks", "resume_tasks"):
+        response = _act(admin_client, action, "order:1:close")
+        assert response.status_code == 200
+        error, warning = response.context["messages"]  # the action's, the list page's
+        assert error.level_tag == "error" and str(error).startswith(
+            "error: nothing done, Redis could not say what is paused: Redis at")
+        assert warning.level_tag == "warning"

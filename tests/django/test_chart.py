@@ -114,6 +114,7 @@ def test_counts_pending_rows_per_local_hour_and_task_in_one_query():
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("shop_delayq")  # the page reads what is paused
 def test_changelist_shows_the_chart_with_the_counts_of_pending_rows(admin_client):
     now = timezone.now()
     two_hours_on = (now + timedelta(hours=2)).replace(minute=10, second=0, microsecond=0)
@@ -135,6 +136,7 @@ def test_changelist_shows_the_chart_with_the_counts_of_pending_rows(admin_client
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("shop_delayq")  # the page reads what is paused
 def test_changelist_chart_follows_the_lists_filters(admin_client):
     now = timezone.now()
     _row("order:1", CLOSE, now + timedelta(hours=2))
@@ -145,6 +147,7 @@ def test_changelist_chart_follows_the_lists_filters(admin_client):
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("shop_delayq")  # the page reads what is paused
 def test_changelist_without_pending_work_says_so(admin_client):
     html = admin_client.get(reverse(CHANGELIST)).content.decode()
     assert EMPTY_MESSAGE in html and "The numbers" not in html

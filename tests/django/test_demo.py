@@ -15,4 +15,5 @@ def test_demo_smoke_mode_runs_the_whole_shop_and_stops_cleanly():
     assert done.returncode == 0, out[-3000:]
     assert "smoke: ok" in out and "password: " in out
     assert out.count("password: ") == 1, "the admin password is printed once"
-    assert out.rstrip().endswith("stopped."), out[-1000:]
+    assert done.stdout.rstrip().endswith("stopped."), out[-1000:]  # stderr: the logs
+    assert "1 held by the pause of refunds until resumed" in out

@@ -93,6 +93,7 @@ def test_admin_pages_actions_checks_and_logs_never_show_the_store_password(
             _act(admin_client, "run_now", "remind:1"),
             _act(admin_client, "reschedule_tasks", "remind:1", apply="Reschedule",
                  delay_minutes="5"),
+            _act(admin_client, "pause_tasks", "remind:1"),
         ]
         out = io.StringIO()
         call_command("check", "--deploy", stdout=out, stderr=out)
@@ -100,8 +101,13 @@ def test_admin_pages_actions_checks_and_logs_never_show_the_store_password(
             call_command("delayq_reconcile", stdout=out, stderr=out)
         with pytest.raises(DelayQError) as sync_failed:
             call_command("delayq_sync", "--once", stdout=out, stderr=out)
-    messages = [str(m) for e in errors for m in e.context["messages"]]
-    assert len(messages) == 3 and all(m.startswith("error: Redis at") for m in messages)
+    messages = [(m.level_tag, str(m)) for e in errors for m in e.context["messages"]]
+    # each action's error, then the list page's warning that it cannot show what is paused
+    assert [level for level, _ in messages] == ["error", "warning"] * 4
+    assert all(m.startswith(("error: Redis at", "What is paused is unknown (no banner): "
+                             "Redis could not say: Redis at",
+                             "error: nothing done, Redis could not say what is paused: "
+                             "Redis at")) for _, m in messages)
     assert "delayq.W002" in out.getvalue() and "remind:2: Redis at" in out.getvalue()
     out.write(f"{sync_failed.value}\n{sync_failed.value.__cause__!r}")
     printed += [e.content.decode() for e in errors] + [out.getvalue(), caplog.text]

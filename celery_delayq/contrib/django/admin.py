@@ -1,4 +1,5 @@
-"""Admin pages of delayed tasks: list, filter, read-only detail, cancel / run now / reschedule."""
+"""Admin pages of delayed tasks: list, filter, read-only detail, cancel / run now / reschedule,
+pause / resume the selected rows' tasks and a banner while anything is paused."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from celery_delayq.conf import MAX_DELAY
 from . import operations
 from .chart import pending_chart
 from .models import DelayedTask, State
+from .runtime import delayq as project_delayq
+from .runtime import resume_command
 
 logger = logging.getLogger("celery_delayq.contrib.django.admin")
 
@@ -30,6 +33,7 @@ _BADGE_COLOURS = {
     State.DEAD: "#000",
 }
 _LISTED_IDS = 10
+_NO_BANNER = "What is paused is unknown (no banner): Redis could not say"
 
 
 class RescheduleForm(forms.Form):
@@ -73,7 +77,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     date_hierarchy = "due"
     search_fields = ("key", "job_id", "task_id", "args", "kwargs")
     search_help_text = "A business key, job id or task id, or a value it was called with."
-    actions = ("cancel_tasks", "run_now", "reschedule_tasks")
+    actions = ("cancel_tasks", "run_now", "reschedule_tasks", "pause_tasks", "resume_tasks")
     list_per_page = 50
     fieldsets = (
         (None, {"fields": ("job_id", "task", "key", "state_badge", "due", "due_in", "queue",
@@ -87,12 +91,47 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     # -- read-only pages ---------------------------------------------------------------
 
     def changelist_view(self, request, extra_context=None):
-        """The changelist, with a chart of the listed rows' pending work in the next 24 h."""
+        """The changelist, with a chart of the listed rows' pending work in the next 24 h
+        and, while anything is paused, a banner saying what (due rows it holds say so)."""
         response = super().changelist_view(request, extra_context)
         context = getattr(response, "context_data", None) or {}
         if "cl" in context:  # not a redirect or an action's own page
             context["delayq_chart"] = pending_chart(context["cl"].queryset)
+            paused = self._paused(request)
+            context["delayq_paused"] = self._banner(request, paused, with_actions=True)
+            if paused:
+                _mark_held(context["cl"].result_list, paused)
         return response
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The read-only detail, with the banner while anything is paused."""
+        response = super().change_view(request, object_id, form_url, extra_context)
+        context = getattr(response, "context_data", None)
+        if context is not None:  # not a redirect (a row that is gone)
+            paused = self._paused(request)
+            context["delayq_paused"] = self._banner(request, paused, with_actions=False)
+        return response
+
+    def _paused(self, request, failure=_NO_BANNER) -> dict[str, list[str]] | None:
+        """What is paused (one Redis read); None when Redis cannot say, and ``failure``
+        says so (a warning, or an error if it starts with "error")."""
+        try:
+            return project_delayq().paused()
+        except DelayQError as exc:
+            logger.warning("%s: %s", failure, exc)
+            self.message_user(request, f"{failure}: {exc}", level=_level(False, failure))
+            return None
+
+    def _banner(self, request, paused, with_actions: bool) -> dict | None:
+        """The banner's context: what is paused and how to resume it (the resume action
+        too, on a page that offers it); None if nothing is."""
+        if not paused or not (paused["tasks"] or paused["queues"]):
+            return None
+        held = [(kind, name) for kind in ("task", "queue") for name in paused[f"{kind}s"]]
+        return {"held": held,
+                "commands": [resume_command(kind, name) for kind, name in held],
+                "action": with_actions and bool(paused["tasks"])
+                and self.has_pause_permission(request)}
 
     def has_add_permission(self, request):
         return False
@@ -111,6 +150,9 @@ class DelayedTaskAdmin(admin.ModelAdmin):
 
     def has_reschedule_permission(self, request):
         return request.user.has_perm("delayq.reschedule_delayedtask")
+
+    def has_pause_permission(self, request):
+        return request.user.has_perm("delayq.pause_delayedtask")
 
     # -- columns -----------------------------------------------------------------------
 
@@ -134,6 +176,8 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             text = f"in {timeuntil(obj.due, now, depth=1)}"
         else:
             text = f"{timesince(obj.due, now, depth=1)} ago"
+        if getattr(obj, "delayq_held", False):
+            text += ", held by a pause"
         return format_html('<span title="{}" style="white-space:nowrap">{}</span>',
                            f"{timezone.localtime(obj.due):%Y-%m-%d %H:%M:%S}", text)
 
@@ -192,6 +236,36 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         })
 
+    @admin.action(description="Pause the task of the selected rows", permissions=["pause"])
+    def pause_tasks(self, request, queryset):
+        by = f"admin:{request.user.get_username()}"
+        self._each_task(request, queryset,
+                        lambda task, queues, paused: operations.pause(task, by, paused))
+
+    @admin.action(description="Resume the task of the selected rows", permissions=["pause"])
+    def resume_tasks(self, request, queryset):
+        by = f"admin:{request.user.get_username()}"
+        self._each_task(request, queryset,
+                        lambda task, queues, paused: operations.resume(task, by, paused, queues))
+
+    def _each_task(self, request, queryset, operation) -> None:
+        """Run ``operation(task, its rows' queues, what is paused)`` once per distinct task
+        of the selection; one message each."""
+        queues: dict[str, list[str]] = defaultdict(list)
+        for task, queue in queryset.order_by("task", "queue").values_list("task", "queue"):
+            if queue not in queues[task]:
+                queues[task].append(queue)
+        paused = self._paused(request, "error: nothing done, Redis could not say what is paused")
+        if paused is None:
+            return
+        for task, its_queues in queues.items():
+            try:
+                done, message = operation(task, its_queues, paused)
+            except DelayQError as exc:
+                logger.exception("admin action on the delayed task %s failed", task)
+                done, message = False, f"error: {task}: {exc}"
+            self.message_user(request, message, level=_level(done, message))
+
     def _each(self, request, queryset, operation) -> None:
         """Run ``operation`` on every row; one message per distinct outcome."""
         outcomes: dict[tuple[bool, str], list[str]] = defaultdict(list)
@@ -206,9 +280,24 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             if len(job_ids) > _LISTED_IDS:
                 listed += f" and {len(job_ids) - _LISTED_IDS} more"
             count = f"{len(job_ids)} task{'s' if len(job_ids) != 1 else ''}"
-            level = messages.SUCCESS if done else (
-                messages.ERROR if message.startswith("error") else messages.WARNING)
-            self.message_user(request, f"{message}: {count} ({listed})", level=level)
+            self.message_user(request, f"{message}: {count} ({listed})",
+                              level=_level(done, message))
+
+
+def _level(done: bool, message: str) -> int:
+    """An action's outcome as a message level: done, failed ("error: ..."), or not done."""
+    if done:
+        return messages.SUCCESS
+    return messages.ERROR if message.startswith("error") else messages.WARNING
+
+
+def _mark_held(rows, paused: dict[str, list[str]]) -> None:
+    """Mark the listed rows a pause holds: scheduled, due, of a paused task or queue."""
+    now = timezone.now()
+    for row in rows:
+        row.delayq_held = (row.state == State.SCHEDULED and row.due is not None
+                           and row.due <= now and (row.task in paused["tasks"]
+                                                   or row.queue in paused["queues"]))
 
 
 def _pretty(value) -> str:

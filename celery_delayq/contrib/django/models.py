@@ -101,6 +101,7 @@ class DelayedTask(models.Model):
             ("cancel_delayedtask", "Can cancel delayed tasks"),
             ("run_now_delayedtask", "Can run delayed tasks now"),
             ("reschedule_delayedtask", "Can reschedule delayed tasks"),
+            ("pause_delayedtask", "Can pause and resume the task of delayed tasks"),
         )
 
     def __str__(self) -> str:

@@ -1,4 +1,5 @@
-"""What the admin actions do to one row: call the store, update the row, say what happened.
+"""What the admin actions do to one row (or, pause and resume, to one task): call the
+store, update the row, say what happened.
 
 Each function returns ``(done, message)``; the message is what the store really did
 ("cancelled", "too late: already running", ...).
@@ -10,10 +11,12 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from celery_delayq.reading import counted
 from celery_delayq.store import CancelOutcome
 
 from .models import DelayedTask, State
 from .runtime import delayq as project_delayq
+from .runtime import resume_command
 
 _NOT_PENDING = {
     State.PROMOTED: "too late: already promoted",
@@ -63,3 +66,26 @@ def _retime(row: DelayedTask, **due) -> tuple[bool, str]:
     if due.get("delay") == 0:
         return True, "due now"
     return True, f"due {timezone.localtime(new_due):%Y-%m-%d %H:%M:%S}"
+
+
+def pause(task: str, by: str, paused: dict[str, list[str]]) -> tuple[bool, str]:
+    """Pause ``task`` (``paused``: what ``DelayQ.paused()`` said): its due jobs are held."""
+    if task in paused["tasks"]:
+        return False, f"{task} was already paused"
+    project_delayq().pause(task=task, by=by)
+    return True, f"Paused {task}: its due tasks wait until it is resumed."
+
+
+def resume(task: str, by: str, paused: dict[str, list[str]],
+           queues: list[str]) -> tuple[bool, str]:
+    """Resume ``task``; ``queues``: those of its selected rows, to name one that is paused."""
+    if task not in paused["tasks"]:
+        held = [queue for queue in queues if queue in paused["queues"]]
+        if not held:
+            return False, f"{task} was not paused"
+        queues_are = f"queue {held[0]} is" if len(held) == 1 else f"queues {', '.join(held)} are"
+        commands = "; ".join(f"`{resume_command('queue', queue)}`" for queue in held)
+        return False, f"{task} was not paused, but its {queues_are}: resume with {commands}"
+    released = project_delayq().resume(task=task, by=by)
+    return True, (f"Resumed {task}: {counted(released, 'held task')} released, "
+                  "due now (oldest first).")

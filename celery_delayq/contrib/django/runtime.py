@@ -7,6 +7,7 @@ Celery's Django guide shows.
 
 from __future__ import annotations
 
+import shlex
 from importlib import import_module
 
 from celery import current_app
@@ -27,3 +28,9 @@ def celery_app():
 def delayq() -> DelayQ:
     """The ``DelayQ`` of the project's Celery app."""
     return DelayQ.of(celery_app())
+
+
+def resume_command(kind: str, name: str) -> str:
+    """The shell command that resumes the paused ``kind`` ("task" or "queue") ``name``."""
+    app = getattr(settings, "DELAYQ_CELERY_APP", None) or "proj"
+    return f"celery -A {shlex.quote(app)} delayq resume --{kind} {shlex.quote(name)}"
