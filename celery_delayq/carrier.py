@@ -114,6 +114,7 @@ class Carrier:
         self._publish_seconds: float | None = None  # how long the last batch took to publish
         self._unacked: dict[ShardKeys, list[Promoted]] = {}  # to be acked with it
         self._failing: dict[int, str] = {}  # shards whose last claim or recover failed: why
+        self._defaults_set = False  # delayq_rate_limits applied (once Redis answered)
 
     # -- one iteration -----------------------------------------------------------------
 
@@ -123,6 +124,9 @@ class Carrier:
         if time.monotonic() >= self._next_maintenance:
             with self.store.unavailable():
                 self._memory.check_policy()
+                if not self._defaults_set:
+                    self.delayq.apply_default_rate_limits()
+                    self._defaults_set = True
                 if self.direct and self._broker_prefix is None:
                     self._check_broker()
                 self._shards = self.ownership.balance()

@@ -98,14 +98,13 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows))
         return
-    click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'paused':>8} {'inflight':>8} "
-               f"{'dead':>6} {'journal':>8}  next due")
+    click.echo(f"{'shard':>5} {'pending':>9} {'overdue':>8} {'paused':>8} {'limited':>8} "
+               f"{'inflight':>8} {'dead':>6} {'journal':>8}  next due")
     for row in rows:
         click.echo(f"{row['shard']:>5} {row['pending']:>9} {row['overdue']:>8} "
-                   f"{row['paused']:>8} {row['inflight']:>8} {row['dead']:>6} "
-                   f"{row['journal']:>8}  {_ms(row['next_due_ms'])}")
-    total, paused = (sum(row[name] for row in rows) for name in ("pending", "paused"))
-    click.echo(f"total pending: {total}" + (f" ({paused} held by a pause)" if paused else ""))
+                   f"{row['paused']:>8} {row['rate_limited']:>8} {row['inflight']:>8} "
+                   f"{row['dead']:>6} {row['journal']:>8}  {_ms(row['next_due_ms'])}")
+    click.echo(f"total pending: {sum(row['pending'] for row in rows)}{_held(rows)}")
 
 
 @delayq.command()
@@ -131,10 +130,10 @@ def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None
     healthy = overdue <= max_overdue and age <= max_overdue_age and not problems and not damaged
     click.echo(f"{'ok' if healthy else 'unhealthy'}: {overdue} overdue jobs (max {max_overdue}), "
                f"oldest waiting {age:.1f}s (max {max_overdue_age:g}s)")
-    paused = sum(row["paused"] for row in rows)
-    if paused:
-        click.echo(f"paused: {counted(paused, 'due job')} held by a pause, not counted as "
-                   "overdue (`celery delayq paused` lists the pauses)")
+    held = _held(rows)
+    if held:
+        click.echo(f"held, not counted as overdue: {held.strip(' ()')} (`celery delayq paused` "
+                   "and `celery delayq rate-limit` list the pauses and limits)")
     for problem in problems:
         click.echo(f"unsafe: {problem}")
     for row in damaged:
@@ -337,6 +336,42 @@ def paused(ctx: click.Context) -> None:
     for kind in ("tasks", "queues"):
         for name in found[kind]:
             click.echo(f"{kind[:-1]} {name}")
+
+
+@delayq.command(name="rate-limit")
+@click.argument("queue", required=False)
+@click.argument("rate", required=False)
+@click.pass_context
+def rate_limit(ctx: click.Context, queue: str | None, rate: str | None) -> None:
+    """Limit how fast QUEUE's due jobs are promoted (RATE: 200/s, 30/m, 1000/h, or off);
+    without RATE show its limit, without QUEUE list every limit."""
+    try:
+        if queue is None or rate is None:
+            limits = _delayq(ctx).rate_limits()
+            for name, value in limits.items():
+                if queue in (None, name):
+                    click.echo(f"{name}: {value}")
+            if not limits or (queue is not None and queue not in limits):
+                click.echo("no rate limit" if queue else "no rate limits")
+            return
+        released = _delayq(ctx).set_rate_limit(queue, None if rate == "off" else rate,
+                                               by=_cli_user())
+    except InvalidOption as exc:
+        raise click.UsageError(str(exc)) from None
+    except DelayQError as exc:
+        _fail(exc)
+    if rate == "off":
+        click.echo(f"{queue}: no rate limit; {counted(released, 'held job')} due again")
+    else:
+        click.echo(f"{queue}: at most {rate} promoted, shared by every carrier")
+
+
+def _held(rows: list[dict]) -> str:
+    """" (3 held by a pause, 5 by a rate limit)", or "" when none is held."""
+    paused, limited = (sum(row[name] for row in rows) for name in ("paused", "rate_limited"))
+    parts = [f"{paused} held by a pause" if paused else "",
+             f"{limited} by a rate limit" if limited else ""]
+    return f" ({', '.join(part for part in parts if part)})" if paused or limited else ""
 
 
 def _cli_user() -> str:

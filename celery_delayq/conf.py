@@ -13,9 +13,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
+from . import pausing, ratelimit
 from .connection import CLUSTER_SUFFIX, SENTINEL_OPTIONS, check_settings
 from .connection import redact as redact
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidOption
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Producers get StoreFull once the store's Redis uses this fraction of its "
             "maxmemory (read about once a second per process, sooner near it), so promotion "
             "keeps room on a shared broker; 1 leaves the limit to Redis itself."),
+    Setting("rate_limits", {}, dict,
+            "Promotion rate limits per queue applied when a carrier starts, e.g. "
+            "{'refunds': '200/s'} (Celery's rate strings: N/s, N/m, N/h). The live limits "
+            "live in Redis (`delayq rate-limit`): a carrier sets only those Redis lacks."),
     Setting("redis_ssl", None, TlsOptions,
             "TLS for store connections: redis-py's ssl_* options (ssl_cert_reqs, ssl_ca_certs, "
             "ssl_certfile, ssl_keyfile, ...) or True. Default: broker_use_ssl when the store "
@@ -194,6 +199,7 @@ class DelayQConfig:
     redis_ssl: TlsOptions | None
     redis_transport_options: dict[str, Any]
     max_memory_fraction: float
+    rate_limits: dict[str, str]
     http_retry_schedule: SecondsList
     http_allowed_hosts: HostList
     http_timeout: float
@@ -234,6 +240,12 @@ class DelayQConfig:
                 raise ConfigurationError(f"delayq_{name} must be greater than 0")
         if not 0 < self.max_memory_fraction <= 1:
             raise ConfigurationError("delayq_max_memory_fraction must be in (0, 1], e.g. 0.9")
+        for queue, rate in self.rate_limits.items():
+            try:
+                pausing.field(None, queue)
+                ratelimit.parse(rate, f"delayq_rate_limits[{queue!r}]")
+            except InvalidOption as exc:
+                raise ConfigurationError(str(exc)) from None
         if any(not 0 <= delay <= self.max_delay for delay in self.http_retry_schedule):
             raise ConfigurationError(
                 "delayq_http_retry_schedule must hold delays between 0 and delayq_max_delay "

@@ -442,8 +442,8 @@ class Job:
     """A stored job as listed by ``DelayQ.get`` / ``DelayQ.pending``.
 
     ``unreadable`` says why the stored job cannot be read ("" when it can); such a job has
-    no task and its stored envelope is in ``options["envelope"]``. ``paused``: it is due
-    and a pause of its task or queue holds it (it is still pending).
+    no task and its stored envelope is in ``options["envelope"]``. ``held`` says what holds a
+    due job back ("paused" or "rate limit"); it is still pending.
     """
 
     job_id: str
@@ -458,7 +458,12 @@ class Job:
     shard: int
     options: dict[str, Any] = field(default_factory=dict)
     unreadable: str = ""
-    paused: bool = False  # due, and held by a pause of its task or queue (pausing.py)
+    held: str = ""  # due and held back: "paused" or "rate limit" (see held.py)
+
+    @property
+    def paused(self) -> bool:
+        """Due, and held by a pause of its task or queue."""
+        return self.held == "paused"
 
     @classmethod
     def from_envelope(cls, job_id: str, raw, due_ms: float | None, state: str,

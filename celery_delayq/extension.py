@@ -14,7 +14,7 @@ from celery.result import AsyncResult, EagerResult
 from celery.utils.time import maybe_make_aware
 from vine import promise
 
-from . import journal, pausing, revoke, validation
+from . import journal, pausing, ratelimit, revoke, validation
 from .conf import DelayQConfig
 from .envelope import (
     Call,
@@ -427,6 +427,35 @@ class DelayQ:
     def paused(self) -> dict[str, list[str]]:
         """What is paused: ``{"tasks": [...], "queues": [...]}``."""
         return pausing.listing(self.store.paused())
+
+    # -- rate limits -------------------------------------------------------------------
+
+    def set_rate_limit(self, queue: str, rate: str | float | None, *, by: str = "api") -> int:
+        """Promote at most ``rate`` jobs of ``queue`` (Celery's rate string: ``"200/s"``,
+        ``"30/m"``, ``"1000/h"``) across every carrier, oldest due first; None removes the
+        limit (and the ``delayq_rate_limits`` default of it). Returns how many held jobs a
+        removal gave back (due again)."""
+        pausing.field(None, queue)  # a queue name, as a pause takes it
+        limit = (ratelimit.OFF if rate is None
+                 else ratelimit.bucket(rate, self.config.shards))
+        released = self.store.set_rate_limit(queue, limit, by)
+        logger.info("rate limit of queue %s: %s (by %s)", queue,
+                    "none" if rate is None else ratelimit.text(rate), by)
+        return released
+
+    def rate_limits(self) -> dict[str, str]:
+        """The live rate limits: ``{"refunds": "200/s"}``."""
+        return {queue: value.rsplit(" ", 1)[-1]
+                for queue, value in sorted(self.store.rate_limits().items())
+                if value != ratelimit.OFF}
+
+    def apply_default_rate_limits(self) -> None:
+        """Set each ``delayq_rate_limits`` entry that Redis has no live value of (a carrier
+        does this as it starts; a limit removed since stays removed)."""
+        live = self.store.rate_limits()
+        for queue, rate in self.config.rate_limits.items():
+            if queue not in live:
+                self.set_rate_limit(queue, rate, by="delayq_rate_limits")
 
 
 def _from_ms(ms: float) -> datetime:

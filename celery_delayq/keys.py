@@ -17,6 +17,10 @@ journal entries.
                            the field "" (never a task name) counts cancels
     <prefix>:{N}:paused    HASH  "task:<name>" / "queue:<name>" -> who paused it and when
                            (JSON), the same on every shard (see pausing.py)
+    <prefix>:{N}:limits    HASH  "rate:<queue>" -> the shard's token bucket of a queue's
+                           rate limit, "bucket:<queue>" -> its tokens (see ratelimit.py)
+    <prefix>:{N}:waiting   ZSET  "<queue>\0<due>\0<job id>" (score 0): the jobs rate
+                           limits hold, each queue's in the order they go (claim_due)
     <prefix>:{N}:reserved:<job id>  STRING token of the producer scheduling that id (of
                            shard N's own, whatever its business key), expires by itself
     <prefix>:{N}:task:<task id>  STRING the job id of a job stored on shard N whose task
@@ -60,6 +64,8 @@ class ShardKeys:
     owner: str
     counts: str
     paused: str
+    limits: str
+    waiting: str
 
     def __hash__(self) -> int:  # a dict key per job when scheduling: the number suffices
         return self.shard
@@ -68,7 +74,8 @@ class ShardKeys:
 #: The Redis type each key of a shard holds (``TYPE``); any other type means damage.
 KEY_TYPES = {"due": "zset", "inflight": "zset", "jobs": "hash", "bykey": "zset",
              "dead": "hash", "journal": "stream", "owner": "string", "counts": "hash",
-             "paused": "hash"}
+             "paused": "hash", "limits": "hash",
+             "waiting": "zset"}
 
 
 class Keyspace:
@@ -96,6 +103,8 @@ class Keyspace:
             owner=f"{tag}:owner",
             counts=f"{tag}:counts",
             paused=f"{tag}:paused",
+            limits=f"{tag}:limits",
+            waiting=f"{tag}:waiting",
         )
 
     def shard(self, n: int) -> ShardKeys:

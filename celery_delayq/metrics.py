@@ -95,6 +95,8 @@ class StoreCollector:
             "delayq_overdue_jobs": ("Jobs due but not yet claimed by a carrier.", "overdue"),
             "delayq_paused_jobs": ("Due jobs held by a pause of their task or queue (pending, "
                                    "not overdue).", "paused"),
+            "delayq_rate_limited_jobs": ("Due jobs held by their queue's rate limit until it "
+                                         "has room (pending, not overdue).", "rate_limited"),
             "delayq_inflight_jobs": ("Jobs claimed and being published.", "inflight"),
             "delayq_dead_jobs": ("Dead-lettered jobs kept for replay.", "dead"),
             "delayq_unreadable_due_jobs": ("Pending jobs whose due score is no time (+-inf, "

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cached_property
@@ -35,9 +35,9 @@ from .errors import (
     StoreFull,
     StoreUnavailable,
 )
+from .held import RANGES, split_score
 from .keys import KEY_TYPES, Keyspace, ShardKeys, bykey_member, pack_id, raw_id, unpack_id
 from .memory import Headroom, Memory
-from .pausing import HELD_MAX, HELD_MIN, split_score
 from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
 from .reservation import Reservation, reserving
 from .scripts import SCRIPTS, Deferred, Script, execute
@@ -321,7 +321,8 @@ class Store:
         for chunk, reply in zip(owners, replies, strict=True):
             for offset, index in enumerate(chunk):
                 code, score, existing = reply[3 * offset:3 * offset + 3]
-                results[index] = Scheduled(_CODES[code], split_score(score)[0], existing)
+                due_ms = cast("float", split_score(score)[0])  # a number: -1 when none
+                results[index] = Scheduled(_CODES[code], int(due_ms), existing)
         for index, found in moved.items():  # the new copy is stored: the old one goes
             self._cancel(found, "move", items[index][0].job_id, "replaced under another key")
         return cast("list[Scheduled]", results)  # every item has its outcome now
@@ -542,10 +543,12 @@ class Store:
                 pipe.zscore(shard.due, raw_id(stored))
             scored = [(i, s) for i, s in zip(ids, pipe.execute(), strict=True) if s is not None]
             return self._jobs_of(shard, scored, wanted, skipped)[:limit]
-        # held jobs (pausing.py) first: due already, they sort after every other score
-        held = cast("list[tuple[str, float]]", self.client.zrangebyscore(
-            shard.due, HELD_MIN, HELD_MAX, withscores=True))
-        found = self._jobs_of(shard, held, wanted, skipped)
+        # held jobs (held.py) first: due already, they sort after every other score
+        found = []
+        for low, high in RANGES.values():
+            held = cast("list[tuple[str, float]]", self.client.zrangebyscore(
+                shard.due, low, high, withscores=True))
+            found.extend(self._jobs_of(shard, held, wanted, skipped))
         start = 0
         while len(found) < limit:
             chunk = cast("list[tuple[str, float]]", self.client.zrange(
@@ -553,7 +556,7 @@ class Store:
             if not chunk:
                 break
             found.extend(self._jobs_of(shard, [(stored, score) for stored, score in chunk
-                                               if not HELD_MIN <= score <= HELD_MAX],
+                                               if not split_score(score)[1]],
                                        wanted, skipped))
             start += _SCAN_CHUNK
         return found[:limit]
@@ -579,7 +582,7 @@ class Store:
         """The job stored as ``raw`` with due score ``score`` (held or not)."""
         due_ms, held = split_score(score)
         job = Job.read(job_id, raw, due_ms, state, shard.shard, self.config.default_queue)
-        return replace(job, paused=True) if held else job
+        return replace(job, held=held) if held else job
 
     def dead(self, limit: int = 100) -> list[dict[str, Any]]:
         """Dead-lettered jobs with their reason, newest first.
@@ -626,8 +629,9 @@ class Store:
         return code == 1
 
     def stats(self) -> list[dict[str, Any]]:
-        """Per-shard counts: pending, overdue, paused (held by a pause: pending, not overdue),
-        in flight, dead, journal length, next due, and ``unreadable_due``: pending jobs
+        """Per-shard counts: pending, overdue, paused and rate_limited (due jobs held by a
+        pause or by their queue's rate limit: pending, not overdue), in flight, dead,
+        journal length, next due, and ``unreadable_due``: pending jobs
         whose due score is no time (±inf, after the year 9999), which ``next_due_ms``
         passes over. ``damaged`` says which key of the shard
         holds the wrong type ("" when none); its counts are then 0.
@@ -645,18 +649,20 @@ class Store:
                 pipe.xlen(shard.journal)
                 pipe.zcount(shard.due, MIN_MS, MAX_MS)
                 self._head(pipe, shard)
-                pipe.zcount(shard.due, HELD_MIN, HELD_MAX)
+                for low, high in RANGES.values():
+                    pipe.zcount(shard.due, low, high)
             replies = pipe.execute(raise_on_error=False)
             damaged = self.damaged() if any(isinstance(r, Exception) for r in replies) else {}
         rows = []
         for shard in self.keys:
-            shard_replies, replies = replies[:8], replies[8:]
-            pending, overdue, inflight, dead, journal, readable, head, paused = (
-                (0, 0, 0, 0, 0, 0, [], 0) if shard.shard in damaged else shard_replies)
+            shard_replies, replies = replies[:9], replies[9:]
+            pending, overdue, inflight, dead, journal, readable, head, paused, limited = (
+                (0, 0, 0, 0, 0, 0, [], 0, 0) if shard.shard in damaged else shard_replies)
             rows.append({
                 "shard": shard.shard, "pending": pending, "overdue": overdue,
-                "paused": paused, "inflight": inflight, "dead": dead, "journal": journal,
-                "unreadable_due": pending - readable - paused,
+                "paused": paused, "rate_limited": limited, "inflight": inflight,
+                "dead": dead, "journal": journal,
+                "unreadable_due": pending - readable - paused - limited,
                 "next_due_ms": int(head[0][1]) if head else None, "now_ms": now_ms,
                 "damaged": damaged.get(shard.shard, ""),
             })
@@ -713,9 +719,29 @@ class Store:
         return sum(self._pause_script("resume", field, by))
 
     def _pause_script(self, action: str, field: str, by: str) -> list[int]:
-        calls = [(SCRIPTS["pause"], [s.paused, s.due, s.jobs, s.journal],
-                  [action, field, by, self._maxlen if s.shard == 0 else 0,
-                   self.config.default_queue, self.keys.wake_channel, s.shard])
+        return self._on_every_shard(
+            SCRIPTS["pause"], lambda s: [s.paused, s.due, s.jobs, s.journal], [action, field, by])
+
+    def set_rate_limit(self, queue: str, limit: str, by: str) -> int:
+        """Set a queue's rate limit on every shard (``ratelimit.bucket``), or remove it with
+        ``ratelimit.OFF``; returns how many held jobs a removal gave back."""
+        return sum(self._on_every_shard(
+            SCRIPTS["limit"], lambda s: [s.limits, s.due, s.jobs, s.journal, s.waiting],
+            [queue, limit, by]))
+
+    def rate_limits(self) -> dict[str, str]:
+        """Queue -> its ``limits`` hash value on shard 0 (the same on every shard)."""
+        with self.unavailable():
+            found = cast("dict[str, str]", self.client.hgetall(self.keys.shard(0).limits))
+        return {name.removeprefix("rate:"): value for name, value in found.items()
+                if name.startswith("rate:")}
+
+    def _on_every_shard(self, script: Script, keys: Callable[[ShardKeys], list[str]],
+                        args: list[Any]) -> list[Any]:
+        """Run a pause / limit script on every shard; it journals on shard 0 only."""
+        calls = [(script, keys(s), [*args, self._maxlen if s.shard == 0 else 0,
+                                    self.config.default_queue, self.keys.wake_channel,
+                                    s.shard])
                  for s in self.keys]
         with self.unavailable():
             return execute(self.client, calls)
@@ -758,7 +784,8 @@ class Store:
             lists, routes = direct.lists, [value for route in direct.queues for value in route]
             origin, repr_max = direct.origin, direct.repr_max
         return [(SCRIPTS["claim_due"],
-                 [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, s.paused, *lists],
+                 [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, s.paused, s.limits,
+                  s.waiting, *lists],
                  [batch, lease_ms, self._maxlen, s.shard, origin, repr_max,
                   self.config.default_queue, self.config.max_nesting, *routes])
                 for s in shards]

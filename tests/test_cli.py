@@ -129,7 +129,7 @@ def test_pause_paused_health_stats_ls_and_resume_of_a_task(proj, delayq, spawn, 
 
     code, output = run(spawn, "health")
     assert code == 0 and "ok: 0 overdue jobs" in output
-    assert "paused: 1 due job held by a pause" in output
+    assert "held, not counted as overdue: 1 held by a pause" in output
     code, output = run(spawn, "stats")
     assert "total pending: 1 (1 held by a pause)" in output
     code, output = run(spawn, "ls")
@@ -150,3 +150,19 @@ def test_pause_without_or_with_both_options_is_a_usage_error(spawn, redis_client
     for args in ((), ("--task", "t", "--queue", "q")):
         code, output = run(spawn, "pause", *args)
         assert code == 2 and "pass exactly one of task=" in output
+
+
+def test_rate_limit_sets_lists_and_removes_a_queue_limit(proj, delayq, spawn, redis_client):
+    assert run(spawn, "rate-limit") == (0, "no rate limits\n")
+    code, output = run(spawn, "rate-limit", "refunds", "200/s")
+    assert (code, output.strip()) == (0, "refunds: at most 200/s promoted, shared by every "
+                                         "carrier")
+    assert run(spawn, "rate-limit") == (0, "refunds: 200/s\n")
+    assert run(spawn, "rate-limit", "refunds") == (0, "refunds: 200/s\n")
+    code, output = run(spawn, "stats")
+    assert "limited" in output.splitlines()[0]
+    assert run(spawn, "rate-limit", "refunds", "off") == (
+        0, "refunds: no rate limit; 0 held jobs due again\n")
+    assert delayq.rate_limits() == {}
+    code, output = run(spawn, "rate-limit", "refunds", "fast")
+    assert code == 2 and "e.g. '200/s'" in output

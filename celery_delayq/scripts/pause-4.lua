@@ -1,7 +1,7 @@
 --[[ pause: pause or resume a task or a queue on one shard (pausing.py).
 
 KEYS[1] paused    HASH  "task:<name>" / "queue:<name>" -> who paused it (JSON: by, at ms)
-KEYS[2] due       ZSET  job id -> due ms (held jobs: HELD_BASE + due ms)
+KEYS[2] due       ZSET  job id -> due ms (held jobs: a base + due ms, see held.py)
 KEYS[3] jobs      HASH  job id -> envelope
 KEYS[4] journal   STREAM
 
@@ -14,7 +14,7 @@ ARGV[6] wake channel
 ARGV[7] shard number
 
 Pause marks the field; the claim script holds each job of it as it falls due. Resume
-unmarks it and gives every held job that nothing paused holds any more its due time back
+unmarks it and gives every paused job that no pause holds any more its due time back
 (then due, the carrier promotes it oldest first), publishing the shard on the wake
 channel. Returns the number of jobs given back (0 for pause).
 
@@ -41,13 +41,15 @@ redis.call('HDEL', KEYS[1], field)
 local paused = {}
 local flat = redis.call('HGETALL', KEYS[1])
 for i = 1, #flat, 2 do paused[flat[i]] = true end
-local held = redis.call('ZRANGEBYSCORE', KEYS[2], HELD_MIN, HELD_MAX, 'WITHSCORES')
+local held = redis.call('ZRANGEBYSCORE', KEYS[2], PAUSED_BASE + MIN_DUE,
+                       PAUSED_BASE + MAX_DUE, 'WITHSCORES')
 local released = 0
 for i = 1, #held, 2 do
   local job_id = held[i]
-  local line = string.match(redis.call('HGET', KEYS[3], job_id) or '', '^[^\n]*')
-  if not held_by(paused, line, ARGV[5]) then
-    redis.call('ZADD', KEYS[2], tonumber(held[i + 1]) - HELD_BASE, job_id)
+  local task, queue = first_fields(
+    string.match(redis.call('HGET', KEYS[3], job_id) or '', '^[^\n]*'), ARGV[5])
+  if not (task and held_by(paused, task, queue)) then
+    redis.call('ZADD', KEYS[2], tonumber(held[i + 1]) - PAUSED_BASE, job_id)
     released = released + 1
   end
 end

@@ -113,7 +113,7 @@ def test_pause_of_nothing_or_of_two_things_is_refused_and_writes_nothing(delayq,
         delayq.pause(**arguments)
     with pytest.raises(InvalidOption, match=r"task=|queue="):
         delayq.resume(**arguments)
-    assert store_keys(delayq) == []
+    assert [key for key in store_keys(delayq) if not key.endswith(":meta")] == []
 
 
 def test_a_held_job_keeps_its_due_time_for_keep_replace_and_error(proj, app, delayq):

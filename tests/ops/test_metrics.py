@@ -46,7 +46,7 @@ def test_scraped_metrics_move_as_jobs_are_scheduled_promoted_and_cancelled(proj,
     assert after["delayq_claim_batch_size_sum"] >= 5
     assert total(after, "delayq_redis_roundtrip_seconds_count") > 0
     assert after["delayq_oldest_overdue_seconds"] == 0
-    assert total(after, "delayq_paused_jobs") == 0
+    assert total(after, "delayq_paused_jobs") == total(after, "delayq_rate_limited_jobs") == 0
 
 
 def test_jobs_held_by_a_pause_are_scraped_as_paused_not_overdue(proj, delayq, spawn,

@@ -9,7 +9,7 @@ import pytest
 from celery_delayq.scripts import SCRIPTS
 
 EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead", "own",
-            "replay", "exists", "repair", "reserve", "pause"}
+            "replay", "exists", "repair", "reserve", "pause", "limit"}
 
 
 def test_every_operation_has_a_script():
@@ -45,5 +45,5 @@ def test_scripts_never_build_key_names(name):
 def test_wrong_key_count_is_refused_before_redis_is_called():
     with pytest.raises(TypeError, match="takes 6 keys"):
         SCRIPTS["ack"].call(None, ["a"], [])
-    with pytest.raises(TypeError, match="takes 7\\+ keys"):
+    with pytest.raises(TypeError, match="takes 9\\+ keys"):
         SCRIPTS["claim_due"].call(None, ["a"], [])

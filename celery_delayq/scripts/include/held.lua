@@ -1,14 +1,28 @@
--- Held jobs (pausing.py): a held job's due score is HELD_BASE + its due time in ms.
-local HELD_BASE = 1125899906842624
-local HELD_MIN, HELD_MAX = HELD_BASE - 62135596800000, HELD_BASE + 253402300799999
--- held_by(paused, line, default_queue): the paused hash field (a flat HGETALL reply
--- turned into a set) that holds the job of first line `line`, or nil.
-local function held_by(paused, line, default_queue)
+-- Held jobs (held.py): a due job a pause holds has the due score PAUSED_BASE + its due
+-- time in ms; one its queue's rate limit holds, RATE_BASE + its due time.
+local PAUSED_BASE, RATE_BASE = 1125899906842624, 2251799813685248
+local MIN_DUE, MAX_DUE = -62135596800000, 253402300799999
+-- first_fields(line, default_queue): the task name and queue of a job's first line
+-- (the queue it names, else the default), or nil when the line is not a JSON object.
+local function first_fields(line, default_queue)
   local ok, fields = pcall(cjson.decode, line)
   if not ok or type(fields) ~= 'table' then return nil end
-  local task, queue = fields['t'], fields['q']
+  local queue = fields['q']
   if type(queue) ~= 'string' or queue == '' then queue = default_queue end
-  if type(task) == 'string' and paused['task:' .. task] then return 'task:' .. task end
-  if paused['queue:' .. queue] then return 'queue:' .. queue end
-  return nil
+  return type(fields['t']) == 'string' and fields['t'] or '', queue
+end
+-- held_by(paused, task, queue): whether a pause holds a job of this task and queue;
+-- paused is a set of the paused hash's fields.
+local function held_by(paused, task, queue)
+  return (task ~= '' and paused['task:' .. task]) or paused['queue:' .. queue] or false
+end
+-- A job a rate limit holds, as a member of the waiting set: its queue, due time and id,
+-- so that ZRANGEBYLEX over "<queue>\0" lists the queue's jobs oldest first (the due time
+-- as fixed-width text of its distance from MIN_DUE); waiting_job reads one back.
+local function waiting_member(queue, due, job_id)
+  return queue .. '\0' .. string.format('%019.3f', tonumber(due) - MIN_DUE) .. '\0' .. job_id
+end
+local function waiting_job(member)
+  local due, job_id = string.match(member, '^[^%z]*%z([^%z]*)%z(.*)$')
+  return due and tonumber(due) + MIN_DUE, job_id
 end

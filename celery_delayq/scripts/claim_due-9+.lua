@@ -16,7 +16,11 @@ KEYS[4]   bykey     ZSET  business-key index
 KEYS[5]   journal   STREAM
 KEYS[6]   counts    HASH  task name -> jobs stored (pending or being promoted)
 KEYS[7]   paused    HASH  "task:<name>" / "queue:<name>" -> who paused it (pausing.py)
-KEYS[8..] the broker's message list of each queue open to direct promotion (none: off)
+KEYS[8]   limits    HASH  "rate:<queue>" -> "<capacity> <refill per ms> <spec>" or "off",
+                          "bucket:<queue>" -> "<tokens> <ms>" (ratelimit.py)
+KEYS[9]   waiting   ZSET  "<queue>\0<due>\0<job id>" (score 0): the jobs rate limits hold,
+                          in the order each queue's go (held.lua: waiting_member)
+KEYS[10..] the broker's message list of each queue open to direct promotion (none: off)
 
 ARGV[1]   batch size
 ARGV[2]   lease in ms
@@ -27,7 +31,7 @@ ARGV[6]   longest argsrepr / kwargsrepr header, in bytes
 ARGV[7]   the default queue (of envelopes that name none)
 ARGV[8]   delayq_max_nesting: args and kwargs with more brackets than this are claimed
           (the carrier decodes them; too deep, they are dead-lettered, never pushed)
-ARGV[9..] two values per KEYS[8..], in the same order: queue name, delivery mode
+ARGV[9..] two values per KEYS[10..], in the same order: queue name, delivery mode
 
 Returns {now ms, next due ms or -1, {due ms of each job promoted directly}, lease,
          id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs and
@@ -35,9 +39,15 @@ lease is their in-flight score as text: the deadline with this call's microsecon
 decimals, a token ack / recover / dead check, so an old copy's ack never takes the lease
 of the same id claimed again (after a replace) by this or another call.
 Job ids are stored packed (keys.pack_id); messages carry them unpacked.
-The next due time is that of the earliest job left on the due set.
-A due job of a paused task or queue is held instead (its score becomes HELD_BASE + due ms,
-see pausing.py): it stays pending, and the claim goes on past it.
+The next due time is that of the earliest job left on the due set, or sooner when a
+rate-limited queue has jobs waiting: when its bucket holds its next whole token.
+
+Held jobs (held.py) stay pending and the claim goes on past them: a due job of a paused
+task or queue gets the score PAUSED_BASE + due. A due job of a rate-limited queue is taken
+while the queue's token bucket has a whole token and no older job of it waits; else it
+gets the score RATE_BASE + due and joins the waiting set. A queue's waiting jobs are taken
+first, oldest first, as tokens come (a member whose job was cancelled, rescheduled or
+replaced since, so whose score is not RATE_BASE + its due any more, is dropped).
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -45,7 +55,7 @@ its keys holds the wrong type of value.
 -- include: damaged.lua
 -- include: held.lua
 local problem = damaged({1, 'zset', 2, 'zset', 3, 'hash', 4, 'zset', 5, 'stream', 6, 'hash',
-                         7, 'hash'})
+                         7, 'hash', 8, 'hash', 9, 'zset'})
 if problem then return redis.error_reply(problem) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -55,30 +65,52 @@ local repr_max = tonumber(ARGV[6])
 local max_nesting = tonumber(ARGV[8])
 
 local routes = {}
-for n = 8, #KEYS do
+for n = 10, #KEYS do
   local found = redis.call('TYPE', KEYS[n]).ok
   if found == 'list' or found == 'none' then  -- a damaged queue list: those jobs are claimed
-    routes[ARGV[2 * n - 7]] = {index = n, mode = tonumber(ARGV[2 * n - 6])}
+    routes[ARGV[2 * n - 11]] = {index = n, mode = tonumber(ARGV[2 * n - 10])}
   end
 end
 local paused = {}
 local flat = redis.call('HGETALL', KEYS[7])
 for i = 1, #flat, 2 do paused[flat[i]] = true end
-local pausing = #flat > 0
-local held_line = {}  -- first line -> whether a pause holds its jobs
--- True when a pause holds the job (a readable due time only: a damaged one is claimed,
--- and the carrier dead-letters it).
-local function hold(env, due)
-  if not pausing or not env then return false end
-  local d = tonumber(due)
-  if not d or d < HELD_MIN - HELD_BASE or d > HELD_MAX - HELD_BASE then return false end
-  local line = string.match(env, '^[^\n]*')
-  local found = held_line[line]
-  if found == nil then
-    found = held_by(paused, line, ARGV[7]) ~= nil
-    held_line[line] = found
+-- The rate-limited queues of this shard: queue -> {capacity, refill per ms, tokens now}.
+local limits = {}
+flat = redis.call('HGETALL', KEYS[8])
+for i = 1, #flat, 2 do
+  local queue = string.match(flat[i], '^rate:(.*)$')
+  local capacity, refill = string.match(flat[i + 1], '^(%S+) (%S+)')
+  if queue and tonumber(capacity) and tonumber(refill) then
+    limits[queue] = {capacity = tonumber(capacity), refill = tonumber(refill),
+                     tokens = tonumber(capacity), name = queue}
   end
-  return found
+end
+for i = 1, #flat, 2 do
+  local queue = string.match(flat[i], '^bucket:(.*)$')
+  local tokens, at = string.match(flat[i + 1], '^(%S+) (%S+)')
+  local limit = queue and limits[queue]
+  if limit and tonumber(tokens) and tonumber(at) then
+    limit.tokens = math.min(limit.capacity,
+                            tonumber(tokens) + math.max(now - tonumber(at), 0) * limit.refill)
+  end
+end
+local controlled = next(paused) ~= nil or next(limits) ~= nil
+local facts = {}  -- first line -> {held by a pause, its queue's limit or false}
+-- What holds a job back: "paused", its queue's limit (a table), or nil. Only for a
+-- readable due time: a damaged one is claimed, and the carrier dead-letters it.
+local function control(env, due)
+  if not controlled or not env then return nil end
+  local d = tonumber(due)
+  if not d or d < MIN_DUE or d > MAX_DUE then return nil end
+  local line = string.match(env, '^[^\n]*')
+  local found = facts[line]
+  if found == nil then
+    local task, queue = first_fields(line, ARGV[7])
+    found = {task and held_by(paused, task, queue), task and limits[queue] or false}
+    facts[line] = found
+  end
+  if found[1] then return 'paused' end
+  return found[2] or nil
 end
 
 local function repr(text)
@@ -270,42 +302,80 @@ local function each_chunk(command, key, values)
   return replies
 end
 
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[1])
+-- Holds a job back when a pause or its queue's rate limit says so (see the header);
+-- true when it did. A job of a limited queue that may go takes a token.
+local function held_back(job_id, due, env, is_fresh)
+  local rule = control(env, due)
+  if rule == 'paused' then
+    redis.call('ZADD', KEYS[1], PAUSED_BASE + tonumber(due), job_id)
+    return true
+  end
+  if not rule then return false end
+  if rule.tokens >= 1 and not (is_fresh and rule.waiting) then
+    rule.tokens = rule.tokens - 1
+    return false
+  end
+  redis.call('ZADD', KEYS[1], RATE_BASE + tonumber(due), job_id)
+  redis.call('ZADD', KEYS[9], 0, waiting_member(rule.name, due, job_id))
+  rule.waiting = true
+  return true
+end
+
+-- The jobs to look at: first the waiting jobs of each limited queue its tokens allow,
+-- oldest first, then the due jobs.
+local batch = tonumber(ARGV[1])
+local names, dues, fresh = {}, {}, {}
+for queue, limit in pairs(limits) do
+  local first, last = '[' .. queue .. '\0', '(' .. queue .. '\1'
+  local take = math.min(math.floor(limit.tokens), batch)
+  if take >= 1 then
+    for _, member in ipairs(redis.call('ZRANGEBYLEX', KEYS[9], first, last, 'LIMIT', 0, take)) do
+      redis.call('ZREM', KEYS[9], member)
+      local due, job_id = waiting_job(member)
+      if due and tonumber(redis.call('ZSCORE', KEYS[1], job_id)) == RATE_BASE + due then
+        redis.call('ZREM', KEYS[1], job_id)
+        names[#names + 1], dues[#dues + 1], fresh[#fresh + 1] = job_id, due, false
+      end
+    end
+  end
+  limit.waiting = redis.call('ZLEXCOUNT', KEYS[9], first, last) > 0
+end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, batch)
+if #ids > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids / 2 - 1) end
+for i = 1, #ids, 2 do
+  names[#names + 1], dues[#dues + 1], fresh[#fresh + 1] = ids[i], ids[i + 1], true
+end
+
 local direct = {}
 local lease = string.format('%.3f', now + tonumber(ARGV[2]) + tonumber(t[2]) % 1000 / 1000)
 local out = {now, -1, direct, lease}
 local pushed, forgotten, unkeyed, per_task = {}, {}, {}, {}
-if #ids > 0 then
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids / 2 - 1)
-  local names = {}
-  for i = 1, #ids, 2 do names[#names + 1] = ids[i] end
+if #names > 0 then
   local envelopes = each_chunk('HMGET', KEYS[3], names)
   for n, job_id in ipairs(names) do
-    local due, env = ids[2 * n], envelopes[n]
-    local held = hold(env, due)
-    local r, args, kwargs
-    if not held then r, args, kwargs = plain(job_id, env, due) end
-    if held then
-      redis.call('ZADD', KEYS[1], HELD_BASE + tonumber(due), job_id)
-    elseif r then
-      local fields = r.fields
-      local queue = r.index
-      pushed[queue] = pushed[queue] or {}
-      table.insert(pushed[queue], message(job_id, due, r, args, kwargs))
-      forgotten[#forgotten + 1] = job_id
-      per_task[fields['t']] = (per_task[fields['t']] or 0) + 1
-      local key = fields['y'] or ''
-      if key ~= '' then unkeyed[#unkeyed + 1] = key .. '\0' .. job_id end
-      if maxlen > 0 then
-        redis.call('XADD', KEYS[5], '*', 'event', 'promoted',
-                   'job', job_id, 'task', fields['t'], 'key', key, 'due', due)
+    local due, env = dues[n], envelopes[n]
+    if not held_back(job_id, due, env, fresh[n]) then
+      local r, args, kwargs = plain(job_id, env, due)
+      if r then
+        local fields = r.fields
+        local queue = r.index
+        pushed[queue] = pushed[queue] or {}
+        table.insert(pushed[queue], message(job_id, due, r, args, kwargs))
+        forgotten[#forgotten + 1] = job_id
+        per_task[fields['t']] = (per_task[fields['t']] or 0) + 1
+        local key = fields['y'] or ''
+        if key ~= '' then unkeyed[#unkeyed + 1] = key .. '\0' .. job_id end
+        if maxlen > 0 then
+          redis.call('XADD', KEYS[5], '*', 'event', 'promoted',
+                     'job', job_id, 'task', fields['t'], 'key', key, 'due', due)
+        end
+        direct[#direct + 1] = tonumber(due)
+      else
+        redis.call('ZADD', KEYS[2], lease, job_id)
+        out[#out + 1] = job_id
+        out[#out + 1] = due
+        out[#out + 1] = env
       end
-      direct[#direct + 1] = tonumber(due)
-    else
-      redis.call('ZADD', KEYS[2], lease, job_id)
-      out[#out + 1] = job_id
-      out[#out + 1] = due
-      out[#out + 1] = env
     end
   end
 end
@@ -318,4 +388,11 @@ local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local next_due = head[2] and tonumber(head[2])
 -- (a damaged score past year 30,000 reads as never due: Redis replies integers only)
 if next_due and next_due < 1e15 then out[2] = math.max(next_due, now) end
+for queue, limit in pairs(limits) do
+  redis.call('HSET', KEYS[8], 'bucket:' .. queue, string.format('%.6f %d', limit.tokens, now))
+  if limit.waiting then  -- come back when the bucket holds a whole token
+    local at = now + math.ceil(math.max(1 - limit.tokens, 0) / limit.refill)
+    if out[2] == -1 or at < out[2] then out[2] = at end
+  end
+end
 return out

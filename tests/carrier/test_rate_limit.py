@@ -1,0 +1,158 @@
+"""Promotion rate limits per queue: shared by every carrier, oldest first, never early."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+import pytest
+
+from celery_delayq.carrier import Carrier
+from celery_delayq.errors import ConfigurationError, InvalidOption
+from tests.conftest import PROMOTIONS, store_keys, wait_for
+
+LIMITED, FREE = "parked.limited", "parked.free"  # no worker consumes them
+
+
+def promotions(delayq) -> dict[str, tuple[int, int, int]]:
+    """job id -> (promoted at, due, shard), Redis ms, from the journal."""
+    found = {}
+    for shard in delayq.store.keys:
+        for entry_id, fields in delayq.store.client.xrange(shard.journal):
+            if fields["event"] == "promoted":
+                found[fields["job"]] = (int(entry_id.split("-")[0]), int(float(fields["due"])),
+                                        shard.shard)
+    return found
+
+
+def _at(ms: float) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc)
+
+
+def busiest_second(times: list[int]) -> int:
+    """The most promotions in any window of 1,000 ms."""
+    times = sorted(times)
+    start, most = 0, 0
+    for end, at in enumerate(times):
+        while at - times[start] >= 1000:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+def wave(proj, delayq, carrier_fixture, jobs: int, rate: int, free: int) -> None:
+    """``jobs`` due at once on a queue limited to ``rate``/s, ``free`` jobs of an unlimited
+    queue due a second later: check the limit, the order, and that nothing is lost or
+    early, and that the free jobs did not wait for the wave."""
+    delayq.set_rate_limit(LIMITED, f"{rate}/s")
+    due_at = delayq.store.now_ms() + 500
+    for start in range(0, jobs, 5000):
+        proj.record.apply_delayed_many(
+            [{"args": (n,), "eta": _at(due_at), "job_id": f"lim-{n:06d}"}
+             for n in range(start, min(start + 5000, jobs))], queue=LIMITED)
+    proj.record.apply_delayed_many(
+        [{"args": (n,), "eta": _at(due_at + 1000 + n * 10), "job_id": f"free-{n}"}
+         for n in range(free)], queue=FREE)
+    wait_for(lambda: len(promotions(delayq)) == jobs + free, timeout=jobs / rate * 3 + 30,
+             what=f"{jobs + free} promotions")
+
+    found = promotions(delayq)
+    limited = {job: at for job, at in found.items() if job.startswith("lim-")}
+    assert len(limited) == jobs and all(at >= due for at, due, _ in found.values())
+    assert busiest_second([at for at, _, _ in limited.values()]) <= rate
+    assert max(at for at, _, _ in limited.values()) - due_at >= (jobs / rate - 1) * 1000
+    per_shard = defaultdict(list)  # each shard's limited jobs, in the order promoted
+    for _, due, shard in sorted(found[job] for job in limited):
+        per_shard[shard].append(due)
+    assert all(dues == sorted(dues) for dues in per_shard.values())
+    free_lateness = [at - due for job, (at, due, _) in found.items() if job.startswith("free")]
+    assert max(free_lateness) < 1000, "an unlimited queue waited for the limited one"
+    assert sum(row["rate_limited"] for row in delayq.store.stats()) == 0
+
+
+@pytest.mark.parametrize("carrier", PROMOTIONS, indirect=True)
+def test_a_wave_on_a_limited_queue_goes_at_the_rate_and_other_queues_on_time(
+        proj, delayq, carrier):
+    wave(proj, delayq, carrier, jobs=300, rate=100, free=20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("carrier", PROMOTIONS, indirect=True)
+def test_20000_due_at_once_on_a_queue_limited_to_1000_a_second(proj, delayq, carrier):
+    wave(proj, delayq, carrier, jobs=20_000, rate=1000, free=200)
+
+
+def test_held_jobs_stay_pending_cancellable_and_go_at_once_when_the_limit_is_removed(
+        proj, app, delayq):
+    delayq.set_rate_limit(LIMITED, "1/h", by="test")
+    assert delayq.rate_limits() == {LIMITED: "1/h"}
+    for n in range(6):
+        proj.record.apply_delayed(args=(n,), delay=0, queue=LIMITED, job_id=f"lim-{n}")
+    carrier = Carrier(app)
+    carrier.run_once()
+    held = [job for job in delayq.pending(limit=10) if job.held == "rate limit"]
+    assert len(held) == 6 - len(promotions(delayq)) >= 2  # a bucket holds 1 job per shard
+    assert sum(row["rate_limited"] for row in delayq.store.stats()) == len(held)
+    assert delayq.cancel(held[0].job_id) is True
+    assert delayq.reschedule(held[1].job_id, delay=3600) is not None
+
+    assert delayq.set_rate_limit(LIMITED, None, by="test") == len(held) - 2
+    assert delayq.rate_limits() == {}
+    carrier.run_once()
+    carrier.close()
+    assert set(promotions(delayq)) == {f"lim-{n}" for n in range(6)} - {
+        held[0].job_id, held[1].job_id}
+    events = [fields for shard in delayq.store.keys
+              for _, fields in delayq.store.client.xrange(shard.journal)
+              if fields["event"] == "rate_limit"]
+    assert [(e["queue"], e["rate"], e["by"]) for e in events] == [
+        (LIMITED, "1/h", "test"), (LIMITED, "off", "test")]
+
+
+@contextlib.contextmanager
+def rate_limits_setting(app, delayq, value: dict) -> Iterator[None]:
+    """``delayq_rate_limits`` set to ``value`` (read again) for the block."""
+    app.conf.delayq_rate_limits = value
+    delayq.__dict__.pop("config", None)
+    try:
+        yield
+    finally:
+        app.conf.delayq_rate_limits = None
+        delayq.__dict__.pop("config", None)
+
+
+def test_the_setting_sets_limits_redis_lacks_and_never_undoes_a_removal(proj, app, delayq):
+    delayq.set_rate_limit(LIMITED, None)
+    with rate_limits_setting(app, delayq, {"refunds": "200/s", LIMITED: "5/m"}):
+        carrier = Carrier(app)
+        carrier.run_once()
+        carrier.close()
+    assert delayq.rate_limits() == {"refunds": "200/s"}
+
+
+@pytest.mark.parametrize("rate", ["fast", "0/s", "-5/s", "10/d", float("nan"), True])
+def test_a_rate_that_is_not_one_is_refused_and_writes_nothing(delayq, rate):
+    with pytest.raises(InvalidOption, match=r"e\.g\. '200/s'"):
+        delayq.set_rate_limit("refunds", rate)
+    with pytest.raises(InvalidOption, match="queue="):
+        delayq.set_rate_limit("", "5/s")
+    assert [key for key in store_keys(delayq) if not key.endswith(":meta")] == []
+
+
+def test_a_bad_rate_limits_setting_is_a_configuration_error(app, delayq):
+    with rate_limits_setting(app, delayq, {"refunds": "lots"}), \
+            pytest.raises(ConfigurationError, match=r"delayq_rate_limits\['refunds'\]"):
+        delayq.config  # noqa: B018 - reading it validates it
+
+
+def test_jobs_of_a_limited_queue_never_go_early(proj, app, delayq):
+    delayq.set_rate_limit(LIMITED, "1000/s")
+    proj.record.apply_delayed(args=(1,), delay=30, queue=LIMITED, job_id="later")
+    carrier = Carrier(app)
+    carrier.run_once()
+    carrier.close()
+    time.sleep(0.05)
+    assert promotions(delayq) == {} and not delayq.get("later").held
