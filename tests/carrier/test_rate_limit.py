@@ -156,3 +156,20 @@ def test_jobs_of_a_limited_queue_never_go_early(proj, app, delayq):
     carrier.close()
     time.sleep(0.05)
     assert promotions(delayq) == {} and not delayq.get("later").held
+
+
+def test_jobs_a_resume_gives_back_go_within_the_rate_limit(proj, app, delayq):
+    delayq.pause(queue=LIMITED)
+    delayq.set_rate_limit(LIMITED, "1/h")
+    for n in range(12):
+        proj.record.apply_delayed(args=(n,), delay=0, queue=LIMITED, job_id=f"lim-{n}")
+    carrier = Carrier(app)
+    carrier.run_once()
+    assert [job.held for job in delayq.pending(limit=20)] == ["paused"] * 12
+
+    assert delayq.resume(queue=LIMITED) == 12
+    carrier.run_once()
+    carrier.close()
+    promoted = len(promotions(delayq))
+    assert 1 <= promoted <= delayq.store.keys.shards  # one token per shard's bucket
+    assert [job.held for job in delayq.pending(limit=20)] == ["rate limit"] * (12 - promoted)
