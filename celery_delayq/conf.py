@@ -59,6 +59,11 @@ SETTINGS: tuple[Setting, ...] = (
             "claim script pushes plain jobs (no options, headers or exchange) straight onto "
             "their queue's list: no kombu publish, exactly once. Other jobs go through kombu."),
     Setting("claim_batch", 500, int, "Most jobs a carrier claims from one shard per round trip."),
+    Setting("handoff_lead", 0.0, float,
+            "Seconds before its due time a carrier may hand a job to its queue, with the due "
+            "time as the message's eta, so the worker's timer starts it on time (as native "
+            "ETA). Such a job can no longer be cancelled, and a worker killed while holding it "
+            "gives it back only after the broker's visibility_timeout. 0: at the due time."),
     Setting("lease_seconds", 30.0, float,
             "How long a claimed job may stay unacknowledged before another carrier recovers it."),
     Setting("shard_lease_seconds", 10.0, float,
@@ -170,6 +175,8 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 
 #: Deepest ``delayq_max_nesting``: Python decodes ~990 levels, carriers and workers need room.
 MAX_NESTING = 500
+#: Longest ``delayq_handoff_lead``: a tenth of kombu's default Redis visibility_timeout.
+MAX_HANDOFF_LEAD = 360.0
 #: Longest ``delayq_max_delay``: 100 years.
 MAX_DELAY = 100 * 365.25 * 24 * 3600
 
@@ -189,6 +196,7 @@ class DelayQConfig:
     route_send_task: bool
     direct_promotion: bool
     claim_batch: int
+    handoff_lead: float
     lease_seconds: float
     shard_lease_seconds: float
     idle_timeout: float
@@ -219,6 +227,12 @@ class DelayQConfig:
             _connect_as_broker(app, values)
         config = cls(**values, default_queue=conf.task_default_queue)
         config.validate()
+        visibility = (conf.broker_transport_options or {}).get("visibility_timeout")
+        if visibility is not None and config.handoff_lead * 2 > float(visibility):
+            raise ConfigurationError(
+                f"delayq_handoff_lead ({config.handoff_lead:g} s) must be at most half the "
+                f"broker's visibility_timeout ({visibility} s): a message held longer "
+                "unacknowledged is delivered again. Lower the lead or raise the timeout")
         return config
 
     def validate(self) -> None:
@@ -240,6 +254,11 @@ class DelayQConfig:
                 raise ConfigurationError(f"delayq_{name} must be greater than 0")
         if not 0 < self.max_memory_fraction <= 1:
             raise ConfigurationError("delayq_max_memory_fraction must be in (0, 1], e.g. 0.9")
+        if not 0 <= self.handoff_lead <= MAX_HANDOFF_LEAD:
+            raise ConfigurationError(
+                f"delayq_handoff_lead must be between 0 and {MAX_HANDOFF_LEAD:g} seconds (a "
+                "message waits that long in a worker, unacknowledged: well below the "
+                f"broker's visibility_timeout); got {self.handoff_lead:g}")
         for queue, rate in self.rate_limits.items():
             try:
                 pausing.field(None, queue)

@@ -787,7 +787,8 @@ class Store:
                  [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, s.paused, s.limits,
                   s.waiting, *lists],
                  [batch, lease_ms, self._maxlen, s.shard, origin, repr_max,
-                  self.config.default_queue, self.config.max_nesting, *routes])
+                  self.config.default_queue, self.config.max_nesting,
+                  round(self.config.handoff_lead * 1000), *routes])
                 for s in shards]
 
     def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:

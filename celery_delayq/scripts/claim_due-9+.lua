@@ -1,5 +1,8 @@
 --[[ claim_due: take up to a batch of due jobs of one shard, earliest first.
 
+"Due" is due within the hand-off lead (ARGV[9], delayq_handoff_lead): a job promoted
+ahead of its time carries its due time as eta, and the worker's timer starts it then.
+
 A job is either claimed, moved from due to inflight under a lease (the carrier publishes
 it through kombu, then acks it), or, with direct promotion, pushed here and now onto its
 queue's list in the broker (the same Redis) as the message apply_async would send, and
@@ -31,7 +34,8 @@ ARGV[6]   longest argsrepr / kwargsrepr header, in bytes
 ARGV[7]   the default queue (of envelopes that name none)
 ARGV[8]   delayq_max_nesting: args and kwargs with more brackets than this are claimed
           (the carrier decodes them; too deep, they are dead-lettered, never pushed)
-ARGV[9..] two values per KEYS[10..], in the same order: queue name, delivery mode
+ARGV[9]   the hand-off lead in ms (0: jobs are taken once due)
+ARGV[10..] two values per KEYS[10..], in the same order: queue name, delivery mode
 
 Returns {now ms, next due ms or -1, {due ms of each job promoted directly}, lease,
          id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs and
@@ -39,7 +43,7 @@ lease is their in-flight score as text: the deadline with this call's microsecon
 decimals, a token ack / recover / dead check, so an old copy's ack never takes the lease
 of the same id claimed again (after a replace) by this or another call.
 Job ids are stored packed (keys.pack_id); messages carry them unpacked.
-The next due time is that of the earliest job left on the due set, or sooner when a
+The next due time is when the earliest job left on the due set can be taken, or sooner when a
 rate-limited queue has jobs waiting: when its bucket holds its next whole token.
 
 Held jobs (held.py) stay pending and the claim goes on past them: a due job of a paused
@@ -68,7 +72,7 @@ local routes = {}
 for n = 10, #KEYS do
   local found = redis.call('TYPE', KEYS[n]).ok
   if found == 'list' or found == 'none' then  -- a damaged queue list: those jobs are claimed
-    routes[ARGV[2 * n - 11]] = {index = n, mode = tonumber(ARGV[2 * n - 10])}
+    routes[ARGV[2 * n - 10]] = {index = n, mode = tonumber(ARGV[2 * n - 9])}
   end
 end
 local paused = {}
@@ -340,7 +344,9 @@ for queue, limit in pairs(limits) do
   end
   limit.waiting = redis.call('ZLEXCOUNT', KEYS[9], first, last) > 0
 end
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, batch)
+local lead = tonumber(ARGV[9])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + lead, 'WITHSCORES', 'LIMIT', 0,
+                       batch)
 if #ids > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #ids / 2 - 1) end
 for i = 1, #ids, 2 do
   names[#names + 1], dues[#dues + 1], fresh[#fresh + 1] = ids[i], ids[i + 1], true
@@ -387,7 +393,7 @@ if #direct > 0 and maxlen > 0 then redis.call('XTRIM', KEYS[5], 'MAXLEN', '~', m
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local next_due = head[2] and tonumber(head[2])
 -- (a damaged score past year 30,000 reads as never due: Redis replies integers only)
-if next_due and next_due < 1e15 then out[2] = math.max(next_due, now) end
+if next_due and next_due < 1e15 then out[2] = math.max(next_due - lead, now) end
 for queue, limit in pairs(limits) do
   redis.call('HSET', KEYS[8], 'bucket:' .. queue, string.format('%.6f %d', limit.tokens, now))
   if limit.waiting then  -- come back when the bucket holds a whole token
