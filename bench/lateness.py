@@ -8,10 +8,16 @@ carrier``) serve every arm of the run. Per repetition:
   the ``delayq_due`` header.
 * **native**: ``apply_async(countdown=...)`` of a plain task with the same load; worker
   start lateness against the due time the producer computed.
+* **delayq, hand-off lead**: the delayq arm with the carrier restarted with
+  ``--handoff-lead`` (default 1 s): jobs reach the worker ahead, eta = due time, and the
+  worker's timer starts them, as native ETA does.
 * **promotion**: jobs all due at one instant (scheduled with ``apply_delayed_many``)
   into a queue no worker reads; jobs/s from due time to the last ``promoted`` event,
   once through kombu and once with the carrier restarted with ``--direct`` (the claim
   script pushes to the broker's list itself).
+* **worker drain**: the arm's number of messages (no eta) published at once into the
+  worker's queue by Celery and kombu alone: the rate the worker starts tasks at when
+  nothing waits on a timer, the ceiling every lateness figure above meets in a burst.
 * **Celery alone**: the promotion arm's number of messages built with Celery's
   ``create_task_message`` and published in kombu's ``Producer.batch()`` by this process,
   with no store: what Celery's and kombu's own path costs per message, beside which
@@ -55,8 +61,9 @@ class Bench:
     """The arms of one benchmark run against one :class:`Cluster`."""
 
     def __init__(self, cluster: Cluster, load: Load, promotion_tasks: int,
-                 sustained_rate: int = 0) -> None:
+                 sustained_rate: int = 0, handoff_lead: float = 1.0) -> None:
         self.cluster = cluster
+        self.handoff_lead = handoff_lead
         self.ctx: ModuleType = cluster.app
         self.load = load
         self.promotion_tasks = promotion_tasks
@@ -84,9 +91,15 @@ class Bench:
 
     def delayq_direct(self) -> dict:
         """The delayq arm with the carrier restarted with ``--direct``."""
-        with self._direct_carrier():
+        with self._carrier("--direct"):
             return self._arm("delayq", self.load, self._lead("delayq", self.load.tasks),
                              label="delayq, direct")
+
+    def delayq_lead(self) -> dict:
+        """The delayq arm with the carrier restarted with ``--handoff-lead``."""
+        with self._carrier("--handoff-lead", str(self.handoff_lead)):
+            return self._arm("delayq", self.load, self._lead("delayq", self.load.tasks),
+                             label=f"delayq, hand-off lead {self.handoff_lead:g} s")
 
     def native(self) -> dict:
         return self._arm("native", self.load, self._lead("native", self.load.tasks))
@@ -123,7 +136,7 @@ class Bench:
         then jobs due at ``sustained_rate`` per second for ``window`` seconds. ``direct``
         restarts the carrier with ``--direct`` for the duration."""
         name = "promotion, direct" if direct else "promotion"
-        with self._direct_carrier() if direct else contextlib.nullcontext():
+        with self._carrier("--direct") if direct else contextlib.nullcontext():
             result = self._promotion(name, self.promotion_tasks, spread_s=0.0)
             if self.sustained_rate:
                 tasks = int(self.sustained_rate * self.load.window)
@@ -133,27 +146,44 @@ class Bench:
 
     def celery_alone(self) -> dict:
         """Build and publish the promotion arm's messages with Celery and kombu alone."""
-        ctx, tasks, chunk = self.ctx, self.promotion_tasks, 4000
-        create = ctx.app.amqp.create_task_message
-        name, args = ctx.delayed_probe.name, ("bench:runs:sink",)
+        ctx, tasks = self.ctx, self.promotion_tasks
         say(f"celery alone: building and publishing {tasks:,} messages in Producer.batch()")
-        with ctx.app.producer_pool.acquire(block=True) as producer:
-            started = time.perf_counter()
-            for first in range(0, tasks, chunk):
-                with producer.batch(max_size=chunk):
-                    for _ in range(first, min(tasks, first + chunk)):
-                        headers, properties, body, _ = create(uuid(), name, args, {})
-                        producer.publish(body, exchange="", routing_key=ctx.SINK_QUEUE,
-                                         serializer="json", headers=headers, **properties)
-            per_s = tasks / (time.perf_counter() - started)
+        per_s = self._publish(ctx.delayed_probe.name, "bench:runs:sink", ctx.SINK_QUEUE, tasks)
         purged = workload.purge(ctx, ctx.SINK_QUEUE)
         say(f"celery alone: {per_s:,.0f}/s; {purged:,} messages purged")
         return {"tasks": tasks, "published": purged, "per_s": per_s}
 
+    def worker_drain(self) -> dict:
+        """What the worker allows: it runs the arms' number of messages already queued (no
+        eta), published by Celery alone; starts/s from its first start to its last."""
+        ctx, tasks, runs_key = self.ctx, self.load.tasks, self._runs_key("drain")
+        say(f"worker drain: {tasks:,} messages queued at once for the worker")
+        self._publish(ctx.native_probe.name, runs_key, "celery", tasks)
+        workload.wait_for_runs(ctx, runs_key, tasks, _DRAIN_TIMEOUT, self.cluster.check_alive,
+                               say)
+        per_s = workload.worker_rate(workload.runs(ctx, runs_key))
+        ctx.delayq.store.client.delete(runs_key)
+        say(f"worker drain: {per_s:,.0f} starts/s")
+        return {"tasks": tasks, "worker_start_per_s": per_s}
+
+    def _publish(self, name: str, runs_key: str, queue: str, tasks: int) -> float:
+        """Build ``tasks`` messages of ``name`` with Celery's ``create_task_message`` and
+        publish them in kombu's ``Producer.batch()``; returns messages/s."""
+        create, chunk = self.ctx.app.amqp.create_task_message, 4000
+        with self.ctx.app.producer_pool.acquire(block=True) as producer:
+            started = time.perf_counter()
+            for first in range(0, tasks, chunk):
+                with producer.batch(max_size=chunk):
+                    for _ in range(first, min(tasks, first + chunk)):
+                        headers, properties, body, _ = create(uuid(), name, (runs_key,), {})
+                        producer.publish(body, exchange="", routing_key=queue,
+                                         serializer="json", headers=headers, **properties)
+            return tasks / (time.perf_counter() - started)
+
     @contextlib.contextmanager
-    def _direct_carrier(self) -> Iterator[None]:
-        """The carrier restarted with ``--direct`` for the duration, then as it was."""
-        self._restart_carrier("--direct")
+    def _carrier(self, *options: str) -> Iterator[None]:
+        """The carrier restarted with ``options`` for the duration, then as it was."""
+        self._restart_carrier(*options)
         try:
             yield
         finally:
@@ -195,12 +225,14 @@ class Bench:
 
 def repetition(bench: Bench, n: int) -> dict:
     """One repetition; the arms alternate order so drift over time favours neither."""
-    order = ("delayq", "native") if n % 2 == 0 else ("native", "delayq")
+    order = ("delayq", "native", "delayq_lead") if n % 2 == 0 else ("delayq_lead", "native",
+                                                                      "delayq")
     result: dict = {"loadavg_1m_before": os.getloadavg()[0]}
     result.update({arm: getattr(bench, arm)() for arm in order})
     result["promotion"] = bench.promotion()
     result["promotion_direct"] = bench.promotion(direct=True)
     result["celery_alone"] = bench.celery_alone()
+    result["worker_drain"] = bench.worker_drain()
     result["ratios"] = ratios(result)
     result["loadavg_1m_after"] = os.getloadavg()[0]
     say(f"load average (1 min) {result['loadavg_1m_before']:.2f} before, "
@@ -215,15 +247,17 @@ def ratios(rep: dict) -> dict:
            for name in ("schedule_per_s", "worker_start_per_s")}
     out["promotion_vs_celery_alone"] = (rep["promotion"]["promotion_per_s"]
                                         / rep["celery_alone"]["per_s"])
-    out["worker_lateness"] = {
-        name: ours["worker_lateness_ms"][name] / max(theirs["worker_lateness_ms"][name], 1e-3)
-        for name in ("p50", "p95", "p99", "max")}
+    for arm, name in (("delayq", "worker_lateness"), ("delayq_lead", "lead_worker_lateness")):
+        out[name] = {p: rep[arm]["worker_lateness_ms"][p]
+                     / max(theirs["worker_lateness_ms"][p], 1e-3)
+                     for p in ("p50", "p95", "p99", "max")}
     return out
 
 
 # -- report ------------------------------------------------------------------------------
 
-def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: int) -> str:
+def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: int,
+           handoff_lead: float) -> str:
     many = repeats > 1
     pcts = [name for name, _ in PERCENTILES] + ["max"]
 
@@ -235,6 +269,9 @@ def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: in
         lat_row("delayq worker start - due", "delayq.worker_lateness_ms"),
         lat_row("native worker start - due", "native.worker_lateness_ms"),
         lat_row("ratio delayq ÷ native (worker start)", "ratios.worker_lateness"),
+        lat_row(f"delayq, lead {handoff_lead:g} s, worker start - due",
+                "delayq_lead.worker_lateness_ms"),
+        lat_row(f"ratio delayq lead {handoff_lead:g} s ÷ native", "ratios.lead_worker_lateness"),
         lat_row(f"publish - due at {sustained_rate:,} due/s, kombu",
                 "promotion.sustained.lateness_ms"),
         lat_row(f"publish - due at {sustained_rate:,} due/s, direct",
@@ -254,6 +291,8 @@ def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: in
             summary.get("promotion.promotion_per_s"), 0, many), "-", ""],
         [f"promotion, direct (--direct), {promotion_tasks:,} due at once", cell(
             summary.get("promotion_direct.promotion_per_s"), 0, many), "-", ""],
+        ["Celery alone: the worker drains the arm's tasks, queued at once", "-",
+         cell(summary.get("worker_drain.worker_start_per_s"), 0, many), ""],
         [f"Celery alone: build + publish {promotion_tasks:,} (Producer.batch)", "-",
          cell(summary.get("celery_alone.per_s"), 0, many), ""],
         ["ratio promotion through kombu ÷ Celery alone", "", "",
@@ -294,6 +333,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="jobs due at one instant in each promotion arm")
     parser.add_argument("--sustained-rate", type=int, default=20_000,
                         help="due jobs/s over --window in each promotion arm (0: skip)")
+    parser.add_argument("--handoff-lead", type=float, default=1.0,
+                        help="seconds of hand-off lead in the lead arm")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 2,000 tasks, 1 repetition")
@@ -321,7 +362,8 @@ def run(opts: argparse.Namespace) -> dict:
     with Cluster(setup, profile_carrier=opts.profile_carrier) as cluster:
         say(f"redis-server at {cluster.redis.url}; worker ({setup.pool}, "
             f"{setup.concurrency}) and carrier started")
-        bench = Bench(cluster, load, opts.promotion_tasks, opts.sustained_rate)
+        bench = Bench(cluster, load, opts.promotion_tasks, opts.sustained_rate,
+                      opts.handoff_lead)
         bench.warm_up()
         reps = []
         for n in range(opts.repeat):
@@ -334,6 +376,7 @@ def run(opts: argparse.Namespace) -> dict:
         "parameters": {"tasks": load.tasks, "window_s": load.window, "repeat": opts.repeat,
                        "promotion_tasks": opts.promotion_tasks,
                        "sustained_rate": opts.sustained_rate,
+                       "handoff_lead_s": opts.handoff_lead,
                        "pool": setup.pool, "concurrency": setup.concurrency,
                        "worker_events": not opts.no_worker_events},
         "command": " ".join(["python -m bench.lateness", *sys.argv[1:]]),
@@ -349,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         say("interrupted; every process stopped")
         return 130
     print()
-    print(report(result["summary"], opts.repeat, opts.promotion_tasks, opts.sustained_rate))
+    print(report(result["summary"], opts.repeat, opts.promotion_tasks, opts.sustained_rate,
+                 opts.handoff_lead))
     facts = result["machine"]
     print(f"\n{facts['nproc']} CPUs ({facts['cpu']}), Redis {facts['redis_server']}, "
           f"Python {facts['python']}, Celery {facts['celery']}, {facts['worker']}; "

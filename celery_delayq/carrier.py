@@ -32,6 +32,7 @@ from kombu.exceptions import KombuError, SerializationError
 from redis.client import PubSub
 from redis.cluster import RedisCluster
 
+from .conf import check_handoff_lead
 from .connection import redact
 from .envelope import ORIGIN
 from .errors import (
@@ -78,7 +79,8 @@ class Carrier:
 
     def __init__(self, app, *, batch: int | None = None, lease: float | None = None,
                  shard_lease: float | None = None, idle_timeout: float | None = None,
-                 direct: bool | None = None, metrics: CarrierMetrics | None = None) -> None:
+                 direct: bool | None = None, handoff_lead: float | None = None,
+                 metrics: CarrierMetrics | None = None) -> None:
         self.app = app
         self.delayq = DelayQ.of(app)
         config = self.delayq.config
@@ -89,6 +91,8 @@ class Carrier:
         self.lease_ms = int((lease or config.lease_seconds) * 1000)
         self.idle_timeout = idle_timeout or config.idle_timeout
         self.direct = config.direct_promotion if direct is None else direct
+        self.lead_ms = round(1000 * (config.handoff_lead if handoff_lead is None
+                                     else check_handoff_lead(app, handoff_lead)))
         if self.direct and config.cluster:
             raise ConfigurationError(
                 "direct promotion needs the store on the broker's Redis; a Redis Cluster "
@@ -148,7 +152,8 @@ class Carrier:
             ahead, self._ahead = self._ahead, None
             claims, claimed_at = ahead.result(), ahead.sent_at
         else:
-            claims = self.store.claim(self._shards, self.batch, self.lease_ms, self._direct)
+            claims = self.store.claim(self._shards, self.batch, self.lease_ms, self._direct,
+                                      self.lead_ms)
             claimed_at = time.monotonic()
         self._note_failed_shards("claim", {c.shard: c.error for c in claims if c.error},
                                  served=[c.shard for c in claims if not c.error])
@@ -159,7 +164,7 @@ class Carrier:
         if backlog and self._can_claim_ahead():
             # Redis acks the last batch and claims the next while this one is published
             self._ahead = self.store.claim_ahead(self._shards, self.batch, self.lease_ms,
-                                                 self._direct, self._unacked)
+                                                 self._direct, self._unacked, self.lead_ms)
         elif self._unacked:
             self.store.ack(self._unacked)
         self._unacked = {}

@@ -59,6 +59,8 @@ def _setting(name: str) -> str:
 @click.option("--direct/--no-direct", default=None,
               show_default=_setting("direct_promotion"),
               help="Push plain jobs onto the broker's queue lists inside the claim script.")
+@click.option("--handoff-lead", type=float, default=None, show_default=_setting("handoff_lead"),
+              help="Seconds before its due time a job may be handed to its queue (eta = due).")
 @click.option("--metrics-port", type=int, default=None,
               help="Serve Prometheus metrics on this port (needs celery-delayq[metrics]).")
 @click.option("-l", "--loglevel", default="INFO", show_default=True,
@@ -66,7 +68,7 @@ def _setting(name: str) -> str:
 @click.pass_context
 def carrier(ctx: click.Context, batch: int | None, lease: float | None,
             shard_lease: float | None, idle_timeout: float | None, direct: bool | None,
-            metrics_port: int | None, loglevel: str) -> None:
+            handoff_lead: float | None, metrics_port: int | None, loglevel: str) -> None:
     """Promote due jobs into their Celery queues (run one or more beside beat)."""
     from .carrier import Carrier
     from .metrics import CarrierMetrics
@@ -81,7 +83,8 @@ def carrier(ctx: click.Context, batch: int | None, lease: float | None,
             logging.getLogger("celery_delayq.carrier").info(
                 "metrics on http://0.0.0.0:%d/metrics", metrics_port)
         Carrier(ctx.obj.app, batch=batch, lease=lease, shard_lease=shard_lease,
-                idle_timeout=idle_timeout, direct=direct, metrics=metrics).run()
+                idle_timeout=idle_timeout, direct=direct, handoff_lead=handoff_lead,
+                metrics=metrics).run()
     except DelayQError as exc:
         _fail(exc)
 

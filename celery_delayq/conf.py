@@ -227,12 +227,7 @@ class DelayQConfig:
             _connect_as_broker(app, values)
         config = cls(**values, default_queue=conf.task_default_queue)
         config.validate()
-        visibility = (conf.broker_transport_options or {}).get("visibility_timeout")
-        if visibility is not None and config.handoff_lead * 2 > float(visibility):
-            raise ConfigurationError(
-                f"delayq_handoff_lead ({config.handoff_lead:g} s) must be at most half the "
-                f"broker's visibility_timeout ({visibility} s): a message held longer "
-                "unacknowledged is delivered again. Lower the lead or raise the timeout")
+        check_handoff_lead(app, config.handoff_lead)
         return config
 
     def validate(self) -> None:
@@ -254,11 +249,6 @@ class DelayQConfig:
                 raise ConfigurationError(f"delayq_{name} must be greater than 0")
         if not 0 < self.max_memory_fraction <= 1:
             raise ConfigurationError("delayq_max_memory_fraction must be in (0, 1], e.g. 0.9")
-        if not 0 <= self.handoff_lead <= MAX_HANDOFF_LEAD:
-            raise ConfigurationError(
-                f"delayq_handoff_lead must be between 0 and {MAX_HANDOFF_LEAD:g} seconds (a "
-                "message waits that long in a worker, unacknowledged: well below the "
-                f"broker's visibility_timeout); got {self.handoff_lead:g}")
         for queue, rate in self.rate_limits.items():
             try:
                 pausing.field(None, queue)
@@ -284,6 +274,23 @@ class DelayQConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def check_handoff_lead(app, seconds: float) -> float:
+    """``seconds`` when it is a hand-off lead a worker can hold safely, else
+    :class:`ConfigurationError`: a message waits that long unacknowledged in a worker."""
+    if not 0 <= seconds <= MAX_HANDOFF_LEAD:
+        raise ConfigurationError(
+            f"delayq_handoff_lead must be between 0 and {MAX_HANDOFF_LEAD:g} seconds (a "
+            "message waits that long in a worker, unacknowledged: well below the broker's "
+            f"visibility_timeout); got {seconds:g}")
+    visibility = (app.conf.broker_transport_options or {}).get("visibility_timeout")
+    if visibility is not None and seconds * 2 > float(visibility):
+        raise ConfigurationError(
+            f"delayq_handoff_lead ({seconds:g} s) must be at most half the broker's "
+            f"visibility_timeout ({visibility} s): a message held longer unacknowledged is "
+            "delivered again. Lower the lead or raise the timeout")
+    return seconds
 
 
 def _coerce(setting: Setting, raw: Any) -> Any:

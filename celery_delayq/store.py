@@ -758,27 +758,32 @@ class Store:
     # -- carrier side ------------------------------------------------------------------
 
     def claim(self, shards: list[ShardKeys], batch: int, lease_ms: int,
-              direct: DirectRoutes | None = None) -> list[ShardClaim]:
-        """Claim up to ``batch`` due jobs on each shard, in one round trip; with ``direct``,
-        plain jobs for those queues are pushed to the broker by the script instead."""
+              direct: DirectRoutes | None = None, lead_ms: int = 0) -> list[ShardClaim]:
+        """Claim up to ``batch`` jobs due within ``lead_ms`` on each shard, in one round
+        trip; with ``direct``, plain jobs for those queues are pushed to the broker by the
+        script instead."""
         with self.unavailable():
-            replies = execute(self.client, self._claim_calls(shards, batch, lease_ms, direct),
+            replies = execute(self.client,
+                              self._claim_calls(shards, batch, lease_ms, direct, lead_ms),
                               raise_errors=False)
         return _shard_claims(shards, replies)
 
     def claim_ahead(self, shards: list[ShardKeys], batch: int, lease_ms: int,
                     direct: DirectRoutes | None = None,
-                    acks: dict[ShardKeys, list[Promoted]] | None = None) -> ClaimAhead:
+                    acks: dict[ShardKeys, list[Promoted]] | None = None,
+                    lead_ms: int = 0) -> ClaimAhead:
         """Send :meth:`ack` of ``acks`` and :meth:`claim` now, read the claims later: Redis
         runs both while the carrier publishes what it claimed before."""
         ack_calls = self._ack_calls(acks or {})
         with self.unavailable():
             sent = Deferred(self.client,
-                            ack_calls + self._claim_calls(shards, batch, lease_ms, direct))
+                            ack_calls + self._claim_calls(shards, batch, lease_ms, direct,
+                                                          lead_ms))
         return ClaimAhead(self, shards, sent, len(ack_calls), time.monotonic())
 
     def _claim_calls(self, shards: list[ShardKeys], batch: int, lease_ms: int,
-                     direct: DirectRoutes | None) -> list[tuple[Script, list[str], list[Any]]]:
+                     direct: DirectRoutes | None,
+                     lead_ms: int) -> list[tuple[Script, list[str], list[Any]]]:
         lists, routes, origin, repr_max = [], [], "", 0
         if direct is not None:
             lists, routes = direct.lists, [value for route in direct.queues for value in route]
@@ -787,8 +792,7 @@ class Store:
                  [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, s.paused, s.limits,
                   s.waiting, *lists],
                  [batch, lease_ms, self._maxlen, s.shard, origin, repr_max,
-                  self.config.default_queue, self.config.max_nesting,
-                  round(self.config.handoff_lead * 1000), *routes])
+                  self.config.default_queue, self.config.max_nesting, lead_ms, *routes])
                 for s in shards]
 
     def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:

@@ -25,13 +25,15 @@ def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
     result = json.loads(out.read_text())
     rep = result["repetitions"][0]
     tasks = result["parameters"]["tasks"]
-    for arm in ("delayq", "native"):
+    for arm in ("delayq", "native", "delayq_lead"):
         assert rep[arm]["worker_lateness_ms"]["n"] == tasks
         assert rep[arm]["duplicates"] == 0
         assert rep[arm]["schedule_per_s"] > 0
     assert rep["delayq"]["promotion_lateness_ms"]["n"] == tasks
     assert rep["delayq"]["promotion_lateness_ms"]["min"] >= 0, "promoted before due"
     assert rep["delayq"]["worker_lateness_ms"]["min"] >= 0, "ran before due"
+    assert rep["delayq_lead"]["worker_lateness_ms"]["min"] >= 0, "a lead job ran before due"
+    assert rep["worker_drain"]["worker_start_per_s"] > 0
     for arm in ("promotion", "promotion_direct"):
         assert rep[arm]["promoted"] == result["parameters"]["promotion_tasks"], arm
         assert rep[arm]["lateness_ms"]["min"] >= 0, f"{arm}: promoted before due"

@@ -54,3 +54,17 @@ def test_a_job_due_within_the_lead_is_handed_over_early_and_starts_on_time(
 def test_a_lead_a_worker_could_not_hold_safely_is_refused(redis_server, settings, match):
     with pytest.raises(ConfigurationError, match=match):
         DelayQ(lead_app(redis_server, **settings)).config  # noqa: B018 - reading validates
+
+
+def test_a_carrier_given_a_lead_hands_over_early_and_refuses_an_unsafe_one(
+        proj, app, delayq, redis_client):
+    with pytest.raises(ConfigurationError, match="between 0 and 360"):
+        Carrier(app, handoff_lead=1000)
+    due = datetime.now(timezone.utc) + timedelta(seconds=5)
+    proj.record.apply_delayed(args=("x",), eta=due, job_id="soon", queue="parked.lead")
+    carrier = Carrier(app, handoff_lead=10)
+    try:
+        carrier.run_once()
+    finally:
+        carrier.close()
+    assert delayq.get("soon") is None and redis_client.llen("parked.lead") == 1
