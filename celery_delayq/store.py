@@ -631,10 +631,10 @@ class Store:
     def stats(self) -> list[dict[str, Any]]:
         """Per-shard counts: pending, overdue, paused and rate_limited (due jobs held by a
         pause or by their queue's rate limit: pending, not overdue), in flight, dead,
-        journal length, next due, and ``unreadable_due``: pending jobs
-        whose due score is no time (±inf, after the year 9999), which ``next_due_ms``
-        passes over. ``damaged`` says which key of the shard
-        holds the wrong type ("" when none); its counts are then 0.
+        journal length, next due, and ``unreadable_due``: pending jobs whose due score is
+        no time (±inf, after the year 9999), which ``next_due_ms`` passes over.
+        ``damaged`` says which key of the shard holds the wrong type ("" when none); its
+        counts are then 0.
 
         "Overdue" (due but not yet claimed) and ``now_ms`` follow Redis's clock.
         """

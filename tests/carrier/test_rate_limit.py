@@ -48,14 +48,15 @@ def wave(proj, delayq, carrier_fixture, jobs: int, rate: int, free: int) -> None
     queue due a second later: check the limit, the order, and that nothing is lost or
     early, and that the free jobs did not wait for the wave."""
     delayq.set_rate_limit(LIMITED, f"{rate}/s")
-    due_at = delayq.store.now_ms() + 500
+    due_at = delayq.store.now_ms() + 1000 + jobs * 0.25  # after the scheduling below
+    proj.record.apply_delayed_many(
+        [{"args": (n,), "eta": _at(due_at + 1000 + n * 10), "job_id": f"free-{n}"}
+         for n in range(free)], queue=FREE)
     for start in range(0, jobs, 5000):
         proj.record.apply_delayed_many(
             [{"args": (n,), "eta": _at(due_at), "job_id": f"lim-{n:06d}"}
              for n in range(start, min(start + 5000, jobs))], queue=LIMITED)
-    proj.record.apply_delayed_many(
-        [{"args": (n,), "eta": _at(due_at + 1000 + n * 10), "job_id": f"free-{n}"}
-         for n in range(free)], queue=FREE)
+    assert delayq.store.now_ms() < due_at, "scheduling took longer than the test allows"
     wait_for(lambda: len(promotions(delayq)) == jobs + free, timeout=jobs / rate * 3 + 30,
              what=f"{jobs + free} promotions")
 

@@ -81,6 +81,18 @@ def test_a_producer_on_a_full_redis_gets_store_full_and_nothing_is_written(full_
     assert stored_ids(delayq, ["one", *ids]) == set()
 
 
+def test_a_pause_or_rate_limit_on_a_full_redis_is_store_full_and_sets_nothing(full_server):
+    app, _, _ = make_app(full_server.url, delayq_max_memory_fraction=1.0)
+    delayq = DelayQ.of(app)
+    delayq.store.client.ping()
+    fill_redis(redis.Redis(port=full_server.port))
+    with pytest.raises(StoreFull, match="maxmemory"):
+        delayq.pause(queue="full")
+    with pytest.raises(StoreFull, match="maxmemory"):
+        delayq.set_rate_limit("full", "10/s")
+    assert delayq.paused() == {"tasks": [], "queues": []} and delayq.rate_limits() == {}
+
+
 def test_a_refused_batch_lists_exactly_the_jobs_it_stored(full_server):
     app, work, _ = make_app(full_server.url, delayq_max_memory_fraction=1.0)
     delayq = DelayQ.of(app)

@@ -1,8 +1,9 @@
 """The minimal ACL command sets of docs/operations.md are enough, and taken from there.
 
 A real redis-server with three ACL users defined by the ``ACL SETUSER`` lines of the
-docs (producer, carrier, CLI): a producer schedules, a carrier promotes (the broker is
-another Redis), the CLI runs ``stats``, ``ls`` and ``cancel``. Nothing is refused.
+docs (producer, carrier, CLI): a producer schedules, the CLI pauses another queue and
+rate-limits this one, a carrier promotes (the broker is another Redis), the CLI runs
+``stats``, ``ls``, ``cancel``, lifts the limit and resumes. Nothing is refused.
 """
 
 from __future__ import annotations
@@ -69,6 +70,19 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
         noop.apply_delayed(args=(0,), delay=600, job_id="later", key="order:1")
         noop.apply_delayed(args=(0,), delay=600, job_id="cancel-me")
         assert DelayQ.of(noop.app).cancel("cancel-me")
+        env = {"DELAYQ_TEST_REDIS_URL": redis_server.url,
+               "DELAYQ_TEST_STORE_URL": url.format(user="delayq-cli"), "PYTHONPATH": ROOT}
+        outputs = {}
+
+        def cli(*command: str) -> None:
+            done = subprocess.run(celery_cli("delayq", *command), cwd=ROOT, text=True,
+                                  env={**os.environ, **env},
+                                  capture_output=True, timeout=60)
+            assert done.returncode == 0, done.stdout + done.stderr
+            outputs[command[0]] = done.stdout
+
+        cli("pause", "--queue", "elsewhere")
+        cli("rate-limit", "acl-test", "1000/s")  # the carrier's claims read and keep a bucket
 
         app, _ = app_as("delayq-carrier")
         carrier = Carrier(app)
@@ -81,15 +95,9 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
             carrier.stop()
             thread.join(10)
             queue.delete("acl-test")
-        env = {"DELAYQ_TEST_REDIS_URL": redis_server.url,
-               "DELAYQ_TEST_STORE_URL": url.format(user="delayq-cli"), "PYTHONPATH": ROOT}
-        outputs = {}
-        for command in (["stats", "--json"], ["ls"], ["cancel", "later"]):
-            done = subprocess.run(celery_cli("delayq", *command), cwd=ROOT, text=True,
-                                  env={**os.environ, **env},
-                                  capture_output=True, timeout=60)
-            assert done.returncode == 0, done.stdout + done.stderr
-            outputs[command[0]] = done.stdout
+        for command in (["stats", "--json"], ["ls"], ["cancel", "later"], ["paused"],
+                        ["rate-limit", "acl-test", "off"], ["resume", "--queue", "elsewhere"]):
+            cli(*command)
         denied = admin.acl_log()
         admin.close()
     # Refused and handled: redis-py's CLIENT SETINFO on connect (Redis < 7.2 lacks it), and
@@ -98,3 +106,4 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
                    if d["object"].split("|")[0] not in ("client", "config")}) == []
     assert sum(row["pending"] for row in json.loads(outputs["stats"])) == 1
     assert "later" in outputs["ls"] and "later: cancelled" in outputs["cancel"]
+    assert outputs["paused"] == "queue elsewhere\n"
