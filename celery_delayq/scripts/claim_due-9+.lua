@@ -84,18 +84,21 @@ flat = redis.call('HGETALL', KEYS[8])
 for i = 1, #flat, 2 do
   local queue = string.match(flat[i], '^rate:(.*)$')
   local capacity, refill = string.match(flat[i + 1], '^(%S+) (%S+)')
-  if queue and tonumber(capacity) and tonumber(refill) then
-    limits[queue] = {capacity = tonumber(capacity), refill = tonumber(refill),
-                     tokens = tonumber(capacity), name = queue}
+  capacity, refill = tonumber(capacity), tonumber(refill)
+  -- (a damaged value, as "off", limits nothing)
+  if queue and capacity and refill and capacity >= 1 and capacity < 1e12 and refill > 0
+      and refill < 1e9 then
+    limits[queue] = {capacity = capacity, refill = refill, tokens = capacity, name = queue}
   end
 end
 for i = 1, #flat, 2 do
   local queue = string.match(flat[i], '^bucket:(.*)$')
   local tokens, at = string.match(flat[i + 1], '^(%S+) (%S+)')
+  tokens, at = tonumber(tokens), tonumber(at)
   local limit = queue and limits[queue]
-  if limit and tonumber(tokens) and tonumber(at) then
-    limit.tokens = math.min(limit.capacity,
-                            tonumber(tokens) + math.max(now - tonumber(at), 0) * limit.refill)
+  if limit and tokens and at and tokens == tokens and at == at then  -- (not NaN)
+    limit.tokens = math.max(math.min(limit.capacity,
+                                     tokens + math.max(now - at, 0) * limit.refill), 0)
   end
 end
 local controlled = next(paused) ~= nil or next(limits) ~= nil

@@ -174,3 +174,25 @@ def test_jobs_a_resume_gives_back_go_within_the_rate_limit(proj, app, delayq):
     promoted = len(promotions(delayq))
     assert 1 <= promoted <= delayq.store.keys.shards  # one token per shard's bucket
     assert [job.held for job in delayq.pending(limit=20)] == ["rate limit"] * (12 - promoted)
+
+
+@pytest.mark.parametrize(("rate", "bucket"), [
+    ("nan nan 5/s", None), ("inf 1 5/s", None), ("0 0 5/s", None), ("garbage", None),
+    (None, "nan 0"), (None, "-inf 1"), (None, "1 nan"), (None, "1e308 -1e308"),
+])
+def test_a_damaged_limit_or_bucket_never_stops_a_queue_for_good(proj, app, delayq, rate,
+                                                                bucket):
+    delayq.set_rate_limit(LIMITED, "1000/s")
+    for shard in delayq.store.keys:
+        if rate is not None:
+            delayq.store.client.hset(shard.limits, f"rate:{LIMITED}", rate)
+        if bucket is not None:
+            delayq.store.client.hset(shard.limits, f"bucket:{LIMITED}", bucket)
+    for n in range(8):
+        proj.record.apply_delayed(args=(n,), delay=0, queue=LIMITED, job_id=f"lim-{n}")
+    carrier = Carrier(app)
+    try:
+        wait_for(lambda: carrier.run_once() is not None and len(promotions(delayq)) == 8,
+                 timeout=10, what="every job promoted")
+    finally:
+        carrier.close()
