@@ -21,6 +21,11 @@ RATE_BASE = 2**51
 RANGES = {"paused": (PAUSED_BASE + MIN_MS, PAUSED_BASE + MAX_MS),
           "rate limit": (RATE_BASE + MIN_MS, RATE_BASE + MAX_MS)}
 _BASES = {"paused": PAUSED_BASE, "rate limit": RATE_BASE}
+#: The score ranges (Redis syntax) of ``due`` holding no held job: due times, and damaged
+#: scores (``inf``, past the year 9999) between and beyond the held ranges.
+NOT_HELD = (("-inf", f"({RANGES['paused'][0]}"),
+            (f"({RANGES['paused'][1]}", f"({RANGES['rate limit'][0]}"),
+            (f"({RANGES['rate limit'][1]}", "+inf"))
 
 
 def split_score(score: float | None) -> tuple[float | None, str]:

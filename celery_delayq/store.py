@@ -35,7 +35,7 @@ from .errors import (
     StoreFull,
     StoreUnavailable,
 )
-from .held import RANGES, split_score
+from .held import NOT_HELD, RANGES, split_score
 from .keys import KEY_TYPES, Keyspace, ShardKeys, bykey_member, pack_id, raw_id, unpack_id
 from .memory import Headroom, Memory
 from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
@@ -542,24 +542,23 @@ class Store:
             for stored in ids:
                 pipe.zscore(shard.due, raw_id(stored))
             scored = [(i, s) for i, s in zip(ids, pipe.execute(), strict=True) if s is not None]
-            return self._jobs_of(shard, scored, wanted, skipped)[:limit]
-        # held jobs (held.py) first: due already, they sort after every other score
-        found = []
-        for low, high in RANGES.values():
-            held = cast("list[tuple[str, float]]", self.client.zrangebyscore(
-                shard.due, low, high, withscores=True))
-            found.extend(self._jobs_of(shard, held, wanted, skipped))
-        start = 0
-        while len(found) < limit:
-            chunk = cast("list[tuple[str, float]]", self.client.zrange(
-                shard.due, start, start + _SCAN_CHUNK - 1, withscores=True))
-            if not chunk:
-                break
-            found.extend(self._jobs_of(shard, [(stored, score) for stored, score in chunk
-                                               if not split_score(score)[1]],
-                                       wanted, skipped))
-            start += _SCAN_CHUNK
-        return found[:limit]
+            return self._jobs_of(shard, scored, wanted, skipped)  # in id order: pending() sorts
+        # each score range in due order, at most ``limit`` matches of each (pending()
+        # merges them): the jobs held by a pause, by a rate limit (held.py), the others
+        found: list[Job] = []
+        ranges: list[tuple[float | str, float | str]] = [*RANGES.values(), *NOT_HELD]
+        for low, high in ranges:
+            matched: list[Job] = []
+            start = 0
+            while len(matched) < limit:
+                chunk = cast("list[tuple[str, float]]", self.client.zrangebyscore(
+                    shard.due, low, high, start=start, num=_SCAN_CHUNK, withscores=True))
+                if not chunk:
+                    break
+                matched.extend(self._jobs_of(shard, chunk, wanted, skipped))
+                start += _SCAN_CHUNK
+            found += matched[:limit]
+        return found
 
     def _jobs_of(self, shard: ShardKeys, scored: list[tuple[str, float]],
                  wanted: _Wanted, skipped: Unreadable) -> list[Job]:

@@ -167,3 +167,18 @@ def test_a_claim_takes_exactly_the_due_jobs_nothing_paused_holds(
     held = delayq.pending(limit=1000)
     assert {job.job_id for job in held} == {f"job-{n}" for n in range(len(jobs))} - free
     assert all(job.paused for job in held)
+
+
+def test_a_listing_limit_takes_the_earliest_due_of_held_and_waiting_jobs_alike(
+        proj, app, delayq):
+    """Held jobs sort after every due score in Redis; the listing still goes by due time."""
+    delayq.pause(task=proj.record.name)
+    for n in (1, 3):
+        proj.record.apply_delayed(args=(n,), eta=PAST + timedelta(seconds=n), job_id=f"h-{n}",
+                                  key="order:1")
+    serve_once(app)
+    for n in (0, 2):  # not yet claimed: still plain due scores
+        proj.flaky.apply_delayed(args=(n, 0), eta=PAST + timedelta(seconds=n),
+                                 job_id=f"d-{n}", key="order:1")
+    assert [job.job_id for job in delayq.pending(limit=3)] == ["d-0", "h-1", "d-2"]
+    assert [job.job_id for job in delayq.pending(limit=10)] == ["d-0", "h-1", "d-2", "h-3"]

@@ -125,3 +125,10 @@ def test_counts_follow_jobs_per_task_through_schedule_cancel_and_promotion(proj,
     delayq.store.ack({c.shard: [Promoted(j.job_id, proj.record.name, None, j.due_ms)
                                 for j in c.jobs] for c in claims if c.jobs})
     assert delayq.store.counts() == ({proj.record.name: 3}, 2)
+
+
+def test_a_listing_limit_on_one_key_takes_its_earliest_due_jobs(proj, delayq):
+    """One key's jobs are found in job id order; the limit still goes by due time."""
+    for job_id, delay in (("a", 300), ("b", 200), ("c", 100)):
+        proj.record.apply_delayed(args=(job_id,), delay=delay, key="order:1", job_id=job_id)
+    assert [j.job_id for j in delayq.pending(key="order:1", limit=2)] == ["c", "b"]
