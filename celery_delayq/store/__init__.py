@@ -1,0 +1,44 @@
+"""The Redis delay store: every read and write of the keys named in :mod:`keys`.
+
+Writes go through the Lua scripts in ``scripts/``, one atomic call per shard; reads are
+plain commands, pipelined across shards. ``Store`` is one object made of four parts:
+
+``base.py``       the client, Redis errors turned into ours, the store's memory
+``producing.py``  producers' writes: schedule, cancel, reschedule, replay, pause, rate limits
+``claims.py``     from the claim on: claim, ack, recover, release, dead letters, shard
+                  leases, worker-side journal events
+``listing.py``    reads: jobs, dead letters, stats, counts, pauses, damage, the journal
+"""
+
+from __future__ import annotations
+
+from .claims import ClaimAhead, Claimed, Claims, DirectRoutes, Promoted, ShardClaim
+from .listing import Listing
+from .producing import (
+    OUTCOME_MS,
+    TASK_INDEX_GRACE_MS,
+    CancelOutcome,
+    Producing,
+    RunRows,
+    ScheduleCode,
+    Scheduled,
+)
+
+__all__ = [
+    "OUTCOME_MS",
+    "TASK_INDEX_GRACE_MS",
+    "CancelOutcome",
+    "ClaimAhead",
+    "Claimed",
+    "DirectRoutes",
+    "Promoted",
+    "RunRows",
+    "ScheduleCode",
+    "Scheduled",
+    "ShardClaim",
+    "Store",
+]
+
+
+class Store(Producing, Claims, Listing):
+    """The delay store of one app (see :mod:`keys` for the data layout)."""

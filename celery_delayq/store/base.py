@@ -1,0 +1,147 @@
+"""What every part of :class:`~celery_delayq.store.Store` stands on: its Redis client, the
+translation of Redis errors into ours, and the store's memory (read only)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from functools import cached_property
+from typing import cast
+
+import redis
+from redis.client import PubSub
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError
+
+from ..conf import DelayQConfig
+from ..connection import connect, redact
+from ..errors import ConfigurationError, DamagedShard, DelayQError, StoreFull, StoreUnavailable
+from ..keys import Keyspace
+from ..memory import Headroom, Memory
+
+_NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
+_DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wrong type
+SCAN_CHUNK = 500  # members / fields read per command when a reader scans a key
+
+
+class StoreBase:
+    """The client, configuration and key names the parts of ``Store`` share."""
+
+    def __init__(self, config: DelayQConfig) -> None:
+        self.config = config
+        self.keys = Keyspace(config.prefix, config.shards)
+        self._maxlen = config.journal_maxlen
+
+    # -- connection --------------------------------------------------------------------
+
+    @cached_property
+    def client(self) -> redis.Redis | RedisCluster:
+        """A client of the store (plain, cluster or Sentinel: see :mod:`connection`)."""
+        with self.unavailable():
+            client = connect(self.config)
+            self._check_shard_count(client)
+        return client
+
+    def _check_shard_count(self, client: redis.Redis | RedisCluster) -> None:
+        """Refuse a shard count other than the store's; a read unless the store is new, so
+        a full Redis does not stop a start (the first write records it then)."""
+        stored = client.hget(self.keys.meta, "shards")
+        if stored is None:
+            try:
+                client.hsetnx(self.keys.meta, "shards", self.keys.shards)
+            except redis.ResponseError as exc:
+                if not refused_for_memory(exc):
+                    raise
+                return
+            stored = client.hget(self.keys.meta, "shards")
+        if stored is not None and int(stored) != self.keys.shards:
+            raise ConfigurationError(
+                f"the store under prefix {self.keys.prefix!r} was created with "
+                f"delayq_shards={int(stored)}, this app says {self.keys.shards}; use the same "
+                "value (or a new delayq_prefix) so every job can be found"
+            )
+
+    @contextlib.contextmanager
+    def unavailable(self) -> Iterator[None]:
+        """Turn Redis network errors into :class:`StoreUnavailable` with a safe URL, and a
+        write refused for memory into :class:`StoreFull`."""
+        try:
+            yield
+        except _NETWORK_ERRORS as exc:
+            raise StoreUnavailable(
+                f"Redis at {redact(self.config.redis_url)} is unavailable after "
+                f"{self.config.redis_retries} retries ({exc}); check that it runs and that "
+                "delayq_redis_url points at it"
+            ) from exc
+        except redis.ResponseError as exc:
+            if str(exc).startswith(_DAMAGED):
+                raise DamagedShard(str(exc)) from exc
+            if str(exc).startswith("DB index is out of range"):
+                raise ConfigurationError(
+                    f"Redis at {redact(self.config.redis_url)} has no such database (the "
+                    "number after the last /): its `databases` setting is lower; give "
+                    "delayq_redis_url (or the broker URL) a database below it, such as /0"
+                ) from exc
+            if refused_for_memory(exc):
+                self.headroom.refused()
+                raise StoreFull(f"Redis at {redact(self.config.redis_url)} refused a write: "
+                                "it is at its maxmemory") from exc
+            raise
+
+    def now_ms(self) -> int:
+        """Redis's clock, in ms: the clock every due time follows."""
+        seconds, micros = self.client.time()
+        return seconds * 1000 + micros // 1000
+
+    def pubsub(self) -> PubSub:
+        return self.client.pubsub(ignore_subscribe_messages=True)
+
+    def close(self) -> None:
+        if "client" in self.__dict__:
+            self.client.close()
+            del self.__dict__["client"]
+
+    # -- memory (read-only) ------------------------------------------------------------
+
+    @cached_property
+    def headroom(self) -> Headroom:
+        """Producers' gate: StoreFull past ``delayq_max_memory_fraction`` of maxmemory."""
+        return Headroom(self.config.max_memory_fraction, self.memory,
+                        redact(self.config.redis_url))
+
+    def memory(self) -> list[Memory]:
+        """INFO memory of the store's Redis (of each primary on a cluster)."""
+        with self.unavailable():
+            if isinstance(self.client, RedisCluster):
+                infos = self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+                return [Memory.from_info(info) for info in infos.values()]
+            return [Memory.from_info(self.client.info("memory"))]
+
+    def eviction_policies(self) -> list[str]:
+        """``maxmemory-policy`` of the store's Redis (each primary): CONFIG GET, or INFO
+        memory where CONFIG is refused (renamed, ACL); "" where neither says."""
+        try:
+            with self.unavailable():
+                if isinstance(self.client, RedisCluster):
+                    replies = cast(  # one reply per node (redis-py types one node's)
+                        "dict[str, dict[str, str]]",
+                        self.client.config_get("maxmemory-policy",
+                                               target_nodes=RedisCluster.PRIMARIES))
+                    return [reply.get("maxmemory-policy", "") for reply in replies.values()]
+                return [self.client.config_get("maxmemory-policy").get("maxmemory-policy") or ""]
+        except redis.ResponseError:
+            return [memory.policy for memory in self.memory()]
+
+
+def refused_for_memory(exc: redis.ResponseError) -> bool:
+    """True for Redis's OOM refusal: OutOfMemoryError, or inside a script on Redis 6.2
+    ("Error running script ... -OOM command not allowed ...")."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or \
+        "command not allowed when used memory > 'maxmemory'" in str(exc)
+
+
+def shard_error(exc: Exception) -> DelayQError:
+    """What a failed script call on one shard means to its caller."""
+    if str(exc).startswith(_DAMAGED):
+        return DamagedShard(str(exc))
+    return DelayQError(f"Redis refused the call: {exc}")

@@ -1,0 +1,278 @@
+"""What happens to a job from its claim on: carriers claim due jobs (``claim``,
+``claim_ahead``), ack what reached the broker, give back what they could not publish
+(``release``) or what a dead carrier left (``recover``), dead-letter what cannot be
+published, and hold leases on shards; workers bury calls out of retries and journal what
+became of their tasks."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ..errors import DelayQError
+from ..keys import ShardKeys, bykey_member, pack_id, raw_id, unpack_id
+from ..reading import printable
+from ..scripts import SCRIPTS, Deferred, Script, execute
+from .base import StoreBase, shard_error
+
+
+class Claimed(NamedTuple):
+    """A due job leased to a carrier, which publishes it and then acks it."""
+
+    job_id: str
+    due_ms: int | None  # None: the stored due time is not a finite number (damaged)
+    envelope: str | None
+    stored_id: str  # the job id as stored (keys.pack_id)
+    lease: str  # its in-flight score as claim_due wrote it: ack, release, dead check it
+
+
+class Promoted(NamedTuple):
+    """A claimed job that reached the broker, as ``ack`` journals it."""
+
+    job_id: str
+    task: str
+    key: str | None
+    due_ms: int
+    stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
+    lease: str = ""  # Claimed.lease; "" acks whatever lease holds the job
+
+
+@dataclass(frozen=True)
+class ShardClaim:
+    shard: ShardKeys
+    now_ms: int
+    next_due_ms: int | None
+    jobs: list[Claimed]  # claimed: the carrier publishes them, then acks
+    promoted: list[int]  # due ms of the jobs the claim script pushed to the broker itself
+    error: DelayQError | None = None  # the shard's claim failed (e.g. DamagedShard)
+
+
+@dataclass(frozen=True)
+class DirectRoutes:
+    """The broker queues the claim script may push plain jobs to (direct promotion)."""
+
+    lists: list[str]  # the broker's list of each queue
+    queues: list[tuple[str, int]]  # (queue name, delivery mode) of each list
+    origin: str  # the origin header
+    repr_max: int  # longest argsrepr / kwargsrepr header
+
+
+class ClaimAhead:
+    """A claim sent by :meth:`Store.claim_ahead` whose reply is not read yet."""
+
+    def __init__(self, store: StoreBase, shards: list[ShardKeys], sent: Deferred, acks: int,
+                 sent_at: float) -> None:
+        self.store, self.shards, self._sent, self._acks = store, shards, sent, acks
+        self.sent_at = sent_at  # time.monotonic() when sent: about when Redis ran it
+
+    def result(self) -> list[ShardClaim]:
+        """The claims (a shard's failure in its claim's ``error``); raises if an ack sent
+        with them failed, or Redis did. Call once."""
+        with self.store.unavailable():
+            replies = self._sent.replies(raise_errors=False)
+            for reply in replies[:self._acks]:
+                if isinstance(reply, Exception):
+                    raise reply
+        return _shard_claims(self.shards, replies[self._acks:])
+
+
+class Claims(StoreBase):
+    """The carrier's and the workers' side of the store."""
+
+    # -- claims ------------------------------------------------------------------------
+
+    def claim(self, shards: list[ShardKeys], batch: int, lease_ms: int,
+              direct: DirectRoutes | None = None, lead_ms: int = 0) -> list[ShardClaim]:
+        """Claim up to ``batch`` jobs due within ``lead_ms`` on each shard, in one round
+        trip; with ``direct``, plain jobs for those queues are pushed to the broker by the
+        script instead."""
+        with self.unavailable():
+            replies = execute(self.client,
+                              self._claim_calls(shards, batch, lease_ms, direct, lead_ms),
+                              raise_errors=False)
+        return _shard_claims(shards, replies)
+
+    def claim_ahead(self, shards: list[ShardKeys], batch: int, lease_ms: int,
+                    direct: DirectRoutes | None = None,
+                    acks: dict[ShardKeys, list[Promoted]] | None = None,
+                    lead_ms: int = 0) -> ClaimAhead:
+        """Send :meth:`ack` of ``acks`` and :meth:`claim` now, read the claims later: Redis
+        runs both while the carrier publishes what it claimed before."""
+        ack_calls = self._ack_calls(acks or {})
+        with self.unavailable():
+            sent = Deferred(self.client,
+                            ack_calls + self._claim_calls(shards, batch, lease_ms, direct,
+                                                          lead_ms))
+        return ClaimAhead(self, shards, sent, len(ack_calls), time.monotonic())
+
+    def _claim_calls(self, shards: list[ShardKeys], batch: int, lease_ms: int,
+                     direct: DirectRoutes | None,
+                     lead_ms: int) -> list[tuple[Script, list[str], list[Any]]]:
+        lists, routes, origin, repr_max = [], [], "", 0
+        if direct is not None:
+            lists, routes = direct.lists, [value for route in direct.queues for value in route]
+            origin, repr_max = direct.origin, direct.repr_max
+        return [(SCRIPTS["claim_due"],
+                 [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, s.paused, s.limits,
+                  s.waiting, *lists],
+                 [batch, lease_ms, self._maxlen, s.shard, origin, repr_max,
+                  self.config.default_queue, self.config.max_nesting, lead_ms, *routes])
+                for s in shards]
+
+    def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:
+        """Forget jobs that reached the broker, per shard, and journal them as promoted."""
+        calls = self._ack_calls(acks)
+        if calls:
+            with self.unavailable():
+                execute(self.client, calls)
+
+    def _ack_calls(self, acks: dict[ShardKeys, list[Promoted]]
+                   ) -> list[tuple[Script, list[str], list[Any]]]:
+        calls = []
+        for shard, jobs in acks.items():
+            args: list[Any] = [self._maxlen]
+            for job in jobs:
+                stored = job.stored_id or pack_id(job.job_id)
+                args += [raw_id(stored), raw_id(bykey_member(job.key, stored)), job.task,
+                         job.key or "", job.due_ms, job.lease]
+            calls.append((SCRIPTS["ack"],
+                          [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal,
+                           shard.counts],
+                          args))
+        return calls
+
+    def recover(self, shards: list[ShardKeys], batch: int
+                ) -> tuple[int, dict[ShardKeys, DelayQError]]:
+        """Return expired leases to the due set: how many were recovered, and the shards
+        where that failed (e.g. :class:`DamagedShard`) with why."""
+        calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal, s.jobs],
+                  [batch, self._maxlen]) for s in shards]
+        with self.unavailable():
+            replies = execute(self.client, calls, raise_errors=False)
+        failed = {shard: shard_error(reply) for shard, reply in zip(shards, replies, strict=True)
+                  if isinstance(reply, Exception)}
+        return sum(r for r in replies if not isinstance(r, Exception)), failed
+
+    def release(self, claims: list[ShardClaim]) -> int:
+        """Return claimed jobs a carrier could not publish to the due set, due now (those
+        their lease still holds)."""
+        leased: dict[tuple[ShardKeys, str], list[Claimed]] = defaultdict(list)
+        for claim in claims:
+            for job in claim.jobs:
+                leased[claim.shard, job.lease].append(job)
+        calls = [(SCRIPTS["recover"], [shard.inflight, shard.due, shard.journal, shard.jobs],
+                  [len(jobs), self._maxlen, lease, *(raw_id(job.stored_id) for job in jobs)])
+                 for (shard, lease), jobs in leased.items()]
+        if not calls:
+            return 0
+        with self.unavailable():
+            return sum(execute(self.client, calls))
+
+    # -- dead letters ------------------------------------------------------------------
+
+    def dead_letter(self, shard: ShardKeys, job: Claimed, reason: str) -> bool:
+        """Move a claimed job that cannot be published to the dead letters (its business
+        key, if any, is read from its envelope by the script)."""
+        reason = printable(reason)  # text read from bytes that are not UTF-8, as \xNN
+        with self.unavailable():
+            return bool(SCRIPTS["dead"].call(
+                self.client,
+                [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal,
+                 shard.counts, shard.due],
+                [raw_id(job.stored_id), reason, "", self._maxlen, job.lease,
+                 "" if job.envelope is None else "1"]))
+
+    def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
+        """Dead-letter a call that is no longer in the store (e.g. a task out of retries).
+
+        It is then listed by :meth:`dead` and put back by :meth:`replay` like any dead job.
+        """
+        shard = self.keys.shard_for(job_id, key)
+        stored = pack_id(job_id)
+        entry = json.dumps({"reason": reason, "envelope": envelope,
+                            "at": int(time.time() * 1000)})
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(shard.dead, stored, entry)
+            if self._maxlen > 0:
+                pipe.xadd(shard.journal, {"event": "dead", "job": stored, "reason": reason},
+                          maxlen=self._maxlen, approximate=True)
+            pipe.execute()
+
+    # -- shard leases ------------------------------------------------------------------
+
+    def heartbeat(self, carrier_id: str, lease_ms: int) -> list[str]:
+        """Register a live carrier until its lease ends; returns the live carrier ids."""
+        now_ms = self.now_ms()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(self.keys.carriers, {carrier_id: now_ms + lease_ms})
+        pipe.zremrangebyscore(self.keys.carriers, "-inf", now_ms)
+        pipe.zrange(self.keys.carriers, 0, -1)
+        return pipe.execute()[-1]
+
+    def owners(self) -> list[str | None]:
+        """The carrier id serving each shard, or None."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys:
+            pipe.get(shard.owner)
+        return pipe.execute()
+
+    def hold(self, shards: list[ShardKeys], carrier_id: str, lease_ms: int,
+             keep: bool) -> list[bool]:
+        """Take/renew (``keep``) or release each shard's lease; which ones are ours now."""
+        calls = [(SCRIPTS["own"], [s.owner], [carrier_id, lease_ms, "1" if keep else "0"])
+                 for s in shards]
+        return [bool(r) for r in execute(self.client, calls)] if calls else []
+
+    def leave(self, carrier_id: str, shards: list[ShardKeys]) -> None:
+        """A stopping carrier hands its shards back at once."""
+        self.hold(shards, carrier_id, 0, keep=False)
+        self.client.zrem(self.keys.carriers, carrier_id)
+
+    # -- worker-side events ------------------------------------------------------------
+
+    def journal(self, shard: int, event: str, fields: dict[str, Any]) -> None:
+        """Append one event to a shard's journal (worker-side events)."""
+        self.journal_many([(shard, event, fields)])
+
+    def journal_many(self, entries: list[tuple[int, str, dict[str, Any]]]) -> None:
+        """Append ``(shard, event, fields)`` entries to the journals in one round trip."""
+        if self._maxlen <= 0 or not entries:
+            return
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard, event, fields in entries:
+                if "job" in fields:
+                    fields = {**fields, "job": pack_id(fields["job"])}
+                entry: dict[Any, Any] = {"event": event, **fields}  # xadd's Dict is invariant
+                pipe.xadd(self.keys.shard(shard).journal, entry, maxlen=self._maxlen,
+                          approximate=True)
+            pipe.execute()
+
+
+def _shard_claims(shards: list[ShardKeys], replies: list[Any]) -> list[ShardClaim]:
+    """The claim script's replies (or errors), one per shard."""
+    claims = []
+    for shard, reply in zip(shards, replies, strict=True):
+        if isinstance(reply, Exception):
+            claims.append(ShardClaim(shard, 0, None, [], [], shard_error(reply)))
+            continue
+        now_ms, next_due, promoted, lease, rest = reply[0], reply[1], reply[2], reply[3], \
+            reply[4:]
+        jobs = [Claimed(unpack_id(rest[i]), _due_ms(rest[i + 1]), rest[i + 2], rest[i], lease)
+                for i in range(0, len(rest), 3)]
+        claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs,
+                                 promoted))
+    return claims
+
+
+def _due_ms(score: str) -> int | None:
+    """A due score as Redis replied it; None when it is not a finite number."""
+    due = float(score)
+    return int(due) if math.isfinite(due) else None
+
+

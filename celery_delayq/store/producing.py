@@ -1,0 +1,360 @@
+"""The producers' writes: schedule, cancel, reschedule, replay a dead letter, pause and
+rate-limit. Each is one script call per shard (``scripts/``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, NamedTuple, cast
+
+import redis
+
+from ..connection import redact
+from ..envelope import Call
+from ..errors import InvalidOption, JobExists, StoreFull
+from ..held import split_score
+from ..keys import ShardKeys, bykey_member, pack_id, unpack_id
+from ..reservation import Reservation, reserving
+from ..scripts import SCRIPTS, Script, execute
+from ..validation import Due
+from .base import StoreBase, refused_for_memory
+
+_SCHEDULE_CHUNK = 1000  # jobs per schedule script call
+#: How long a run's outcome (``RunRows``) is kept after its last write, unless forgotten.
+OUTCOME_MS = 24 * 3600 * 1000
+#: How long a job's task id index (keys.py) outlives its due time: a job pending that much
+#: past due (no carrier running) is no longer found by its task id, only by its job id.
+TASK_INDEX_GRACE_MS = 24 * 3600 * 1000
+
+
+class CancelOutcome(str, Enum):
+    """What a cancel by job id found."""
+
+    CANCELLED = "cancelled"
+    TOO_LATE = "too late: already promoted"
+    UNKNOWN = "unknown"
+
+
+class ScheduleCode(int, Enum):
+    """What the schedule script did with one job."""
+
+    CREATED = 1
+    REPLACED = 2
+    KEPT = 0  # if_exists="keep": the stored job is left as it was
+    CONFLICT = -1  # if_exists="error": nothing written
+    DUPLICATE = -2  # another input row of the run (RunRows) has this job id: nothing written
+
+
+class RunRows(NamedTuple):
+    """The items of a schedule call as input rows of one run (a Spark job)."""
+
+    run: str  # unique per run
+    names: list[str]  # one per item, unique in the run and the same when it is made again
+
+
+_CODES = {code.value: code for code in ScheduleCode}  # a dict lookup costs less than a call
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """The store's answer for one scheduled call."""
+
+    code: ScheduleCode
+    due_ms: int  # -1 when a kept job is not pending (being promoted)
+    existing: str | None  # the stored envelope when the job was kept
+
+
+class Producing(StoreBase):
+    """The writes of producers (the Python API, the CLI, the admin, Spark)."""
+
+    # -- scheduling --------------------------------------------------------------------
+
+    def schedule(self, items: list[tuple[Call, Due]], if_exists: str,
+                 rows: RunRows | None = None) -> list[Scheduled]:
+        """Store calls: one script call per shard and batch, in one round trip.
+
+        ``rows`` names the items as input rows of a run: a row is written at most once in
+        the run, however often its call is made again (a retried Spark task, a recomputed
+        partition), which then answers the first outcome (due ms -1).
+
+        A job id is one job whatever its business key, so a call that brings an id of its
+        own first looks for it on the other shards (one more round trip), holding a
+        reservation of it until its write is done (:mod:`reservation`): ``if_exists``
+        applies to a copy found there, and ``replace`` moves the job to its new shard.
+        """
+        with self.unavailable():
+            self.headroom.check(sum(len(call.envelope) for call, _ in items))
+        with reserving(self.client, self.keys, [call for call, _ in items]) as reservation:
+            return self._schedule(items, if_exists, reservation, rows)
+
+    def _schedule(self, items: list[tuple[Call, Due]], if_exists: str,
+                  reservation: Reservation, rows: RunRows | None) -> list[Scheduled]:
+        results: list[Scheduled | None] = [None] * len(items)
+        moved: dict[int, ShardKeys] = {}  # replaced under a key of another shard
+        for index, found in self._stored_elsewhere(items, reservation).items():
+            if if_exists == "replace":
+                moved[index] = found
+            else:  # None when it went meanwhile (promoted): then it is scheduled here
+                results[index] = self._existing(found, items[index][0], if_exists)
+        by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
+        for index, (call, _) in enumerate(items):
+            if results[index] is None:
+                by_shard[self.keys.shard_for(call.job_id, call.key)].append(index)
+        calls, owners = [], []
+        for shard, indexes in by_shard.items():
+            for start in range(0, len(indexes), _SCHEDULE_CHUNK):
+                chunk = indexes[start:start + _SCHEDULE_CHUNK]
+                keys = [shard.due, shard.jobs, shard.bykey, shard.journal, shard.counts]
+                if rows is not None:
+                    keys.append(self.keys.outcome(shard, rows.run))
+                args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen,
+                                   OUTCOME_MS if rows is not None else 0, TASK_INDEX_GRACE_MS]
+                for index in chunk:
+                    call, due = items[index]
+                    task_index = 0
+                    if call.task_id != call.job_id:
+                        keys.append(self.keys.task_index(shard, pack_id(call.task_id)))
+                        task_index = len(keys)
+                    args += [call.stored_id, call.envelope, *due.script_args(),
+                             bykey_member(call.key, call.stored_id), call.task, call.key or "",
+                             task_index]
+                    if rows is not None:
+                        args.append(rows.names[index])
+                calls.append((SCRIPTS["schedule"], keys, args))
+                owners.append(chunk)
+        with self.unavailable():  # a job moved from another shard leaves it before the release
+            replies = reservation.run(calls) if moved else reservation.release_after(calls)
+        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+        if failed is not None:
+            self._refuse(failed, [items[index][0].job_id
+                                  for chunk, reply in zip(owners, replies, strict=True)
+                                  if not isinstance(reply, Exception)
+                                  for offset, index in enumerate(chunk)
+                                  if reply[3 * offset] in (1, 2)])
+        for chunk, reply in zip(owners, replies, strict=True):
+            for offset, index in enumerate(chunk):
+                code, score, existing = reply[3 * offset:3 * offset + 3]
+                due_ms = cast("float", split_score(score)[0])  # a number: -1 when none
+                results[index] = Scheduled(_CODES[code], int(due_ms), existing)
+        for index, found in moved.items():  # the new copy is stored: the old one goes
+            self._cancel(found, "move", items[index][0].job_id, "replaced under another key")
+        return cast("list[Scheduled]", results)  # every item has its outcome now
+
+    def forget_run(self, run: str) -> None:
+        """Drop a finished run's outcome (``RunRows``); it would expire by itself."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.delete(self.keys.outcome(shard, run))
+            pipe.execute()
+
+    def _stored_elsewhere(self, items: list[tuple[Call, Due]], reservation: Reservation
+                          ) -> dict[int, ShardKeys]:
+        """For each call with a job id of its own: the shard other than its own that holds
+        that id (stored under another business key). One ``exists`` call per shard, once
+        the reservations are taken."""
+        homes: dict[str, ShardKeys] = {}
+        looked_for: dict[ShardKeys, list[int]] = defaultdict(list)  # shard -> item indexes
+        for index, (call, _) in enumerate(items):
+            if call.drawn:  # a fresh random id: no other job has it
+                continue
+            home = self.keys.shard_for(call.job_id, call.key)
+            if homes.setdefault(call.stored_id, home) is not home:
+                raise InvalidOption(
+                    f"job id {call.job_id!r} is given twice in one batch with business keys "
+                    "of different shards; one job id is one job: give each its own id")
+            for shard in self.keys:
+                if shard is not home:
+                    looked_for[shard].append(index)
+        calls, owners = [], []
+        for shard, indexes in looked_for.items():
+            for start in range(0, len(indexes), _SCHEDULE_CHUNK):
+                chunk = indexes[start:start + _SCHEDULE_CHUNK]
+                calls.append((SCRIPTS["exists"], [shard.jobs],
+                              [items[index][0].stored_id for index in chunk]))
+                owners.append((shard, chunk))
+        if not calls:
+            return {}
+        with self.unavailable():
+            replies = reservation.take_then(calls)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        elsewhere: dict[int, ShardKeys] = {}
+        for (shard, chunk), found in zip(owners, replies, strict=True):
+            for index, hit in zip(chunk, found, strict=True):
+                if hit == "1":
+                    elsewhere.setdefault(index, shard)
+        return elsewhere
+
+    def _existing(self, shard: ShardKeys, call: Call, if_exists: str) -> Scheduled | None:
+        """What ``keep`` / ``error`` answer for a job stored on another shard; None when it
+        is gone."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(shard.jobs, call.stored_id)
+            pipe.zscore(shard.due, call.stored_id)
+            envelope, score = pipe.execute()
+        if envelope is None:
+            return None
+        code = ScheduleCode.KEPT if if_exists == "keep" else ScheduleCode.CONFLICT
+        due_ms = split_score(score)[0]
+        return Scheduled(code, -1 if due_ms is None else int(due_ms), envelope)
+
+    def _refuse(self, failed: Exception, stored: list[str]) -> None:
+        """Raise a failed schedule call's error; each call is atomic (a script refused for
+        memory wrote nothing), so ``stored`` (written by the calls that ran) is exact."""
+        if isinstance(failed, redis.ResponseError) and refused_for_memory(failed):
+            self.headroom.refused()
+            raise StoreFull(f"Redis at {redact(self.config.redis_url)} refused a write: it is "
+                            "at its maxmemory", stored) from failed
+        with self.unavailable():
+            raise failed
+
+    # -- cancel and reschedule ---------------------------------------------------------
+
+    def cancel(self, job_id: str, key: str | None = None, by: str = "",
+               task_id: str = "") -> CancelOutcome:
+        """Cancel a pending job; the outcome says whether anything of that id will run.
+
+        A job id names one job whatever its business key: a copy stored under another
+        key (two producers racing with different keys) is cancelled as well. With
+        ``task_id``, only a job of that Celery task id is cancelled.
+        """
+        home = self.keys.shard_for(job_id, key)
+        codes = {self._cancel(home, "id", job_id, by, task_id)[0]}
+        codes |= {self._cancel(shard, "id", job_id, by, task_id)[0]
+                  for shard in self._shards_holding(job_id, in_flight=True)
+                  if shard is not home}
+        if 0 in codes:  # a carrier holds a copy: it will be delivered
+            return CancelOutcome.TOO_LATE
+        return CancelOutcome.CANCELLED if 1 in codes else CancelOutcome.UNKNOWN
+
+    def cancel_key(self, key: str, by: str = "") -> list[str]:
+        """Cancel every pending job with this business key; returns their task ids."""
+        reply = self._cancel(self.keys.shard_for("", key), "key", key, by)
+        return [task_id or unpack_id(job_id) for task_id, job_id in zip(
+            reply[2::2], reply[3::2], strict=True)]
+
+    def cancel_task(self, task_id: str, by: str = "") -> CancelOutcome:
+        """Cancel the pending job of a Celery task id: the job of that id, else the job
+        its task id index names (a job scheduled with an id of its own)."""
+        outcome = self.cancel(task_id, by=by)
+        if outcome is not CancelOutcome.UNKNOWN:
+            return outcome
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.get(self.keys.task_index(shard, pack_id(task_id)))
+            job_ids = {unpack_id(stored) for stored in pipe.execute() if stored is not None}
+        for job_id in job_ids:  # one, unless its job moved to another key's shard
+            outcome = self.cancel(job_id, by=by, task_id=task_id)
+            if outcome is not CancelOutcome.UNKNOWN:
+                return outcome
+        return CancelOutcome.UNKNOWN
+
+    def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str,
+                task_id: str = "") -> list[Any]:
+        with self.unavailable():
+            return SCRIPTS["cancel"].call(
+                self.client,
+                [shard.due, shard.jobs, shard.inflight, shard.bykey, shard.journal,
+                 shard.counts],
+                [kind, value if kind == "key" else pack_id(value), self._maxlen, by, task_id])
+
+    def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
+        """Move a pending job to a new due time; returns it (ms) or None if not pending."""
+        for shard in self._candidates(job_id, key):
+            with self.unavailable():
+                ok, due_ms, task_id = SCRIPTS["reschedule"].call(
+                    self.client, [shard.due, shard.jobs, shard.journal],
+                    [pack_id(job_id), *due.script_args(), self.keys.wake_channel, shard.shard,
+                     self._maxlen])
+                if ok and task_id:  # its task id index lives as long as it is pending
+                    self.client.pexpireat(self.keys.task_index(shard, pack_id(task_id)),
+                                          due_ms + TASK_INDEX_GRACE_MS)
+            if ok:
+                return due_ms
+        return None
+
+
+    def _candidates(self, job_id: str, key: str | None) -> list[ShardKeys]:
+        if key is not None:
+            return [self.keys.shard_for(job_id, key)]
+        return self._shards_holding(job_id)
+
+    def _shards_holding(self, job_id: str, in_flight: bool = False) -> list[ShardKeys]:
+        """Shards whose job hash holds ``job_id`` (with ``in_flight``: or whose carrier
+        holds a copy of it, moved to another shard meanwhile), the id's own shard first."""
+        own = self.keys.shard_for(job_id)
+        order = [own, *(s for s in self.keys if s is not own)]
+        stored = pack_id(job_id)
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in order:
+                pipe.hexists(shard.jobs, stored)
+                if in_flight:
+                    pipe.zscore(shard.inflight, stored)  # a lease deadline, never 0
+            found = pipe.execute()
+        step = 2 if in_flight else 1
+        return [shard for n, shard in enumerate(order) if any(found[n * step:(n + 1) * step])]
+
+    # -- dead letters ------------------------------------------------------------------
+
+    def replay(self, job_id: str, envelope: str = "") -> bool:
+        """Put a dead-lettered job back, due now (optionally with a fixed envelope); False
+        when no job of this id is dead, :class:`JobExists` when a live one has its id (on
+        any shard)."""
+        stored = pack_id(job_id)
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.hexists(shard.dead, stored)
+            dead = [shard for shard, hit in zip(self.keys, pipe.execute(), strict=True) if hit]
+        if not dead:
+            return False
+        if self._shards_holding(job_id):
+            raise JobExists(job_id)
+        shard = dead[0]
+        with self.unavailable():
+            code = SCRIPTS["replay"].call(
+                self.client,
+                [shard.dead, shard.jobs, shard.due, shard.bykey, shard.journal, shard.counts],
+                [stored, envelope, self._maxlen, self.keys.wake_channel, shard.shard])
+        if code == -1:
+            raise JobExists(job_id)
+        return code == 1
+
+    # -- pausing -----------------------------------------------------------------------
+
+    def pause(self, field: str, by: str) -> None:
+        """Hold the due jobs of a task or queue (a ``pausing.field``) on every shard."""
+        self._pause_script("pause", field, by)
+
+    def resume(self, field: str, by: str) -> int:
+        """End a pause on every shard; returns how many held jobs were given back."""
+        return sum(self._pause_script("resume", field, by))
+
+    def _pause_script(self, action: str, field: str, by: str) -> list[int]:
+        return self._on_every_shard(
+            SCRIPTS["pause"], lambda s: [s.paused, s.due, s.jobs, s.journal], [action, field, by])
+
+    def set_rate_limit(self, queue: str, limit: str, by: str) -> int:
+        """Set a queue's rate limit on every shard (``ratelimit.bucket``), or remove it with
+        ``ratelimit.OFF``; returns how many held jobs a removal gave back."""
+        return sum(self._on_every_shard(
+            SCRIPTS["limit"], lambda s: [s.limits, s.due, s.jobs, s.journal, s.waiting],
+            [queue, limit, by]))
+
+    def _on_every_shard(self, script: Script, keys: Callable[[ShardKeys], list[str]],
+                        args: list[Any]) -> list[Any]:
+        """Run a pause / limit script on every shard; it journals on shard 0 only."""
+        calls = [(script, keys(s), [*args, self._maxlen if s.shard == 0 else 0,
+                                    self.config.default_queue, self.keys.wake_channel,
+                                    s.shard])
+                 for s in self.keys]
+        with self.unavailable():
+            return execute(self.client, calls)
+
