@@ -145,9 +145,7 @@ class _ShardCheck:
         examples = self.report.examples.setdefault(kind, [])
         examples.extend(_shown(kind, item) for item in items[:_EXAMPLES - len(examples)])
         if self.repair:
-            s = self.shard
-            calls = [(SCRIPTS["repair"],
-                      [s.due, s.inflight, s.jobs, s.bykey, s.dead, s.counts, s.journal],
+            calls = [(SCRIPTS["repair"], SCRIPTS["repair"].keys_for(self.shard),
                       [what, value, extra, self.store.config.journal_maxlen])
                      for what, value, extra in repairs]
             self.report.repaired[kind] += sum(execute(self.client, calls))

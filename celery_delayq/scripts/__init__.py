@@ -1,8 +1,13 @@
 """The Lua scripts of the store, loaded once from the ``.lua`` files beside this module.
 
 A file ``name-N.lua`` is the script ``name`` taking exactly ``N`` keys (``name-N+.lua``:
-at least ``N``); its header documents each ``KEYS[i]`` and ``ARGV[i]``. A line
-``-- include: file.lua`` is replaced by ``include/file.lua`` (Lua shared by several scripts).
+at least ``N``); its header documents each ``KEYS[i]`` and ``ARGV[i]``. Each header line
+``KEYS[i] <name> <TYPE> ...`` (i up to ``N``) names the :class:`~celery_delayq.keys.ShardKeys`
+field that is ``KEYS[i]``, so :meth:`Script.keys_for` builds the keys of a call on one shard
+from the header (``reserve``'s keys are reservation keys, not a shard's: it is called with
+its keys given). A line ``-- include: file.lua`` is replaced by ``include/file.lua`` (Lua
+shared by several scripts), once per script however often it is asked for (an include may
+include others).
 Scripts are called by SHA and loaded into Redis on the first ``NOSCRIPT`` (a restarted
 Redis forgets them).
 """
@@ -12,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
 
@@ -20,11 +25,16 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
+from ..keys import ShardKeys
+
 #: What a pool's ``get_connection`` is given: redis-py before 5.3 needs a command name,
 #: later versions warn that it is deprecated.
 _GET_CONNECTION_ARGS = ("EVALSHA",) if redis.VERSION < (5, 3) else ()
 _FILE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)(?P<more>\+?)\.lua$")
 _INCLUDE = re.compile(r"^-- include: (?P<file>[a-z_]+\.lua)$", re.M)
+_HEADER_KEY = re.compile(r"^KEYS\[(?P<n>\d+)\]\s+(?P<name>\w+)", re.M)
+#: The names of a shard's keys (the ShardKeys fields that hold a key name).
+SHARD_KEYS = frozenset(f.name for f in fields(ShardKeys)) - {"shard"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,17 @@ class Script:
     variadic: bool  # takes more keys than numkeys
     source: str
     sha: str
+    #: the ShardKeys field of each KEYS[1..numkeys], as the header names them; None for a
+    #: script whose keys are not a shard's (reserve)
+    shard_keys: tuple[str, ...] | None
+
+    def keys_for(self, shard: ShardKeys, *extra: str) -> list[str]:
+        """The keys of a call on ``shard``: the shard's keys the header names for
+        ``KEYS[1..numkeys]``, in its order, then ``extra`` (a ``name-N+`` script's keys past
+        ``N``, e.g. claim_due's broker lists)."""
+        if self.shard_keys is None:
+            raise TypeError(f"script {self.name} takes no shard keys: give its keys")
+        return [*(getattr(shard, name) for name in self.shard_keys), *extra]
 
     def call(self, client, keys: list[str], args: list[Any]) -> Any:
         """Run the script on ``client`` (loading it first if Redis does not know it)."""
@@ -65,17 +86,43 @@ def _load() -> dict[str, Script]:
     for entry in folder.iterdir():
         match = _FILE.match(entry.name)
         if match:
-            source = _INCLUDE.sub(
-                lambda m: (folder / "include" / m["file"]).read_text().rstrip("\n"),
-                entry.read_text())
+            text, numkeys = entry.read_text(), int(match["keys"])
+            source = _expand(text, folder / "include", set())
             scripts[match["name"]] = Script(
                 name=match["name"],
-                numkeys=int(match["keys"]),
+                numkeys=numkeys,
                 variadic=bool(match["more"]),
                 source=source,
                 sha=hashlib.sha1(source.encode()).hexdigest(),
+                shard_keys=_shard_keys(match["name"], text, numkeys),
             )
     return scripts
+
+
+def _expand(text: str, folder: Any, done: set[str]) -> str:
+    """``text`` with each ``-- include: file.lua`` line replaced by that file (expanded
+    in turn); a file already included is left out."""
+    def include(match: re.Match[str]) -> str:
+        if match["file"] in done:
+            return f"-- (included above: {match['file']})"
+        done.add(match["file"])
+        return _expand((folder / match["file"]).read_text().rstrip("\n"), folder, done)
+    return _INCLUDE.sub(include, text)
+
+
+def _shard_keys(name: str, text: str, numkeys: int) -> tuple[str, ...] | None:
+    """The ShardKeys field of each of a script's first ``numkeys`` keys, from its header;
+    None when the header names no shard key there."""
+    header = text.split("]]", 1)[0]
+    named = {int(m["n"]): m["name"] for m in _HEADER_KEY.finditer(header)}
+    names = tuple(named.get(n, "") for n in range(1, numkeys + 1))
+    if not any(found in SHARD_KEYS for found in names):
+        return None
+    wrong = [found for found in names if found not in SHARD_KEYS]
+    if wrong:
+        raise ImportError(f"script {name}: its header's KEYS name {wrong}, not keys of a "
+                          f"shard ({', '.join(sorted(SHARD_KEYS))})")
+    return names
 
 
 SCRIPTS: dict[str, Script] = _load()

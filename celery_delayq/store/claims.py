@@ -116,9 +116,7 @@ class Claims(StoreBase):
         if direct is not None:
             lists, routes = direct.lists, [value for route in direct.queues for value in route]
             origin, repr_max = direct.origin, direct.repr_max
-        return [(SCRIPTS["claim_due"],
-                 [s.due, s.inflight, s.jobs, s.bykey, s.journal, s.counts, s.paused, s.limits,
-                  s.waiting, *lists],
+        return [(SCRIPTS["claim_due"], SCRIPTS["claim_due"].keys_for(s, *lists),
                  [batch, lease_ms, self._maxlen, s.shard, origin, repr_max,
                   self.config.default_queue, self.config.max_nesting, lead_ms, *routes])
                 for s in shards]
@@ -139,18 +137,15 @@ class Claims(StoreBase):
                 stored = job.stored_id or pack_id(job.job_id)
                 args += [raw_id(stored), raw_id(bykey_member(job.key, stored)), job.task,
                          job.key or "", job.due_ms, job.lease]
-            calls.append((SCRIPTS["ack"],
-                          [shard.inflight, shard.jobs, shard.due, shard.bykey, shard.journal,
-                           shard.counts],
-                          args))
+            calls.append((SCRIPTS["ack"], SCRIPTS["ack"].keys_for(shard), args))
         return calls
 
     def recover(self, shards: list[ShardKeys], batch: int
                 ) -> tuple[int, dict[ShardKeys, DelayQError]]:
         """Return expired leases to the due set: how many were recovered, and the shards
         where that failed (e.g. :class:`DamagedShard`) with why."""
-        calls = [(SCRIPTS["recover"], [s.inflight, s.due, s.journal, s.jobs],
-                  [batch, self._maxlen]) for s in shards]
+        calls = [(SCRIPTS["recover"], SCRIPTS["recover"].keys_for(s), [batch, self._maxlen])
+                 for s in shards]
         with self.unavailable():
             replies = execute(self.client, calls, raise_errors=False)
         failed = {shard: shard_error(reply) for shard, reply in zip(shards, replies, strict=True)
@@ -164,7 +159,7 @@ class Claims(StoreBase):
         for claim in claims:
             for job in claim.jobs:
                 leased[claim.shard, job.lease].append(job)
-        calls = [(SCRIPTS["recover"], [shard.inflight, shard.due, shard.journal, shard.jobs],
+        calls = [(SCRIPTS["recover"], SCRIPTS["recover"].keys_for(shard),
                   [len(jobs), self._maxlen, lease, *(raw_id(job.stored_id) for job in jobs)])
                  for (shard, lease), jobs in leased.items()]
         if not calls:
@@ -180,9 +175,7 @@ class Claims(StoreBase):
         reason = printable(reason)  # text read from bytes that are not UTF-8, as \xNN
         with self.unavailable():
             return bool(SCRIPTS["dead"].call(
-                self.client,
-                [shard.inflight, shard.jobs, shard.dead, shard.bykey, shard.journal,
-                 shard.counts, shard.due],
+                self.client, SCRIPTS["dead"].keys_for(shard),
                 [raw_id(job.stored_id), reason, "", self._maxlen, job.lease,
                  "" if job.envelope is None else "1"]))
 
@@ -224,7 +217,8 @@ class Claims(StoreBase):
     def hold(self, shards: list[ShardKeys], carrier_id: str, lease_ms: int,
              keep: bool) -> list[bool]:
         """Take/renew (``keep``) or release each shard's lease; which ones are ours now."""
-        calls = [(SCRIPTS["own"], [s.owner], [carrier_id, lease_ms, "1" if keep else "0"])
+        calls = [(SCRIPTS["own"], SCRIPTS["own"].keys_for(s),
+                  [carrier_id, lease_ms, "1" if keep else "0"])
                  for s in shards]
         return [bool(r) for r in execute(self.client, calls)] if calls else []
 

@@ -4,7 +4,6 @@ rate-limit. Each is one script call per shard (``scripts/``)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple, cast
@@ -106,9 +105,8 @@ class Producing(StoreBase):
         for shard, indexes in by_shard.items():
             for start in range(0, len(indexes), _SCHEDULE_CHUNK):
                 chunk = indexes[start:start + _SCHEDULE_CHUNK]
-                keys = [shard.due, shard.jobs, shard.bykey, shard.journal, shard.counts]
-                if rows is not None:
-                    keys.append(self.keys.outcome(shard, rows.run))
+                keys = SCRIPTS["schedule"].keys_for(
+                    shard, *([] if rows is None else [self.keys.outcome(shard, rows.run)]))
                 args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen,
                                    OUTCOME_MS if rows is not None else 0, TASK_INDEX_GRACE_MS]
                 for index in chunk:
@@ -172,7 +170,7 @@ class Producing(StoreBase):
         for shard, indexes in looked_for.items():
             for start in range(0, len(indexes), _SCHEDULE_CHUNK):
                 chunk = indexes[start:start + _SCHEDULE_CHUNK]
-                calls.append((SCRIPTS["exists"], [shard.jobs],
+                calls.append((SCRIPTS["exists"], SCRIPTS["exists"].keys_for(shard),
                               [items[index][0].stored_id for index in chunk]))
                 owners.append((shard, chunk))
         if not calls:
@@ -259,9 +257,7 @@ class Producing(StoreBase):
                 task_id: str = "") -> list[Any]:
         with self.unavailable():
             return SCRIPTS["cancel"].call(
-                self.client,
-                [shard.due, shard.jobs, shard.inflight, shard.bykey, shard.journal,
-                 shard.counts],
+                self.client, SCRIPTS["cancel"].keys_for(shard),
                 [kind, value if kind == "key" else pack_id(value), self._maxlen, by, task_id])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
@@ -269,7 +265,7 @@ class Producing(StoreBase):
         for shard in self._candidates(job_id, key):
             with self.unavailable():
                 ok, due_ms, task_id = SCRIPTS["reschedule"].call(
-                    self.client, [shard.due, shard.jobs, shard.journal],
+                    self.client, SCRIPTS["reschedule"].keys_for(shard),
                     [pack_id(job_id), *due.script_args(), self.keys.wake_channel, shard.shard,
                      self._maxlen])
                 if ok and task_id:  # its task id index lives as long as it is pending
@@ -320,8 +316,7 @@ class Producing(StoreBase):
         shard = dead[0]
         with self.unavailable():
             code = SCRIPTS["replay"].call(
-                self.client,
-                [shard.dead, shard.jobs, shard.due, shard.bykey, shard.journal, shard.counts],
+                self.client, SCRIPTS["replay"].keys_for(shard),
                 [stored, envelope, self._maxlen, self.keys.wake_channel, shard.shard])
         if code == -1:
             raise JobExists(job_id)
@@ -338,20 +333,16 @@ class Producing(StoreBase):
         return sum(self._pause_script("resume", field, by))
 
     def _pause_script(self, action: str, field: str, by: str) -> list[int]:
-        return self._on_every_shard(
-            SCRIPTS["pause"], lambda s: [s.paused, s.due, s.jobs, s.journal], [action, field, by])
+        return self._on_every_shard(SCRIPTS["pause"], [action, field, by])
 
     def set_rate_limit(self, queue: str, limit: str, by: str) -> int:
         """Set a queue's rate limit on every shard (``ratelimit.bucket``), or remove it with
         ``ratelimit.OFF``; returns how many held jobs a removal gave back."""
-        return sum(self._on_every_shard(
-            SCRIPTS["limit"], lambda s: [s.limits, s.due, s.jobs, s.journal, s.waiting],
-            [queue, limit, by]))
+        return sum(self._on_every_shard(SCRIPTS["limit"], [queue, limit, by]))
 
-    def _on_every_shard(self, script: Script, keys: Callable[[ShardKeys], list[str]],
-                        args: list[Any]) -> list[Any]:
+    def _on_every_shard(self, script: Script, args: list[Any]) -> list[Any]:
         """Run a pause / limit script on every shard; it journals on shard 0 only."""
-        calls = [(script, keys(s), [*args, self._maxlen if s.shard == 0 else 0,
+        calls = [(script, script.keys_for(s), [*args, self._maxlen if s.shard == 0 else 0,
                                     self.config.default_queue, self.keys.wake_channel,
                                     s.shard])
                  for s in self.keys]

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from celery_delayq.scripts import SCRIPTS
+from celery_delayq.keys import KEY_TYPES, Keyspace
+from celery_delayq.scripts import SCRIPTS, SHARD_KEYS
 
 EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead", "own",
             "replay", "exists", "repair", "reserve", "pause", "limit"}
@@ -47,3 +48,54 @@ def test_wrong_key_count_is_refused_before_redis_is_called():
         SCRIPTS["ack"].call(None, ["a"], [])
     with pytest.raises(TypeError, match="takes 9\\+ keys"):
         SCRIPTS["claim_due"].call(None, ["a"], [])
+
+
+# The type of key a command works on, by its name (generic commands: TYPE, DEL, PEXPIRE
+# are left out).
+_COMMAND_TYPES = {"Z": "zset", "H": "hash", "X": "stream"}
+_STRING_COMMANDS = {"GET", "SET"}
+NOT_SHARD_KEYS = {"reserve"}  # its keys are reservation keys, given by the caller
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED - NOT_SHARD_KEYS))
+def test_header_names_the_shard_keys_in_the_order_the_script_uses_them(name):
+    """Script.keys_for builds KEYS from the header: each KEYS[i] line names a ShardKeys
+    field, its type column is that key's type, and every use of KEYS[i] in the script (a
+    command, damaged()'s type check, the journal helpers) is of that type."""
+    script = SCRIPTS[name]
+    assert script.shard_keys is not None and len(script.shard_keys) == script.numkeys
+    assert set(script.shard_keys) <= SHARD_KEYS
+    header, body = script.source.split("]]", 1)
+    for n, field in enumerate(script.shard_keys, 1):
+        line = re.search(rf"^KEYS\[{n}\]\s+{field}\s+(\w+)", header, re.M)
+        assert line and line[1].lower() == KEY_TYPES[field], (n, field)
+
+    def type_of(index: str) -> str | None:  # the key a KEYS index names, None past N
+        n = int(index)
+        return KEY_TYPES[script.shard_keys[n - 1]] if n <= script.numkeys else None
+
+    uses = 0
+    for command, index in re.findall(r"'([A-Z]+)', KEYS\[(\d+)\]", body):
+        expected = "string" if command in _STRING_COMMANDS else _COMMAND_TYPES.get(command[0])
+        if expected and type_of(index):
+            assert type_of(index) == expected, (command, index)
+            uses += 1
+    for call in re.findall(r"damaged\(\{([^}]*)\}\)", body):
+        for index, kind in re.findall(r"(\d+), '(\w+)'", call):
+            assert type_of(index) == kind, ("damaged", index, kind)
+            uses += 1
+    for index in re.findall(r"\b(?:journal|trim_journal)\((\d+)", body):
+        assert type_of(index) == "stream", ("journal", index)
+        uses += 1
+    assert uses, "no use of its keys was checked"
+
+
+def test_keys_for_builds_a_shards_keys_in_header_order_then_the_extra_ones():
+    shard = Keyspace("delayq", 4).shard(3)
+    assert SCRIPTS["recover"].keys_for(shard) == [
+        "delayq:{3}:inflight", "delayq:{3}:due", "delayq:{3}:journal", "delayq:{3}:jobs"]
+    keys = SCRIPTS["claim_due"].keys_for(shard, "celery", "refunds")
+    assert keys[:2] == ["delayq:{3}:due", "delayq:{3}:inflight"] and len(keys) == 11
+    assert keys[-2:] == ["celery", "refunds"]
+    with pytest.raises(TypeError, match="reserve takes no shard keys"):
+        SCRIPTS["reserve"].keys_for(shard)
