@@ -128,14 +128,14 @@ def test_unexpected_error_of_ours_is_logged_with_its_traceback_and_the_job_kept(
         proj, delayq, redis_client, monkeypatch, caplog):
     healthy = schedule_due_now(proj, 50, prefix="ok")
     carrier = Carrier(proj.app)
-    build = carrier._messages.build
+    build = carrier.publisher.messages.build
 
     def bug_on_one_job(job_id, *args, **kwargs):  # stands in for a bug in our own code
         if job_id == "ok-7":
             raise ZeroDivisionError("division by zero")
         return build(job_id, *args, **kwargs)
 
-    monkeypatch.setattr(carrier._messages, "build", bug_on_one_job)
+    monkeypatch.setattr(carrier.publisher.messages, "build", bug_on_one_job)
     with caplog.at_level(logging.ERROR, logger="celery_delayq.carrier"):
         carrier.run_once()
     carrier.close()

@@ -1,0 +1,266 @@
+"""Claimed jobs -> Celery messages -> the broker: the carrier's publish step.
+
+:meth:`Publisher.take` is the step the carrier and the pytest plugin share: each claimed
+job's message is built and handed to a sender, a job whose stored form is bad is
+dead-lettered with its reason, and what was sent is returned, to be acked. The carrier's
+sender publishes through one pooled kombu producer (:meth:`Publisher.publish`: into the
+channel's publish batch, one pipeline per batch on a Redis broker, kombu >= 5.7); the
+plugin's keeps the messages and runs them in the test's process.
+
+A failure of the broker or of Redis fails the batch. Any other exception is the job's own:
+the job is dead-lettered (replayable) and every other job goes on. An exception that is not
+a known data error (:data:`JOB_ERRORS`) may be a bug of ours: it is logged with its
+traceback, and the dead letter says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import redis
+from kombu.entity import maybe_delivery_mode
+from kombu.exceptions import KombuError, SerializationError
+
+from .errors import PayloadError, StoreUnavailable, UnknownQueue
+from .keys import ShardKeys
+from .message import Message, MessageBuilder
+from .reading import counted, printable
+from .store import Claimed, Promoted, ShardClaim, Store
+
+logger = logging.getLogger("celery_delayq.carrier")
+
+#: What one job raises when its stored form cannot be published: an unreadable envelope or
+#: id, a due score that is no finite number, an envelope over ``delayq_max_payload_bytes``
+#: (``PayloadError``), a queue the app does not define, a kombu serialisation error.
+JOB_ERRORS: tuple[type[Exception], ...] = (PayloadError, UnknownQueue, SerializationError)
+_PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
+                  "interval_max": 2}
+_JSON = "application/json"
+_REASON_MAX = 500  # characters of a dead letter's reason
+
+#: Sends one job's message on (published, or kept to run in-process).
+Sender = Callable[[Message], None]
+
+
+@dataclass
+class Taken:
+    """What one :meth:`Publisher.take` did with a batch of claims."""
+
+    acks: dict[ShardKeys, list[Promoted]] = field(default_factory=lambda: defaultdict(list))
+    sent: list[tuple[Promoted, Message]] = field(default_factory=list)
+    lateness: list[float] = field(default_factory=list)  # ms, per sent job
+    dead: list[str] = field(default_factory=list)  # "job id: reason" per dead-lettered job
+
+
+class Publisher:
+    """Builds and publishes the messages of one app's claimed jobs."""
+
+    def __init__(self, app, store: Store, *, batch: int) -> None:
+        self.app = app
+        self.store = store
+        self.batch = batch
+        self._max_payload = store.config.max_payload_bytes
+        self._queues: dict[str, tuple[Any, int]] = {}
+        self._declared: set[str] = set()  # queues declared on the current connection
+        self._producer: Any = None  # kombu's, from the app's pool on first use
+        self._session: Any = None  # the channel's publish batch while a batch is published
+
+    @cached_property
+    def messages(self) -> MessageBuilder:
+        """Built on first use, once the app is configured."""
+        return MessageBuilder(self.app)
+
+    # -- the step ----------------------------------------------------------------------
+
+    def take(self, claims: list[ShardClaim], send: Sender, claimed_at: float | None = None,
+             *, keep_going: bool = False) -> Taken:
+        """Build each claimed job's message and ``send`` it; dead-letter a job whose stored
+        form is bad (:data:`JOB_ERRORS`). Any other exception is raised, or with
+        ``keep_going`` (unless the broker or Redis failed) logged and dead-lettered.
+        Lateness is measured on Redis's clock when ``claimed_at`` (``time.monotonic()`` at
+        the claim) is given."""
+        taken = Taken(lateness=[c.now_ms - due for c in claims for due in c.promoted])
+        for claim in claims:
+            for job in claim.jobs:
+                promoted = self._take_one(claim.shard, job, send, taken, keep_going)
+                if promoted is None:
+                    continue
+                taken.acks[claim.shard].append(promoted)
+                if claimed_at is not None:
+                    redis_now = claim.now_ms + (time.monotonic() - claimed_at) * 1000
+                    taken.lateness.append(redis_now - promoted.due_ms)
+        return taken
+
+    def _take_one(self, shard: ShardKeys, job: Claimed, send: Sender, taken: Taken,
+                  keep_going: bool) -> Promoted | None:
+        """One job's message, sent; None when the job was dead-lettered or left leased."""
+        try:
+            message = self.message_of(shard, job)
+            send(message)
+        except JOB_ERRORS as exc:
+            taken.dead.append(self._dead_letter(shard, job, exc))
+            return None
+        except Exception as exc:
+            if not keep_going or isinstance(exc, self._batch_errors):
+                raise  # with keep_going, the broker or Redis failed: the batch fails
+            # one job must never stop the others
+            logger.exception("unexpected error promoting job %s; it is dead-lettered, replay "
+                             "it with `celery delayq replay %s` once the cause is fixed",
+                             printable(job.job_id), printable(job.job_id))
+            taken.dead.append(self._dead_letter(shard, job, exc, internal=True))
+            return None
+        assert job.due_ms is not None  # else message_of() refused it
+        promoted = Promoted(job.job_id, message.task, message.key, job.due_ms,
+                            job.stored_id, job.lease)
+        taken.sent.append((promoted, message))
+        return promoted
+
+    def message_of(self, shard: ShardKeys, job: Claimed) -> Message:
+        """The message of one claimed job; :class:`PayloadError` when it has none."""
+        raw = job.envelope
+        if raw is not None and len(raw) > self._max_payload:
+            raise PayloadError("envelope over delayq_max_payload_bytes")
+        return self.messages.build(job.job_id, raw, shard=shard.shard, due_ms=job.due_ms)
+
+    def _dead_letter(self, shard: ShardKeys, job: Claimed, exc: Exception,
+                     internal: bool = False) -> str:
+        """Move a job to the dead letters; returns "job id: reason" for the batch log (bytes
+        that are not UTF-8 shown as ``\\xNN``, so a strict UTF-8 log file takes the line)."""
+        reason = str(exc.args[0]) if exc.args else type(exc).__name__
+        if internal:
+            reason = (f"carrier error {type(exc).__name__}: {reason} (see the carrier log; "
+                      "replay once fixed)")
+        reason = reason[:_REASON_MAX]
+        self.store.dead_letter(shard, job, reason)
+        return printable(f"{job.job_id}: {reason}")
+
+    # -- publishing through kombu --------------------------------------------------------
+
+    def publish(self, claims: list[ShardClaim], claimed_at: float) -> Taken:
+        """Publish the claimed jobs as one batch; returns what reached the broker.
+
+        Returns only when every message is with the broker; otherwise the batch is given
+        back (or, failing that, its leases expire and it is recovered) and the error raised.
+        """
+        with self._released_on_failure(claims), self._publish_batch():
+            return self.take(claims, self.deliver, claimed_at, keep_going=True)
+
+    def deliver(self, message: Message) -> None:
+        """Into the channel's publish batch, or published now when there is none."""
+        queue, delivery_mode = self.queue(message.queue)
+        if self._session is not None:
+            self._send(message, queue, delivery_mode)
+            return
+        declare = [] if queue.name in self._declared else [queue]
+        self.producer.publish(
+            message.body, exchange=message.exchange, routing_key=message.routing_key,
+            content_type=_JSON, content_encoding="utf-8", headers=message.headers,
+            declare=declare, delivery_mode=delivery_mode, retry=True,
+            retry_policy=_PUBLISH_RETRY, **message.properties,
+        )
+        self._declared.add(queue.name)
+
+    def queue(self, name: str) -> tuple[Any, int]:
+        """The kombu queue of a name and its delivery mode, resolved once."""
+        found = self._queues.get(name)
+        if found is None:
+            try:
+                queue = self.app.amqp.queues[name]
+            except KeyError:
+                raise UnknownQueue(f"unknown queue {name!r} (task_create_missing_queues is "
+                                   "off)") from None
+            mode = maybe_delivery_mode(
+                queue.exchange.delivery_mode or self.app.conf.task_default_delivery_mode)
+            found = self._queues[name] = (queue, mode)
+        return found
+
+    @property
+    def known_queues(self) -> list[str]:
+        """The queues resolved so far."""
+        return list(self._queues)
+
+    @contextlib.contextmanager
+    def _released_on_failure(self, claims: list[ShardClaim]) -> Iterator[None]:
+        """If publishing fails, give the batch back at once instead of after its lease.
+
+        Part of it may have reached the broker: those jobs run twice (same task id).
+        """
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(StoreUnavailable, redis.RedisError):
+                released = self.store.release(claims)
+                logger.warning("gave %s back after a failed publish",
+                               counted(released, "claimed job"))
+            raise
+
+    def _publish_batch(self):
+        """The channel's publish batch (one pipeline on Redis, kombu >= 5.7), else none.
+
+        Publishes inside a batch only buffer commands, so they need no per-message retry:
+        a failed flush fails the batch, which is then not acknowledged.
+        """
+        channel = self.producer.channel
+        create = getattr(channel, "create_publish_batch", None)
+        if create is None or not getattr(channel, "supports_batch_publish", False):
+            return contextlib.nullcontext()
+        return self._channel_batch(create)
+
+    @contextlib.contextmanager
+    def _channel_batch(self, create) -> Iterator[None]:
+        self._session = session = create(max_size=self.batch * self.store.keys.shards)
+        try:
+            yield
+            session.flush()
+        except BaseException:
+            session.discard()
+            raise
+        finally:
+            self._session = None
+            session.close()
+
+    @cached_property
+    def _batch_errors(self) -> tuple[type[BaseException], ...]:
+        """Exceptions that mean the broker or Redis failed, not the job in hand (kombu's
+        serialisation errors, the job's own, are caught before these)."""
+        connection = self.producer.connection
+        return (StoreUnavailable, redis.RedisError, OSError, KombuError,
+                *connection.connection_errors, *connection.channel_errors)
+
+    def _send(self, message: Message, queue, delivery_mode: int) -> None:
+        """Into the channel's batch, the message ``Producer.publish`` would send, without
+        its per-call work (options merge, retry)."""
+        if queue.name not in self._declared:
+            self.producer.maybe_declare(queue, retry=True, **_PUBLISH_RETRY)
+            self._declared.add(queue.name)
+        properties = message.properties
+        priority = properties.pop("priority", 0)
+        expiration = properties.pop("expiration", None)
+        properties["delivery_mode"] = delivery_mode
+        if expiration is not None:
+            properties["expiration"] = str(int(expiration * 1000))
+        prepared = self.producer.channel.prepare_message(
+            message.body, priority, _JSON, "utf-8", message.headers, properties)
+        self._session.publish(prepared, exchange=message.exchange,
+                              routing_key=message.routing_key, mandatory=False,
+                              immediate=False, timeout=None, confirm_timeout=None)
+
+    @property
+    def producer(self):
+        if self._producer is None:
+            self._producer = self.app.producer_pool.acquire(block=True)
+            self._declared.clear()
+        return self._producer
+
+    def reset(self) -> None:
+        """Give the producer back to the pool (after a connection error, or on close)."""
+        if self._producer is not None:
+            self._producer.release()
+            self._producer = None
