@@ -36,10 +36,10 @@ from kombu.utils.json import loads
 
 from .. import journal
 from ..envelope import Job
-from ..errors import DelayQError, PayloadError
+from ..errors import DelayQError
 from ..extension import DelayQ
-from ..keys import ShardKeys
-from ..message import Message, MessageBuilder
+from ..message import Message
+from ..publisher import Publisher
 from ..store import Promoted
 from ..validation import Due
 from .redis_server import RedisServer
@@ -222,9 +222,10 @@ class DelayQTester:
     # -- internals ---------------------------------------------------------------------
 
     @cached_property
-    def _messages(self) -> MessageBuilder:
-        """Built on first promotion, once the test has configured the app."""
-        return MessageBuilder(self.app)
+    def _publisher(self) -> Publisher:
+        """The carrier's publish step, built on first promotion, once the test has
+        configured the app; its messages are run here instead of published."""
+        return Publisher(self.app, self.delayq.store, batch=self.delayq.config.claim_batch)
 
     def _now_ms(self) -> int:
         return self.delayq.store.now_ms() + self._offset_ms
@@ -235,25 +236,12 @@ class DelayQTester:
         if job_id is not None:  # journaled as "rescheduled": the test clock pulled it in
             store.reschedule(job_id, Due(at_ms=None, delay_ms=0))
         claims = store.claim(list(store.keys), store.config.claim_batch, _LEASE_MS)
-        jobs: list[tuple[Promoted, Message]] = []
-        acks: dict[ShardKeys, list[Promoted]] = {}
         for claim in claims:
             if claim.error:
                 raise claim.error
-            for job in claim.jobs:
-                try:
-                    message = self._messages.build(job.job_id, job.envelope,
-                                                   shard=claim.shard.shard, due_ms=job.due_ms)
-                except PayloadError as exc:
-                    store.dead_letter(claim.shard, job, str(exc))
-                    continue
-                assert job.due_ms is not None  # else build() refused it
-                promoted = Promoted(job.job_id, message.task, message.key, job.due_ms,
-                                    job.stored_id, job.lease)
-                jobs.append((promoted, message))
-                acks.setdefault(claim.shard, []).append(promoted)
-        store.ack(acks)  # promoted, as the carrier would before a worker runs them
-        jobs.sort(key=lambda item: item[0].due_ms)
+        taken = self._publisher.take(claims, send=lambda message: None)
+        store.ack(taken.acks)  # promoted, as the carrier would before a worker runs them
+        jobs = sorted(taken.sent, key=lambda item: item[0].due_ms)
         return [self._run(job, message) for job, message in jobs]
 
     def _run(self, job: Promoted, message: Message) -> Run:
