@@ -146,7 +146,7 @@ class _ShardCheck:
         examples.extend(_shown(kind, item) for item in items[:_EXAMPLES - len(examples)])
         if self.repair:
             calls = [(SCRIPTS["repair"], SCRIPTS["repair"].keys_for(self.shard),
-                      [what, value, extra, self.store.config.journal_maxlen])
+                      [self.store.config.journal_maxlen, what, value, extra])
                      for what, value, extra in repairs]
             self.report.repaired[kind] += sum(execute(self.client, calls))
 

@@ -19,9 +19,9 @@ Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when o
 its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
+-- include: journal.lua
 local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream', 6, 'hash'})
 if problem then return redis.error_reply(problem) end
-local maxlen = tonumber(ARGV[1])
 local n = 0
 local per_task = {}  -- task name -> jobs forgotten, counted down once per call
 for i = 2, #ARGV, 6 do
@@ -35,12 +35,10 @@ for i = 2, #ARGV, 6 do
     end
     if ARGV[i + 1] ~= '' then redis.call('ZREM', KEYS[4], ARGV[i + 1]) end
   end
-  if maxlen > 0 then
-    redis.call('XADD', KEYS[5], '*', 'event', 'promoted',
-               'job', job_id, 'task', task, 'key', ARGV[i + 3], 'due', ARGV[i + 4])
-  end
+  journal_batch(5, 'promoted', 'job', job_id, 'task', task, 'key', ARGV[i + 3],
+                'due', ARGV[i + 4])
   n = n + 1
 end
 for name, forgotten in pairs(per_task) do redis.call('HINCRBY', KEYS[6], name, -forgotten) end
-if maxlen > 0 then redis.call('XTRIM', KEYS[5], 'MAXLEN', '~', maxlen) end  -- once per batch
+trim_journal(5)
 return n

@@ -7,11 +7,11 @@ KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
 KEYS[6] counts    HASH  task name -> jobs stored; field "" counts cancels
 
-ARGV[1] "id", "key", or "move": an id whose job is replaced under a business key of another
+ARGV[1] journal maxlen (0: no journal)
+ARGV[2] "id", "key", or "move": an id whose job is replaced under a business key of another
         shard (journaled "moved", not counted as a cancel); its envelope goes even while a
         carrier holds it (that copy is then delivered, never given back)
-ARGV[2] the job id, or the business key
-ARGV[3] journal maxlen (0: no journal)
+ARGV[3] the job id, or the business key
 ARGV[4] who cancelled / why (journal), may be ""
 ARGV[5] for "id": the Celery task id the job must have, or "" for any. A job of that id
         with another task id (a later call replaced it) is left alone: answered -1
@@ -25,62 +25,52 @@ Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when o
 its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
+-- include: first_line.lua
+-- include: journal.lua
 local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream', 6, 'hash'})
 if problem then return redis.error_reply(problem) end
+local kind, value = ARGV[2], ARGV[3]
 local ids
-if ARGV[1] == 'key' then
-  local members = redis.call('ZRANGEBYLEX', KEYS[4], '[' .. ARGV[2] .. '\0', '(' .. ARGV[2] .. '\1')
+if kind == 'key' then
+  local members = redis.call('ZRANGEBYLEX', KEYS[4], '[' .. value .. '\0', '(' .. value .. '\1')
   ids = {}
-  for i, member in ipairs(members) do ids[i] = string.sub(member, #ARGV[2] + 2) end
+  for i, member in ipairs(members) do ids[i] = string.sub(member, #value + 2) end
 else
-  ids = {ARGV[2]}
+  ids = {value}
   if ARGV[5] ~= '' then
-    local ok, decoded = pcall(cjson.decode, string.match(
-        redis.call('HGET', KEYS[2], ARGV[2]) or '', '^[^\n]*'))
-    if not (ok and type(decoded) == 'table' and decoded['i'] == ARGV[5]) then
-      return {-1, 0}
-    end
+    local fields = first_line(redis.call('HGET', KEYS[2], value))
+    if not (fields and fields['i'] == ARGV[5]) then return {-1, 0} end
   end
 end
-local maxlen = tonumber(ARGV[3])
 local cancelled = 0
 local reply = {1, 0}  -- for "key": the code, the count, then task id and job id of each
 for _, job_id in ipairs(ids) do
   local pending = redis.call('ZREM', KEYS[1], job_id) == 1
   -- a moved job leaves even while a carrier holds it: then its lease stays, without an
   -- envelope, so ack / recover / dead only end that lease and never bring the old copy back
-  local moving = ARGV[1] == 'move' and redis.call('HEXISTS', KEYS[2], job_id) == 1
+  local moving = kind == 'move' and redis.call('HEXISTS', KEYS[2], job_id) == 1
   if pending or moving then
-    local env = redis.call('HGET', KEYS[2], job_id)
-    local task, key = '', ''
-    local ok, decoded = pcall(cjson.decode, string.match(env or '', '^[^\n]*'))
-    if ok and type(decoded) == 'table' then
-      task = decoded['t'] or ''
-      key = decoded['y'] or ''
-    end
-    reply[#reply + 1] = ok and type(decoded) == 'table' and type(decoded['i']) == 'string'
-      and decoded['i'] or ''
+    local fields = first_line(redis.call('HGET', KEYS[2], job_id)) or {}
+    local task, key = fields['t'] or '', fields['y'] or ''
+    reply[#reply + 1] = type(fields['i']) == 'string' and fields['i'] or ''
     reply[#reply + 1] = job_id
     if (moving or not redis.call('ZSCORE', KEYS[3], job_id))
         and redis.call('HDEL', KEYS[2], job_id) == 1 and task ~= '' then
       redis.call('HINCRBY', KEYS[6], task, -1)
     end
-    if ARGV[1] ~= 'move' then redis.call('HINCRBY', KEYS[6], '', 1) end
+    if kind ~= 'move' then redis.call('HINCRBY', KEYS[6], '', 1) end
     if key ~= '' then redis.call('ZREM', KEYS[4], key .. '\0' .. job_id) end
-    if maxlen > 0 then
-      redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*', 'event',
-                 ARGV[1] == 'move' and 'moved' or 'cancelled',
-                 'job', job_id, 'task', task, 'key', key, 'by', ARGV[4])
-    end
+    journal(5, kind == 'move' and 'moved' or 'cancelled',
+            'job', job_id, 'task', task, 'key', key, 'by', ARGV[4])
     cancelled = cancelled + 1
   end
 end
-if ARGV[1] == 'key' then
+if kind == 'key' then
   reply[2] = cancelled
   return reply
 end
 -- a carrier holds an earlier copy (the job was scheduled again while in flight): that one
 -- is delivered, so the answer is "too late" even when the pending copy was cancelled
-if redis.call('ZSCORE', KEYS[3], ARGV[2]) then return {0, cancelled} end
+if redis.call('ZSCORE', KEYS[3], value) then return {0, cancelled} end
 if cancelled == 1 then return {1, 1} end
 return {-1, 0}

@@ -25,9 +25,9 @@ KEYS[9]   waiting   ZSET  "<queue>\0<due>\0<job id>" (score 0): the jobs rate li
                           in the order each queue's go (held.lua: waiting_member)
 KEYS[10..] the broker's message list of each queue open to direct promotion (none: off)
 
-ARGV[1]   batch size
-ARGV[2]   lease in ms
-ARGV[3]   journal maxlen (0: no journal)
+ARGV[1]   journal maxlen (0: no journal)
+ARGV[2]   batch size
+ARGV[3]   lease in ms
 ARGV[4]   shard number (the delayq_shard header)
 ARGV[5]   origin header (the promoting carrier)
 ARGV[6]   longest argsrepr / kwargsrepr header, in bytes
@@ -58,13 +58,13 @@ its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
 -- include: held.lua
+-- include: journal.lua
+-- include: now.lua
 local problem = damaged({1, 'zset', 2, 'zset', 3, 'hash', 4, 'zset', 5, 'stream', 6, 'hash',
                          7, 'hash', 8, 'hash', 9, 'zset'})
 if problem then return redis.error_reply(problem) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now, t = now_ms()
 local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
-local maxlen = tonumber(ARGV[3])
 local repr_max = tonumber(ARGV[6])
 local max_nesting = tonumber(ARGV[8])
 
@@ -133,8 +133,8 @@ end
 -- parts of its message that depend on them alone; false when it is not.
 local origin = cjson.encode(ARGV[5])
 local function route(line)
-  local ok, fields = pcall(cjson.decode, line)
-  if not ok or type(fields) ~= 'table' or type(fields['t']) ~= 'string' then return false end
+  local fields = first_line(line)
+  if not fields or type(fields['t']) ~= 'string' then return false end
   for name, value in pairs(fields) do
     if type(value) ~= 'string' or not (name == 't' or name == 'i' or name == 'y'
                                        or name == 'q') then
@@ -330,7 +330,7 @@ end
 
 -- The jobs to look at: first the waiting jobs of each limited queue its tokens allow,
 -- oldest first, then the due jobs.
-local batch = tonumber(ARGV[1])
+local batch = tonumber(ARGV[2])
 local names, dues, fresh = {}, {}, {}
 for queue, limit in pairs(limits) do
   local first, last = '[' .. queue .. '\0', '(' .. queue .. '\1'
@@ -356,7 +356,7 @@ for i = 1, #ids, 2 do
 end
 
 local direct = {}
-local lease = string.format('%.3f', now + tonumber(ARGV[2]) + tonumber(t[2]) % 1000 / 1000)
+local lease = string.format('%.3f', now + tonumber(ARGV[3]) + tonumber(t[2]) % 1000 / 1000)
 local out = {now, -1, direct, lease}
 local pushed, forgotten, unkeyed, per_task = {}, {}, {}, {}
 if #names > 0 then
@@ -374,10 +374,7 @@ if #names > 0 then
         per_task[fields['t']] = (per_task[fields['t']] or 0) + 1
         local key = fields['y'] or ''
         if key ~= '' then unkeyed[#unkeyed + 1] = key .. '\0' .. job_id end
-        if maxlen > 0 then
-          redis.call('XADD', KEYS[5], '*', 'event', 'promoted',
-                     'job', job_id, 'task', fields['t'], 'key', key, 'due', due)
-        end
+        journal_batch(5, 'promoted', 'job', job_id, 'task', fields['t'], 'key', key, 'due', due)
         direct[#direct + 1] = tonumber(due)
       else
         redis.call('ZADD', KEYS[2], lease, job_id)
@@ -392,7 +389,7 @@ for index, messages in pairs(pushed) do each_chunk('LPUSH', KEYS[index], message
 each_chunk('HDEL', KEYS[3], forgotten)
 each_chunk('ZREM', KEYS[4], unkeyed)
 for task, n in pairs(per_task) do redis.call('HINCRBY', KEYS[6], task, -n) end
-if #direct > 0 and maxlen > 0 then redis.call('XTRIM', KEYS[5], 'MAXLEN', '~', maxlen) end
+if #direct > 0 then trim_journal(5) end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local next_due = head[2] and tonumber(head[2])
 -- (a damaged score past year 30,000 reads as never due: Redis replies integers only)

@@ -5,10 +5,10 @@ KEYS[2] due       ZSET  job id -> due ms (held jobs: a base + due ms, see held.p
 KEYS[3] jobs      HASH  job id -> envelope
 KEYS[4] journal   STREAM
 
-ARGV[1] "pause" or "resume"
-ARGV[2] the paused hash field
-ARGV[3] who did it (journaled)
-ARGV[4] journal maxlen (0: not journaled on this shard; the store journals on shard 0)
+ARGV[1] journal maxlen (0: not journaled on this shard; the store journals on shard 0)
+ARGV[2] "pause" or "resume"
+ARGV[3] the paused hash field
+ARGV[4] who did it (journaled)
 ARGV[5] the default queue (of envelopes that name none)
 ARGV[6] wake channel
 ARGV[7] shard number
@@ -23,18 +23,16 @@ its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
 -- include: held.lua
+-- include: journal.lua
+-- include: now.lua
 local problem = damaged({1, 'hash', 2, 'zset', 3, 'hash', 4, 'stream'})
 if problem then return redis.error_reply(problem) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local action, field = ARGV[1], ARGV[2]
+local now = now_ms()
+local action, field, by = ARGV[2], ARGV[3], ARGV[4]
 local kind, name = string.match(field, '^(%a+):(.*)$')
-if tonumber(ARGV[4]) > 0 then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event',
-             action == 'pause' and 'paused' or 'resumed', kind, name, 'by', ARGV[3])
-end
+journal(4, action == 'pause' and 'paused' or 'resumed', kind, name, 'by', by)
 if action == 'pause' then
-  redis.call('HSET', KEYS[1], field, cjson.encode({by = ARGV[3], at = now}))
+  redis.call('HSET', KEYS[1], field, cjson.encode({by = by, at = now}))
   return 0
 end
 redis.call('HDEL', KEYS[1], field)
@@ -46,8 +44,7 @@ local held = redis.call('ZRANGEBYSCORE', KEYS[2], PAUSED_BASE + MIN_DUE,
 local released = 0
 for i = 1, #held, 2 do
   local job_id = held[i]
-  local task, queue = first_fields(
-    string.match(redis.call('HGET', KEYS[3], job_id) or '', '^[^\n]*'), ARGV[5])
+  local task, queue = first_fields(redis.call('HGET', KEYS[3], job_id), ARGV[5])
   if not (task and held_by(paused, task, queue)) then
     redis.call('ZADD', KEYS[2], tonumber(held[i + 1]) - PAUSED_BASE, job_id)
     released = released + 1

@@ -6,8 +6,8 @@ KEYS[2] due       ZSET  job id -> due ms
 KEYS[3] journal   STREAM
 KEYS[4] jobs      HASH  job id -> envelope (for the task name in the journal)
 
-ARGV[1] batch size
-ARGV[2] journal maxlen (0: no journal)
+ARGV[1] journal maxlen (0: no journal)
+ARGV[2] batch size
 ARGV[3] the lease claim_due gave the jobs of ARGV[4..] (absent: return the expired ones)
 ARGV[4..] job ids to return now whatever their deadline, if that lease still holds them
 
@@ -19,16 +19,17 @@ Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when o
 its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
+-- include: first_line.lua
+-- include: journal.lua
+-- include: now.lua
 local problem = damaged({1, 'zset', 2, 'zset', 3, 'stream', 4, 'hash'})
 if problem then return redis.error_reply(problem) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local ids, lease = {}, tonumber(ARGV[3])
 for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
 if not lease then
-  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])
+  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[2])
 end
-local maxlen = tonumber(ARGV[2])
 local recovered = 0
 for _, job_id in ipairs(ids) do
   local held = lease and tonumber(redis.call('ZSCORE', KEYS[1], job_id) or nil)
@@ -39,12 +40,8 @@ for _, job_id in ipairs(ids) do
   if env then  -- none: the job moved to another shard while in flight; its lease just ends
     recovered = recovered + 1
     redis.call('ZADD', KEYS[2], 'NX', now, job_id)
-    if maxlen > 0 then
-      local ok, decoded = pcall(cjson.decode, string.match(env, '^[^\n]*'))
-      local task = ok and type(decoded) == 'table' and decoded['t'] or ''
-      redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'event', 'recovered',
-                 'job', job_id, 'task', task, 'due', now)
-    end
+    local fields = first_line(env)
+    journal(3, 'recovered', 'job', job_id, 'task', fields and fields['t'] or '', 'due', now)
   end
 end
 return recovered

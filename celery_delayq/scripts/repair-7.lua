@@ -9,25 +9,23 @@ KEYS[5] dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
 KEYS[6] counts    HASH  task name -> jobs stored (pending or being promoted)
 KEYS[7] journal   STREAM
 
-ARGV[1] what to repair:
+ARGV[1] journal maxlen (0: no journal)
+ARGV[2] what to repair:
         "due" / "inflight"  a member (job id) without an envelope: removed
         "bykey"             a member "<key>\0<job id>" whose job is gone or has another key:
                             removed
         "orphan"            an envelope (job id) in neither due nor inflight: dead-lettered
-                            with the reason ARGV[3], never deleted
-        "count"             add ARGV[3] to the count of the task ARGV[2]
-ARGV[2] the member, job id or task name
-ARGV[3] the reason ("orphan"), the difference ("count"), else ""
-ARGV[4] journal maxlen (0: no journal)
+                            with the reason ARGV[4], never deleted
+        "count"             add ARGV[4] to the count of the task ARGV[3]
+ARGV[3] the member, job id or task name
+ARGV[4] the reason ("orphan"), the difference ("count"), else ""
 
 Returns 1 when repaired, 0 when there was nothing (left) to repair.
 ]]
-local what, value = ARGV[1], ARGV[2]
-local function first_line(env)
-  local ok, decoded = pcall(cjson.decode, string.match(env or '', '^[^\n]*'))
-  if ok and type(decoded) == 'table' then return decoded end
-  return {}
-end
+-- include: first_line.lua
+-- include: journal.lua
+-- include: now.lua
+local what, value, extra = ARGV[2], ARGV[3], ARGV[4]
 if what == 'due' or what == 'inflight' then
   if redis.call('HEXISTS', KEYS[3], value) == 1 then return 0 end
   if what == 'due' then return redis.call('ZREM', KEYS[1], value) end
@@ -37,11 +35,11 @@ if what == 'bykey' then
   local cut = string.find(value, '\0', 1, true)
   if not cut then return redis.call('ZREM', KEYS[4], value) end
   local env = redis.call('HGET', KEYS[3], string.sub(value, cut + 1))
-  if env and first_line(env)['y'] == string.sub(value, 1, cut - 1) then return 0 end
+  if (first_line(env) or {})['y'] == string.sub(value, 1, cut - 1) then return 0 end
   return redis.call('ZREM', KEYS[4], value)
 end
 if what == 'count' then
-  redis.call('HINCRBY', KEYS[6], value, ARGV[3])
+  redis.call('HINCRBY', KEYS[6], value, extra)
   return 1
 end
 -- orphan
@@ -50,16 +48,11 @@ if not env or redis.call('ZSCORE', KEYS[1], value) or redis.call('ZSCORE', KEYS[
     or redis.call('HEXISTS', KEYS[5], value) == 1 then
   return 0  -- not orphaned any more, or a dead letter of this id would be overwritten
 end
-local t = redis.call('TIME')
-redis.call('HSET', KEYS[5], value, cjson.encode({
-  reason = ARGV[3], envelope = env, at = tonumber(t[1]) * 1000 + math.floor(t[2] / 1000)}))
+redis.call('HSET', KEYS[5], value, cjson.encode({reason = extra, envelope = env, at = now_ms()}))
 redis.call('HDEL', KEYS[3], value)
-local fields = first_line(env)
+local fields = first_line(env) or {}
 local task = type(fields['t']) == 'string' and fields['t'] or ''
 if task ~= '' then redis.call('HINCRBY', KEYS[6], task, -1) end
 if type(fields['y']) == 'string' then redis.call('ZREM', KEYS[4], fields['y'] .. '\0' .. value) end
-if tonumber(ARGV[4]) > 0 then
-  redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[4], '*', 'event', 'dead',
-             'job', value, 'task', task, 'reason', ARGV[3])
-end
+journal(7, 'dead', 'job', value, 'task', task, 'reason', extra)
 return 1

@@ -13,10 +13,10 @@ KEYS[6] outcome   HASH  (when ARGV[5] is not "0") job id -> "<code> <row>": what
 KEYS[6 or 7..]    task  STRING  the task id index key of each job whose task id is not its
                   job id (keys.py), in the order of those jobs
 
-ARGV[1] if_exists: "keep" | "replace" | "error"
-ARGV[2] wake channel
-ARGV[3] shard number (published on the wake channel)
-ARGV[4] journal maxlen (0: no journal)
+ARGV[1] journal maxlen (0: no journal)
+ARGV[2] if_exists: "keep" | "replace" | "error"
+ARGV[3] wake channel
+ARGV[4] shard number (published on the wake channel)
 ARGV[5] ms the outcome hash is kept after this call ("0": no outcome hash)
 ARGV[6] ms a task id index key outlives its job's due time
 ARGV[7..] eight values per job:
@@ -35,15 +35,16 @@ Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when o
 its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
+-- include: first_line.lua
+-- include: journal.lua
+-- include: now.lua
 local checks = {1, 'zset', 2, 'hash', 3, 'zset', 4, 'stream', 5, 'hash'}
 local outcome = ARGV[5] ~= '0' and KEYS[6]
 if outcome then checks[#checks + 1], checks[#checks + 2] = 6, 'hash' end
 local problem = damaged(checks)
 if problem then return redis.error_reply(problem) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local if_exists = ARGV[1]
-local maxlen = tonumber(ARGV[4])
+local now = now_ms()
+local if_exists = ARGV[2]
 local index_grace = tonumber(ARGV[6])
 local out = {}
 local written = {}
@@ -75,13 +76,13 @@ for i = 7, #ARGV, outcome and 9 or 8 do
     else
       if old then
         code = 2
-        local ok, decoded = pcall(cjson.decode, string.match(old, '^[^\n]*'))
-        if ok and type(decoded) == 'table' then
-          if type(decoded['y']) == 'string' then
-            redis.call('ZREM', KEYS[3], decoded['y'] .. '\0' .. job_id)
+        local fields = first_line(old)
+        if fields then
+          if type(fields['y']) == 'string' then
+            redis.call('ZREM', KEYS[3], fields['y'] .. '\0' .. job_id)
           end
-          if type(decoded['t']) == 'string' then
-            per_task[decoded['t']] = (per_task[decoded['t']] or 0) - 1
+          if type(fields['t']) == 'string' then
+            per_task[fields['t']] = (per_task[fields['t']] or 0) - 1
           end
         end
       end
@@ -93,11 +94,8 @@ for i = 7, #ARGV, outcome and 9 or 8 do
       if index > 0 then
         redis.call('SET', KEYS[index], job_id, 'PX', math.max(due - now, 0) + index_grace)
       end
-      if maxlen > 0 then
-        redis.call('XADD', KEYS[4], '*', 'event',
-                   code == 1 and 'scheduled' or 'rescheduled', 'job', job_id,
-                   'task', task, 'key', ARGV[i + 6], 'due', due)
-      end
+      journal_batch(4, code == 1 and 'scheduled' or 'rescheduled', 'job', job_id,
+                    'task', task, 'key', ARGV[i + 6], 'due', due)
       out[#out + 1] = code
       out[#out + 1] = due
       out[#out + 1] = false
@@ -109,8 +107,8 @@ end
 for task, n in pairs(per_task) do
   if n ~= 0 then redis.call('HINCRBY', KEYS[5], task, n) end
 end
-if maxlen > 0 then redis.call('XTRIM', KEYS[4], 'MAXLEN', '~', maxlen) end  -- once per batch
+trim_journal(4)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)
-if head[1] and written[head[1]] then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+if head[1] and written[head[1]] then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 if outcome then redis.call('PEXPIRE', KEYS[6], ARGV[5]) end
 return out

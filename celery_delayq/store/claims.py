@@ -117,7 +117,7 @@ class Claims(StoreBase):
             lists, routes = direct.lists, [value for route in direct.queues for value in route]
             origin, repr_max = direct.origin, direct.repr_max
         return [(SCRIPTS["claim_due"], SCRIPTS["claim_due"].keys_for(s, *lists),
-                 [batch, lease_ms, self._maxlen, s.shard, origin, repr_max,
+                 [self._maxlen, batch, lease_ms, s.shard, origin, repr_max,
                   self.config.default_queue, self.config.max_nesting, lead_ms, *routes])
                 for s in shards]
 
@@ -144,7 +144,7 @@ class Claims(StoreBase):
                 ) -> tuple[int, dict[ShardKeys, DelayQError]]:
         """Return expired leases to the due set: how many were recovered, and the shards
         where that failed (e.g. :class:`DamagedShard`) with why."""
-        calls = [(SCRIPTS["recover"], SCRIPTS["recover"].keys_for(s), [batch, self._maxlen])
+        calls = [(SCRIPTS["recover"], SCRIPTS["recover"].keys_for(s), [self._maxlen, batch])
                  for s in shards]
         with self.unavailable():
             replies = execute(self.client, calls, raise_errors=False)
@@ -160,7 +160,7 @@ class Claims(StoreBase):
             for job in claim.jobs:
                 leased[claim.shard, job.lease].append(job)
         calls = [(SCRIPTS["recover"], SCRIPTS["recover"].keys_for(shard),
-                  [len(jobs), self._maxlen, lease, *(raw_id(job.stored_id) for job in jobs)])
+                  [self._maxlen, len(jobs), lease, *(raw_id(job.stored_id) for job in jobs)])
                  for (shard, lease), jobs in leased.items()]
         if not calls:
             return 0
@@ -176,7 +176,7 @@ class Claims(StoreBase):
         with self.unavailable():
             return bool(SCRIPTS["dead"].call(
                 self.client, SCRIPTS["dead"].keys_for(shard),
-                [raw_id(job.stored_id), reason, "", self._maxlen, job.lease,
+                [self._maxlen, raw_id(job.stored_id), reason, "", job.lease,
                  "" if job.envelope is None else "1"]))
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:

@@ -107,7 +107,7 @@ class Producing(StoreBase):
                 chunk = indexes[start:start + _SCHEDULE_CHUNK]
                 keys = SCRIPTS["schedule"].keys_for(
                     shard, *([] if rows is None else [self.keys.outcome(shard, rows.run)]))
-                args: list[Any] = [if_exists, self.keys.wake_channel, shard.shard, self._maxlen,
+                args: list[Any] = [self._maxlen, if_exists, self.keys.wake_channel, shard.shard,
                                    OUTCOME_MS if rows is not None else 0, TASK_INDEX_GRACE_MS]
                 for index in chunk:
                     call, due = items[index]
@@ -258,7 +258,7 @@ class Producing(StoreBase):
         with self.unavailable():
             return SCRIPTS["cancel"].call(
                 self.client, SCRIPTS["cancel"].keys_for(shard),
-                [kind, value if kind == "key" else pack_id(value), self._maxlen, by, task_id])
+                [self._maxlen, kind, value if kind == "key" else pack_id(value), by, task_id])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
         """Move a pending job to a new due time; returns it (ms) or None if not pending."""
@@ -266,8 +266,8 @@ class Producing(StoreBase):
             with self.unavailable():
                 ok, due_ms, task_id = SCRIPTS["reschedule"].call(
                     self.client, SCRIPTS["reschedule"].keys_for(shard),
-                    [pack_id(job_id), *due.script_args(), self.keys.wake_channel, shard.shard,
-                     self._maxlen])
+                    [self._maxlen, pack_id(job_id), *due.script_args(), self.keys.wake_channel,
+                     shard.shard])
                 if ok and task_id:  # its task id index lives as long as it is pending
                     self.client.pexpireat(self.keys.task_index(shard, pack_id(task_id)),
                                           due_ms + TASK_INDEX_GRACE_MS)
@@ -317,7 +317,7 @@ class Producing(StoreBase):
         with self.unavailable():
             code = SCRIPTS["replay"].call(
                 self.client, SCRIPTS["replay"].keys_for(shard),
-                [stored, envelope, self._maxlen, self.keys.wake_channel, shard.shard])
+                [self._maxlen, stored, envelope, self.keys.wake_channel, shard.shard])
         if code == -1:
             raise JobExists(job_id)
         return code == 1
@@ -342,9 +342,9 @@ class Producing(StoreBase):
 
     def _on_every_shard(self, script: Script, args: list[Any]) -> list[Any]:
         """Run a pause / limit script on every shard; it journals on shard 0 only."""
-        calls = [(script, script.keys_for(s), [*args, self._maxlen if s.shard == 0 else 0,
-                                    self.config.default_queue, self.keys.wake_channel,
-                                    s.shard])
+        calls = [(script, script.keys_for(s), [self._maxlen if s.shard == 0 else 0, *args,
+                                                self.config.default_queue,
+                                                self.keys.wake_channel, s.shard])
                  for s in self.keys]
         with self.unavailable():
             return execute(self.client, calls)

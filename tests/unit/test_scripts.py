@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+from importlib import resources
 
 import pytest
 
 from celery_delayq.keys import KEY_TYPES, Keyspace
 from celery_delayq.scripts import SCRIPTS, SHARD_KEYS
+
+#: A call of include/journal.lua's helpers, which take the journal's KEYS index.
+_JOURNAL_CALL = r"\b(?:journal|journal_batch|trim_journal)\((\d+)"
 
 EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead", "own",
             "replay", "exists", "repair", "reserve", "pause", "limit"}
@@ -27,7 +31,8 @@ def test_header_documents_each_key_and_argument(name):
         "KEYS in header vs file name"
     assert script.variadic or len(documented) == script.numkeys
     body = script.source.split("]]", 1)[1]
-    used = {int(n) for n in re.findall(r"KEYS\[(\d+)\]", body)}
+    used = {int(n) for n in [*re.findall(r"KEYS\[(\d+)\]", body),
+                             *re.findall(_JOURNAL_CALL, body)]}
     if "#KEYS" in body:  # it loops over all its keys
         assert used <= set(documented), "no key it does not declare"
     else:
@@ -84,7 +89,7 @@ def test_header_names_the_shard_keys_in_the_order_the_script_uses_them(name):
         for index, kind in re.findall(r"(\d+), '(\w+)'", call):
             assert type_of(index) == kind, ("damaged", index, kind)
             uses += 1
-    for index in re.findall(r"\b(?:journal|trim_journal)\((\d+)", body):
+    for index in re.findall(_JOURNAL_CALL, body):
         assert type_of(index) == "stream", ("journal", index)
         uses += 1
     assert uses, "no use of its keys was checked"
@@ -99,3 +104,24 @@ def test_keys_for_builds_a_shards_keys_in_header_order_then_the_extra_ones():
     assert keys[-2:] == ["celery", "refunds"]
     with pytest.raises(TypeError, match="reserve takes no shard keys"):
         SCRIPTS["reserve"].keys_for(shard)
+
+
+def _lua_files() -> dict[str, str]:
+    """Each script's own text (includes not expanded), by script name."""
+    folder = resources.files("celery_delayq.scripts")
+    return {entry.name.split("-")[0]: entry.read_text() for entry in folder.iterdir()
+            if entry.name.endswith(".lua")}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_script_that_journals_takes_the_maxlen_as_argv_1_and_uses_the_shared_snippets(name):
+    """The journal XADD, Redis's clock in ms and the first-line decode are each written once,
+    in scripts/include/; the journal maxlen is ARGV[1] of every script that journals."""
+    text = _lua_files()[name]
+    for snippet in ("'XADD'", "'XTRIM'", "'TIME'", "pcall(cjson.decode"):
+        assert snippet not in text, f"{snippet}: use the include that has it"
+    journals = "-- include: journal.lua" in text
+    assert journals == ("journal" in (SCRIPTS[name].shard_keys or ()))
+    if journals:
+        assert re.search(r"^ARGV\[1\]\s+journal maxlen", text, re.M)
+        assert re.search(_JOURNAL_CALL, text), "it includes the journal but never writes it"

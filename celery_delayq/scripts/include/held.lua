@@ -1,12 +1,13 @@
+-- include: first_line.lua
 -- Held jobs (held.py): a due job a pause holds has the due score PAUSED_BASE + its due
 -- time in ms; one its queue's rate limit holds, RATE_BASE + its due time.
 local PAUSED_BASE, RATE_BASE = 1125899906842624, 2251799813685248
 local MIN_DUE, MAX_DUE = -62135596800000, 253402300799999
--- first_fields(line, default_queue): the task name and queue of a job's first line
--- (the queue it names, else the default), or nil when the line is not a JSON object.
-local function first_fields(line, default_queue)
-  local ok, fields = pcall(cjson.decode, line)
-  if not ok or type(fields) ~= 'table' then return nil end
+-- first_fields(env, default_queue): the task name and queue of a job's envelope or first
+-- line (the queue it names, else the default), or nil when that line is not a JSON object.
+local function first_fields(env, default_queue)
+  local fields = first_line(env)
+  if not fields then return nil end
   local queue = fields['q']
   if type(queue) ~= 'string' or queue == '' then queue = default_queue end
   return type(fields['t']) == 'string' and fields['t'] or '', queue

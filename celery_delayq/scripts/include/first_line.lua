@@ -1,0 +1,8 @@
+-- first_line(text): the fields of an envelope's first line (t task name, i task id,
+-- y business key, q queue, ...: see envelope.py), or nil when there is no text or that
+-- line is not a JSON object. Text without a newline is read as a first line itself.
+local function first_line(text)
+  local ok, fields = pcall(cjson.decode, string.match(text or '', '^[^\n]*'))
+  if ok and type(fields) == 'table' then return fields end
+  return nil
+end

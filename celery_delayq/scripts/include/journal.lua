@@ -1,0 +1,16 @@
+-- The shard's journal, capped near ARGV[1]: delayq_journal_maxlen, the first ARGV of every
+-- script that journals (0: no journal). journal(n, event, field, value, ...) appends an
+-- event to the journal KEYS[n] and trims it; a script that may append many events in one
+-- call appends each with journal_batch(n, ...) and calls trim_journal(n) once at its end.
+local JOURNAL_MAXLEN = tonumber(ARGV[1])
+local function journal(n, event, ...)
+  if JOURNAL_MAXLEN > 0 then
+    redis.call('XADD', KEYS[n], 'MAXLEN', '~', JOURNAL_MAXLEN, '*', 'event', event, ...)
+  end
+end
+local function journal_batch(n, event, ...)
+  if JOURNAL_MAXLEN > 0 then redis.call('XADD', KEYS[n], '*', 'event', event, ...) end
+end
+local function trim_journal(n)
+  if JOURNAL_MAXLEN > 0 then redis.call('XTRIM', KEYS[n], 'MAXLEN', '~', JOURNAL_MAXLEN) end
+end
