@@ -7,10 +7,11 @@ sender publishes through one pooled kombu producer (:meth:`Publisher.publish`: i
 channel's publish batch, one pipeline per batch on a Redis broker, kombu >= 5.7); the
 plugin's keeps the messages and runs them in the test's process.
 
-A failure of the broker or of Redis fails the batch. Any other exception is the job's own:
-the job is dead-lettered (replayable) and every other job goes on. An exception that is not
-a known data error (:data:`JOB_ERRORS`) may be a bug of ours: it is logged with its
-traceback, and the dead letter says so.
+Only :data:`JOB_ERRORS`, which mean the stored job is bad, dead-letter a job. A failure of
+the broker or of Redis fails the batch. Any other exception raised for one job is not the
+job's fault (a bug of ours, a setting): the carrier logs it with its traceback and leaves
+the job leased, neither published nor dead-lettered, so it is recovered when its lease ends
+and tried again as stored; every other job goes on.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Taken:
     sent: list[tuple[Promoted, Message]] = field(default_factory=list)
     lateness: list[float] = field(default_factory=list)  # ms, per sent job
     dead: list[str] = field(default_factory=list)  # "job id: reason" per dead-lettered job
+    failed: list[str] = field(default_factory=list)  # ids left leased after an error of ours
 
 
 class Publisher:
@@ -83,7 +85,7 @@ class Publisher:
              *, keep_going: bool = False) -> Taken:
         """Build each claimed job's message and ``send`` it; dead-letter a job whose stored
         form is bad (:data:`JOB_ERRORS`). Any other exception is raised, or with
-        ``keep_going`` (unless the broker or Redis failed) logged and dead-lettered.
+        ``keep_going`` (unless the broker or Redis failed) logged, the job left leased.
         Lateness is measured on Redis's clock when ``claimed_at`` (``time.monotonic()`` at
         the claim) is given."""
         taken = Taken(lateness=[c.now_ms - due for c in claims for due in c.promoted])
@@ -110,11 +112,11 @@ class Publisher:
         except Exception as exc:
             if not keep_going or isinstance(exc, self._batch_errors):
                 raise  # with keep_going, the broker or Redis failed: the batch fails
-            # one job must never stop the others
-            logger.exception("unexpected error promoting job %s; it is dead-lettered, replay "
-                             "it with `celery delayq replay %s` once the cause is fixed",
-                             printable(job.job_id), printable(job.job_id))
-            taken.dead.append(self._dead_letter(shard, job, exc, internal=True))
+            # not the stored job's fault (a bug of ours, a setting): no dead letter
+            logger.exception("error promoting job %s, not caused by its stored data: it is "
+                             "left leased, recovered when the lease ends and tried again",
+                             printable(job.job_id))
+            taken.failed.append(job.job_id)
             return None
         assert job.due_ms is not None  # else message_of() refused it
         promoted = Promoted(job.job_id, message.task, message.key, job.due_ms,
@@ -129,14 +131,10 @@ class Publisher:
             raise PayloadError("envelope over delayq_max_payload_bytes")
         return self.messages.build(job.job_id, raw, shard=shard.shard, due_ms=job.due_ms)
 
-    def _dead_letter(self, shard: ShardKeys, job: Claimed, exc: Exception,
-                     internal: bool = False) -> str:
+    def _dead_letter(self, shard: ShardKeys, job: Claimed, exc: Exception) -> str:
         """Move a job to the dead letters; returns "job id: reason" for the batch log (bytes
         that are not UTF-8 shown as ``\\xNN``, so a strict UTF-8 log file takes the line)."""
         reason = str(exc.args[0]) if exc.args else type(exc).__name__
-        if internal:
-            reason = (f"carrier error {type(exc).__name__}: {reason} (see the carrier log; "
-                      "replay once fixed)")
         reason = reason[:_REASON_MAX]
         self.store.dead_letter(shard, job, reason)
         return printable(f"{job.job_id}: {reason}")
