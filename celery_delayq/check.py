@@ -1,20 +1,13 @@
 """``delayq check [--repair]``: verify the store's invariants, report and repair damage.
 
-What the scripts keep true on every shard (``scripts/*.lua``), and what breaks it (an
-evicting Redis, a hand-edited key, a bug):
+The invariants (what the scripts keep true on every shard, and how ``counts`` and
+``bykey`` are maintained) are written down once, in :mod:`keys` ("Invariants", 1-6 checked
+here). An evicting Redis, a hand-edited key or a bug breaks them; this finds:
 
-1. Every ``due`` member has a ``jobs`` entry (a pending job has its envelope).
-2. Every ``inflight`` member has a ``jobs`` entry (a claimed job has its envelope), except
-   while its lease lasts when the job moved to a business key of another shard meanwhile:
-   its carrier's ack, release or dead-letter then only ends the lease.
-3. Every ``jobs`` field is in ``due`` or ``inflight``; one in neither is an *orphaned
-   envelope*: no carrier will ever promote it.
-4. A job in both ``due`` and ``inflight`` is legal, not damage: it was scheduled again while
-   a carrier published it; ``ack`` then keeps it pending and ``recover`` keeps its new due
-   time. It is counted, not repaired.
-5. Every ``bykey`` member ``"<key>\\0<id>"`` names a stored job whose envelope has that key.
-6. ``counts`` holds, per task name, the number of ``jobs`` entries of that task (the field
-   ``""`` counts cancels and is not checked).
+- ``dangling_due`` / ``dangling_inflight``: members without an envelope (1., 2.);
+- ``orphaned``: envelopes in neither set (3.); jobs in both are counted, not repaired (4.);
+- ``dangling_bykey``: index members whose job is gone or has another key (5.);
+- ``counts``: a task's count that is not its number of envelopes (6.).
 
 Repair (``repair-7.lua``, one call per finding, re-checked atomically so a job that changed
 since the scan is left alone): orphaned envelopes are dead-lettered with the reason
@@ -116,7 +109,7 @@ class _ShardCheck:
         self._found("counts", wrong, [("count", task, diffs[task]) for task in wrong])
 
     def _members(self, kind: str, key: str) -> None:
-        # a lease still running may have lost its envelope to a move (2. above)
+        # a lease still running may have lost its envelope to a move (keys.py, 2.)
         live = self.store.now_ms() if kind == "dangling_inflight" else float("inf")
         for chunk in _chunks(self.client.zscan_iter(key, count=_CHUNK)):
             ids = [member for member, score in chunk if score < live]

@@ -1,10 +1,8 @@
 """Every Redis key and channel name celery-delayq uses, and nothing else.
 
 All keys of one shard share the hash tag ``{N}`` so each Lua script touches a single
-Redis Cluster slot::
-
-Job ids are stored packed (:func:`pack_id`) wherever they appear: members, fields,
-journal entries.
+Redis Cluster slot. Job ids are stored packed (:func:`pack_id`) wherever they appear:
+members, fields, journal entries::
 
     <prefix>:{N}:due       ZSET  job id -> due time (ms, Redis clock)
     <prefix>:{N}:inflight  ZSET  job id -> lease deadline (ms) while a carrier publishes it
@@ -35,6 +33,42 @@ journal entries.
 
 Direct promotion also pushes onto the broker's queue lists, named as kombu's Redis
 transport names them (:func:`broker_queue`).
+
+Invariants
+----------
+What the scripts (``scripts/*.lua``) keep true on every shard, each in one atomic call.
+This is the one place they are written down: ``delayq check`` (check.py) verifies 1-6 and
+repairs what breaks them (an evicting Redis, a hand-edited key, a bug).
+
+1. Every ``due`` member has a ``jobs`` entry (a pending job has its envelope).
+2. Every ``inflight`` member has a ``jobs`` entry (a claimed job has its envelope), except
+   while its lease lasts when the job moved to a business key of another shard meanwhile
+   (``cancel`` "move"): its carrier's ack, release or dead-letter then only ends the lease.
+3. Every ``jobs`` field is in ``due`` or ``inflight``; one in neither is an *orphaned
+   envelope*: no carrier will ever promote it.
+4. A job in both ``due`` and ``inflight`` is legal: it was scheduled again while a carrier
+   published it; ``ack`` then keeps it (pending, envelope, count and ``bykey`` member),
+   ``recover`` keeps its new due time and ``dead`` only ends the lease.
+5. ``bykey``: every member ``"<key>\0<id>"`` names a ``jobs`` entry whose envelope's first
+   line has that key (``y``). A member is added with its envelope (``schedule``, ``replay``)
+   and removed when the envelope goes or changes its key: ``schedule`` replacing it,
+   ``cancel``, ``ack``, ``claim_due`` pushing it to the broker itself, ``dead``, ``repair``.
+   A pending job with a key has its member, but for one case: a job cancelled while an
+   earlier copy was in flight (the cancel answered "too late") keeps its envelope for that
+   copy without a member, and if the carrier dies the recovered copy is pending without one.
+6. ``counts``: per task name, the number of ``jobs`` entries whose first line names that
+   task (``t``): jobs pending or being promoted, never dead ones. +1 when an envelope of the
+   task is written where none was (``schedule`` new; ``schedule`` replacing: -1 for the old
+   envelope's task, +1 for the new one's; ``replay``); -1 when an envelope leaves ``jobs``
+   (``ack`` of a job not scheduled again, ``claim_due``'s direct push, ``cancel`` when no
+   carrier holds the job or it moves, ``dead``, ``repair`` of an orphan); ``repair`` adds
+   the difference ``check`` found. The field ``""`` (never a task name) is not a job count:
+   +1 per job ``cancel`` removed (not for a move), never decremented (``Store.counts``
+   returns it apart, as cancels so far).
+7. A due score is a due time in ms, or a held one (held.py): ``PAUSED_BASE`` or ``RATE_BASE``
+   + the due time. Every ``waiting`` member names a job rate limits hold; one whose job's
+   score is no longer ``RATE_BASE`` + that due time (cancelled, rescheduled, replaced) is
+   stale and ``claim_due`` drops it when it meets it.
 """
 
 from __future__ import annotations
