@@ -27,8 +27,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+from . import journal_stream
 from .errors import ConfigurationError, InvalidOption
 from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
 from .store import Store
@@ -43,7 +44,6 @@ _TEXT = ("event", "task", "key", "task_id", "by", "reason")  # columns holding a
 _KNOWN = frozenset({*_TEXT, "job", "due", "retries"})
 _INT32 = 2**31 - 1
 _STREAM_ID = re.compile(r"\d+-\d+")
-_Entries = list[tuple[str, dict[str, str]]]  # stream entries as the store's client reads them
 logger = logging.getLogger(__name__)
 
 
@@ -80,38 +80,33 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
     root.mkdir(parents=True, exist_ok=True)
     result = ExportResult(backlog=_write_backlog(store, root))
     skipped = Unreadable("delayq export", logger)
-    client = store.client
-    position_key = store.keys.export_position
-    with store.unavailable():
-        positions = cast("dict[str, str]", client.hgetall(position_key))  # decoded replies
-        for shard in store.keys:
-            last = positions.get(str(shard.shard))
-            if last is not None and not _STREAM_ID.fullmatch(last):
-                logger.warning("delayq export: the export position of shard %d is %r, not a "
-                               "stream entry id; exporting that shard from its beginning",
-                               shard.shard, printable(last))
-                last = None
-            result.per_shard[shard.shard] = 0
-            end = cast("_Entries", client.xrevrange(shard.journal, "+", "-", count=1))
-            if not end:
-                continue
-            end_id = end[0][0]
-            lower = start or (f"({last}" if last else "-")
-            if start is None and last and _trimmed(client, shard.journal, last):
-                result.trimmed.append(shard.shard)
-            while True:
-                entries = cast("_Entries", client.xrange(shard.journal, lower, end_id,
-                                                         count=batch))
-                if not entries:
-                    break
-                result.files += _write(root, shard.shard, entries, fmt, skipped)
-                result.events += len(entries)
-                result.per_shard[shard.shard] += len(entries)
-                last_id = entries[-1][0]
-                client.hset(position_key, str(shard.shard), last_id)
-                if last_id == end_id:
-                    break
-                lower = f"({last_id}"
+    exported = journal_stream.positions(store)
+    for shard in store.keys:
+        last = exported.get(str(shard.shard))
+        if last is not None and not _STREAM_ID.fullmatch(last):
+            logger.warning("delayq export: the export position of shard %d is %r, not a "
+                           "stream entry id; exporting that shard from its beginning",
+                           shard.shard, printable(last))
+            last = None
+        result.per_shard[shard.shard] = 0
+        end_id = journal_stream.last_entry_id(store, shard)
+        if end_id is None:
+            continue
+        lower = start or (f"({last}" if last else "-")
+        if start is None and last and journal_stream.trimmed_past(store, shard, last):
+            result.trimmed.append(shard.shard)
+        while True:
+            entries = journal_stream.entries(store, shard, lower, end_id, batch)
+            if not entries:
+                break
+            result.files += _write(root, shard.shard, entries, fmt, skipped)
+            result.events += len(entries)
+            result.per_shard[shard.shard] += len(entries)
+            last_id = entries[-1][0]
+            journal_stream.save_position(store, shard, last_id)
+            if last_id == end_id:
+                break
+            lower = f"({last_id}"
     skipped.log()
     result.unreadable = skipped.count
     return result
@@ -131,20 +126,6 @@ def _write_backlog(store: Store, root: Path) -> Path:
         "tasks": tasks}), encoding="utf-8")
     os.replace(tmp, path)
     return path
-
-
-def _trimmed(client, stream: str, last: str) -> bool:
-    """True when entries after ``last`` were trimmed from the stream before export: the
-    oldest entry is past ``last``, which is gone too. (Redis 7's ``max-deleted-entry-id``
-    cannot tell: XTRIM leaves it at 0-0.)"""
-    first = client.xinfo_stream(stream).get("first-entry")
-    return bool(first) and _id_tuple(first[0]) > _id_tuple(last) and not client.xrange(
-        stream, last, last)
-
-
-def _id_tuple(entry_id: str) -> tuple[int, int]:
-    ms, seq = entry_id.split("-")
-    return int(ms), int(seq)
 
 
 def _since_ms(since: str) -> int:
