@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.apps import apps
 from django.core.management import call_command
@@ -21,3 +23,18 @@ def test_every_model_field_has_a_verbose_name_and_help_text(label):
             kwargs = field.deconstruct()[3]  # what the model gives explicitly
             assert kwargs.get("verbose_name") and kwargs.get("help_text"), \
                 f"{model.__name__}.{field.name} needs verbose_name and help_text"
+
+
+#: Words of the code, not of the people who read the admin.
+JARGON = re.compile(r"\b(carrier|envelope|journal|stream|dead-letter\w*|delay store|mirror|"
+                    r"shard|the call|job|publish\w*|broker)\b", re.I)
+
+
+@pytest.mark.parametrize("model", ["delayedtask", "delayedtaskevent"])
+def test_help_texts_an_operator_reads_are_short_and_free_of_code_words(model):
+    for field in apps.get_model("delayq", model)._meta.get_fields():
+        if field.auto_created or not field.concrete:
+            continue
+        text = str(field.help_text)
+        assert len(text) <= 120, f"{field.name}: {len(text)} characters"
+        assert not JARGON.search(text), f"{field.name}: {text!r}"

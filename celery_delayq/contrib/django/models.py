@@ -31,63 +31,68 @@ class DelayedTask(models.Model):
 
     job_id = models.CharField(
         "job id", max_length=255, unique=True,
-        help_text="Id of the job in the delay store (the task id unless one was given).")
+        help_text="The delayed task's own id, as logs and the delayq commands give it.")
     task_id = models.CharField(
         "task id", max_length=255, blank=True, db_index=True,
-        help_text="Celery task id the worker runs the call under.")
+        help_text="The id Celery runs the task under: look for it in worker logs.")
     task = models.CharField(
-        "task", max_length=255, db_index=True, help_text="Registered name of the Celery task.")
+        "task", max_length=255, db_index=True,
+        help_text="Which task runs: its full Celery name.")
     args = models.JSONField(
-        "args", default=list, blank=True, help_text="Positional arguments of the call.")
+        "args", default=list, blank=True,
+        help_text="The values the task is called with, in order.")
     kwargs = models.JSONField(
-        "kwargs", default=dict, blank=True, help_text="Keyword arguments of the call.")
+        "kwargs", default=dict, blank=True,
+        help_text="The named values the task is called with.")
     queue = models.CharField(
         "queue", max_length=255, blank=True, db_index=True,
-        help_text="Celery queue the call is published to when due.")
+        help_text="The worker queue the task is sent to when it is due.")
     key = models.CharField(
         "business key", max_length=255, blank=True, db_index=True,
-        help_text='Business key such as "order:42", used to cancel all jobs of one object.')
+        help_text='What the task is about, e.g. "order:42"; all tasks of one key can be '
+                  "cancelled at once.")
     due = models.DateTimeField(
         "due", null=True, blank=True, db_index=True,
-        help_text="When the carrier hands the call to the workers.")
+        help_text="When the task is due to run (a pause holds it longer).")
     state = models.CharField(
         "state", max_length=16, choices=State.choices, default=State.SCHEDULED, db_index=True,
-        help_text="Last known state of the job.")
+        help_text="scheduled: waits for its due time; promoted: sent to a worker; dead: "
+          "given up after errors.")
     retries = models.PositiveIntegerField(
-        "retries", default=0, help_text="How many times the task has been retried.")
+        "retries", default=0, help_text="How often the task was tried again after an error.")
     stored = models.BooleanField(
         "in Redis", default=True, db_index=True,
-        help_text="False while the Redis write of a job scheduled in a transaction has not "
-                  "succeeded; delayq_reconcile pushes such jobs.")
+        help_text="No: saved here but not yet in Redis (it was down); manage.py "
+          "delayq_reconcile writes it.")
     store_error = models.TextField(
         "store error", blank=True,
-        help_text="Why the last Redis write of this job failed, if it did.")
+        help_text="Why writing the task to Redis failed, if it did.")
     envelope = models.TextField(
-        "envelope", blank=True,
-        help_text="The stored call as JSON, kept so delayq_reconcile can write it again.")
+        "stored call", blank=True,
+        help_text="The task as it goes to Redis, kept to write it there again.")
     scheduled_at = models.DateTimeField(
         "scheduled at", null=True, blank=True,
-        help_text="When the job was last scheduled or re-timed.")
+        help_text="When the task was scheduled, or last given a new due time.")
     promoted_at = models.DateTimeField(
         "promoted at", null=True, blank=True,
-        help_text="When a carrier last published the job to the broker.")
+        help_text="When the task was last sent to a worker queue.")
     started_at = models.DateTimeField(
         "started at", null=True, blank=True, help_text="When a worker last started the task.")
     finished_at = models.DateTimeField(
         "finished at", null=True, blank=True,
-        help_text="When the task succeeded or failed for good.")
+        help_text="When the task succeeded, or failed for good.")
     cancelled_at = models.DateTimeField(
-        "cancelled at", null=True, blank=True, help_text="When the job was cancelled.")
+        "cancelled at", null=True, blank=True, help_text="When the task was cancelled.")
     cancelled_by = models.CharField(
         "cancelled by", max_length=255, blank=True,
-        help_text="Who cancelled the job and why.")
+        help_text="Who cancelled the task, and why.")
     dead_at = models.DateTimeField(
         "dead at", null=True, blank=True,
-        help_text="When a carrier dead-lettered the job.")
+        help_text="When the task was given up instead of run.")
     reason = models.TextField(
-        "reason", blank=True, help_text="Why the job was dead-lettered.")
+        "reason", blank=True, help_text="Why the task was given up.")
     created_at = models.DateTimeField(
-        "created at", default=timezone.now, help_text="When this row was created.")
+        "created at", default=timezone.now, help_text="When this task first appeared here.")
     updated_at = models.DateTimeField(
         "updated at", auto_now=True, help_text="When this row last changed.")
 
@@ -113,18 +118,21 @@ class DelayedTaskEvent(models.Model):
 
     delayed_task = models.ForeignKey(
         DelayedTask, on_delete=models.CASCADE, related_name="events",
-        verbose_name="delayed task", help_text="The job this event belongs to.")
+        verbose_name="delayed task", help_text="The delayed task this event is about.")
     event = models.CharField(
         "event", max_length=32,
-        help_text="scheduled, rescheduled, cancelled, promoted, started, succeeded, ...")
-    at = models.DateTimeField("at", help_text="When the event happened.")
+        help_text="What happened: scheduled, rescheduled, cancelled, promoted (sent to a "
+          "worker), started, ...")
+    at = models.DateTimeField("at", help_text="When it happened.")
     due = models.DateTimeField(
-        "due", null=True, blank=True, help_text="Due time the event set, if any.")
+        "new due time", null=True, blank=True,
+        help_text="The due time this event set, if it set one.")
     detail = models.TextField(
-        "detail", blank=True, help_text="Who or why (cancel, dead letter), task id, retries.")
+        "detail", blank=True,
+        help_text="Who or why (a cancel, a give-up), the Celery task id, retries.")
     stream_id = models.CharField(
-        "stream id", max_length=64, blank=True,
-        help_text="Id of the journal entry in Redis; empty for local events.")
+        "Redis entry id", max_length=64, blank=True,
+        help_text="Where Redis records this event; empty for events recorded only here.")
 
     class Meta:
         verbose_name = "delayed task event"
