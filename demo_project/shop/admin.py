@@ -1,5 +1,6 @@
 from django.contrib import admin, messages
 from django.db import transaction
+from django.utils.translation import ngettext
 
 from . import services
 from .models import Order, Refund
@@ -32,14 +33,17 @@ class OrderAdmin(admin.ModelAdmin):
     @admin.action(description="Mark selected orders paid (cancels their timeout)")
     def mark_paid(self, request, queryset):
         paid = sum(services.pay(order) for order in queryset)
-        self.message_user(request, f"{paid} order(s) paid", messages.SUCCESS)
+        self.message_user(request, ngettext("%(n)d order paid", "%(n)d orders paid", paid)
+                          % {"n": paid}, messages.SUCCESS)
 
     @admin.action(description="Request a full refund of selected paid orders")
     def request_full_refund(self, request, queryset):
         with transaction.atomic():
             refunds = [services.request_refund(order, order.total)
                        for order in queryset.filter(status=Order.Status.PAID)]
-        self.message_user(request, f"{len(refunds)} refund(s) requested", messages.SUCCESS)
+        self.message_user(request, ngettext("%(n)d refund requested", "%(n)d refunds requested",
+                                            len(refunds)) % {"n": len(refunds)},
+                          messages.SUCCESS)
 
 
 @admin.register(Refund)

@@ -98,3 +98,21 @@ def test_order_added_in_the_admin_gets_a_timeout_that_paying_cancels(admin_clien
                       {"action": "mark_paid", "_selected_action": [order.pk]})
     assert _order(order.pk).status == Order.Status.PAID
     assert shop_delayq.get(f"order:{order.pk}:close") is None
+
+
+def test_shop_admin_actions_say_order_and_orders(admin_client, shop_delayq):
+    from django.urls import reverse
+    from shop import services
+
+    orders = [services.place_order(name, "10.00") for name in ("Ada", "Grace", "Linus")]
+    url = reverse("admin:shop_order_changelist")
+
+    def act(action, *picked):
+        response = admin_client.post(url, {"action": action, "_selected_action": [
+            o.pk for o in picked]}, follow=True)
+        return [str(m) for m in response.context["messages"]]
+
+    assert act("mark_paid", orders[0]) == ["1 order paid"]
+    assert act("mark_paid", orders[1], orders[2]) == ["2 orders paid"]
+    assert act("request_full_refund", orders[0]) == ["1 refund requested"]
+    assert act("request_full_refund", orders[1], orders[2]) == ["2 refunds requested"]
