@@ -87,6 +87,8 @@ CELERY_DELAYQ_REDIS_URL = REDIS_URL
 CELERY_DELAYQ_SHARDS = 4
 CELERY_DELAYQ_IDLE_TIMEOUT = 2.0
 DELAYQ_CELERY_APP = "demo_project.celery_app:app"
+# The delayed-task admin links the business key "order:42" to order 42's admin page.
+DELAYQ_KEY_MODELS = {"order": "shop.Order", "refund": "shop.Refund"}
 
 # Demo timings: an unpaid order closes after SHOP_ORDER_TIMEOUT seconds; a refund's
 # status is polled after each gap in turn (the last one repeats).

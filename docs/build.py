@@ -77,6 +77,10 @@ OUTSIDE = [
      "`apply_delayed` inside `transaction.atomic()` writes its `DelayedTask` row in the "
      "transaction and Redis on commit (see the Django guide); `False` writes Redis at once. "
      "Read at each call."),
+    ("DELAYQ_KEY_MODELS", "Django settings", "none",
+     "Business key prefix -> model label, e.g. `{\"order\": \"shop.Order\"}`: the "
+     "delayed-task admin links the key `order:42` to the admin page of order 42 (for staff "
+     "who may view it). Keys of other prefixes stay plain text."),
     ("delayq_app", "pytest ini option", "none",
      "The Celery app of the `delayq` fixture, as `\"module:attribute\"`; or override the "
      "`delayq_app` fixture. With neither, a test using `delayq` stops with a usage error."),

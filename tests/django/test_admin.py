@@ -3,12 +3,15 @@ pause / resume and the banner while anything is paused."""
 
 from __future__ import annotations
 
+import re
 import sys
+from zoneinfo import ZoneInfo
 
 import pytest
 from celery import Celery
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
+from django.utils import timezone
 
 from celery_delayq import DelayQ
 from celery_delayq.contrib.django.models import DelayedTask
@@ -359,3 +362,85 @@ def test_pause_and_resume_while_redis_is_down_give_an_error_message_not_a_500(
         assert error.level_tag == "error" and str(error).startswith(
             "error: nothing done, Redis could not say what is paused: Redis at")
         assert warning.level_tag == "warning"
+
+
+# -- what a newcomer reads -------------------------------------------------------------
+
+
+def _cells(html: str, column: str) -> list[str]:
+    """The text of one changelist column's cells (``field-<column>``), tags stripped."""
+    return [re.sub(r"<[^>]+>", "", cell).strip() for cell in
+            re.findall(rf'<t[dh] class="field-{column}[^"]*">(.*?)</t[dh]>', html, re.S)]
+
+
+def test_business_key_links_to_the_admin_page_of_its_object_through_the_setting(
+        admin_client, shop_delayq, sync, settings):
+    from shop import services
+
+    settings.DELAYQ_KEY_MODELS = {"order": "shop.Order", "refund": "shop.Refund"}
+    order = services.place_order("Ada", "19.90")
+    shop_delayq.schedule(ORDER_TIMEOUT, args=(1,), delay=60, key="wave:1", job_id="wave:1")
+    sync.run_once()
+    link = f'<a href="{reverse("admin:shop_order_change", args=[order.pk])}">order:{order.pk}</a>'
+    assert link in _page(admin_client)
+    row = DelayedTask.objects.get(key=order.key)
+    assert link in _page(admin_client, "admin:delayq_delayedtask_change", row.pk)
+    assert "wave:1" in _cells(_page(admin_client), "key_link"), "no model for it: plain text"
+
+    settings.DELAYQ_KEY_MODELS = {}
+    assert link not in _page(admin_client) and order.key in _cells(_page(admin_client),
+                                                                    "key_link")
+
+
+def test_business_key_is_plain_text_for_staff_who_may_not_view_its_object(
+        client, shop_delayq, sync, settings):
+    from shop import services
+
+    settings.DELAYQ_KEY_MODELS = {"order": "shop.Order"}
+    order = services.place_order("Ada", "19.90")
+    sync.run_once()
+    client.force_login(_staff())
+    page = _page(client)
+    assert order.key in _cells(page, "key_link")
+    assert reverse("admin:shop_order_change", args=[order.pk]) not in page
+
+
+def test_detail_page_has_one_due_row_and_every_time_in_one_format_with_the_time_zone(
+        admin_client, pending, settings):
+    settings.TIME_ZONE = "Europe/Paris"
+    row = pending["refund:3:check:0"]
+    html = _page(admin_client, "admin:delayq_delayedtask_change", row.pk)
+    labels = re.findall(r"<label>([^<]*):</label>", html)
+    assert len(labels) == len(set(labels)), f"labels given twice: {labels}"
+    due = timezone.localtime(row.due, ZoneInfo("Europe/Paris"))
+    assert f"{due:%Y-%m-%d %H:%M:%S %Z}" in html and due.tzname() in ("CET", "CEST")
+    timeline = html[html.index('class="delayq-timeline"'):]
+    times = re.findall(r"<td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^<]*)</td>", timeline)
+    assert times and all(re.fullmatch(r"[-\d]+ [:\d]+ CES?T", t) for t in times), times
+    assert not re.search(r"\b(a\.m\.|p\.m\.|Jan\.|Feb\.|March|Nov\.|Dec\.)", html)
+
+
+def test_cancelled_rows_show_the_due_time_the_list_sorts_them_by(admin_client, pending):
+    _act(admin_client, "cancel_tasks", "order:1:close")
+    response = admin_client.get(reverse(CHANGELIST), {"o": "3"})  # by the due column
+    html = response.content.decode().replace("\xa0", " ")
+    dues = dict(zip(_cells(html, "key_link"), _cells(html, "due_in"), strict=True))
+    assert re.fullmatch(r"in (29|30) minutes, not run", dues["order:1"]), dues
+    assert re.fullmatch(r"in (29|30) minutes", dues["order:2"]), dues
+    listed = response.context["cl"].result_list
+    assert [r.due for r in listed] == sorted(r.due for r in listed)
+    assert listed[0].job_id == "refund:3:check:0", "due first, cancelled or not"
+
+
+def test_task_names_read_the_same_in_the_table_and_in_the_filter(admin_client, pending):
+    html = _page(admin_client)
+    assert set(_cells(html, "task_name")) == {ORDER_TIMEOUT, REFUND_CHECK}
+    filter_links = re.findall(r'<a href="\?task=[^"]*"[^>]*>([^<]+)</a>', html)
+    assert set(filter_links) == {ORDER_TIMEOUT, REFUND_CHECK}
+
+
+def test_action_messages_say_task_and_tasks(admin_client, pending):
+    one = _act(admin_client, "run_now", "order:1:close")
+    two = _act(admin_client, "run_now", "order:2:close", "refund:3:check:0")
+    assert _messages(one) == ["due now: 1 task (order:1:close)"]
+    assert _messages(two)[0].startswith("due now: 2 tasks (")

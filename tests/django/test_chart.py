@@ -160,3 +160,28 @@ def _row(job_id: str, task: str, due: datetime, state: str = "scheduled") -> Del
 def _nonzero(hours, series) -> dict[tuple[str, str], int]:
     return {(task, f"{hours[i]:%a %H:%M}"): n
             for task, counts in series.items() for i, n in enumerate(counts) if n}
+
+
+@pytest.mark.parametrize("first", [22, 23, 16])
+def test_a_day_change_is_marked_by_a_line_and_the_new_date_at_midnight(first):
+    start = NOW.replace(hour=first, minute=0)
+    hours = [start + timedelta(hours=i) for i in range(24)]
+    root = ET.fromstring(render_svg(hours, {CLOSE: [1] * len(hours)}, tz_name="UTC"))
+    midnight = next(i for i, h in enumerate(hours) if h.hour == 0)
+    [line] = root.findall(f"{SVG}line[@class='midnight']")
+    slot = [float(r.get("x")) for r in _bars(ET.tostring(root).decode())]
+    assert slot[midnight - 1] < float(line.get("x1")) < slot[midnight], "between the days"
+    days = {t.text: float(t.get("x")) for t in root.iter(f"{SVG}text")
+            if t.get("class") == "day"}
+    assert days["Wed 2025-03-12"] == pytest.approx(float(line.get("x1")) + 3)
+    if midnight >= 4:  # room for the first day's date too
+        assert "Tue 2025-03-11" in days
+
+
+def test_the_date_of_a_midnight_at_the_right_edge_stays_inside_the_chart():
+    hours = [NOW.replace(hour=1, minute=0) + timedelta(hours=i) for i in range(24)]
+    root = ET.fromstring(render_svg(hours, {CLOSE: [1] * 24}))
+    [line] = root.findall(f"{SVG}line[@class='midnight']")
+    [day] = [t for t in root.iter(f"{SVG}text") if t.text == "Wed 2025-03-12"]
+    assert day.get("text-anchor") == "end", "it ends left of the line, not past the edge"
+    assert float(day.get("x")) == pytest.approx(float(line.get("x1")) - 3, abs=0.11)

@@ -9,12 +9,16 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django import forms
+from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.core.exceptions import ValidationError
 from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince, timeuntil
+from django.utils.translation import ngettext
 
 from celery_delayq import DelayQError
 from celery_delayq.conf import MAX_DELAY
@@ -23,7 +27,7 @@ from . import operations
 from .chart import pending_chart
 from .models import DelayedTask, State
 from .runtime import delayq as project_delayq
-from .runtime import resume_command
+from .runtime import key_models, resume_command
 
 logger = logging.getLogger("celery_delayq.contrib.django.admin")
 
@@ -71,7 +75,7 @@ class RescheduleForm(forms.Form):
 
 @admin.register(DelayedTask)
 class DelayedTaskAdmin(admin.ModelAdmin):
-    list_display = ("task_name", "key_or_dash", "due_in", "state_badge", "retries", "stored")
+    list_display = ("task_name", "key_link", "due_in", "state_badge", "retries", "stored")
     list_display_links = ("task_name",)
     list_filter = ("state", "task", "queue", "stored")
     date_hierarchy = "due"
@@ -80,13 +84,14 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     actions = ("cancel_tasks", "run_now", "reschedule_tasks", "pause_tasks", "resume_tasks")
     list_per_page = 50
     fieldsets = (
-        (None, {"fields": ("job_id", "task", "key", "state_badge", "due", "due_in", "queue",
+        (None, {"fields": ("job_id", "task", "key_link", "state_badge", "due_at", "queue",
                            "retries", "task_id")}),
         ("Call", {"fields": ("pretty_args", "pretty_kwargs")}),
         ("Store", {"fields": ("stored", "store_error", "cancelled_by", "reason")}),
         ("Timeline", {"fields": ("timeline",)}),
     )
-    readonly_fields = ("state_badge", "due_in", "pretty_args", "pretty_kwargs", "timeline")
+    readonly_fields = ("key_link", "state_badge", "due_at", "pretty_args", "pretty_kwargs",
+                       "timeline")
 
     # -- read-only pages ---------------------------------------------------------------
 
@@ -101,6 +106,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             context["delayq_paused"] = self._banner(request, paused, with_actions=True)
             if paused:
                 _mark_held(context["cl"].result_list, paused)
+            self._link_keys(request, context["cl"].result_list)
         return response
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -110,7 +116,32 @@ class DelayedTaskAdmin(admin.ModelAdmin):
         if context is not None:  # not a redirect (a row that is gone)
             paused = self._paused(request)
             context["delayq_paused"] = self._banner(request, paused, with_actions=False)
+            if context.get("original") is not None:
+                _mark_held([context["original"]], paused or {"tasks": [], "queues": []})
+                self._link_keys(request, [context["original"]])
         return response
+
+    def _link_keys(self, request, rows) -> None:
+        """Give each row whose business key names an object (``DELAYQ_KEY_MODELS``) the
+        URL of that object's admin page, where this user may view it."""
+        for row in rows:
+            row.delayq_key_url = self._key_url(request, row.key)
+
+    def _key_url(self, request, key: str) -> str | None:
+        prefix, colon, pk = key.partition(":")
+        label = key_models().get(prefix) if colon else None
+        if not label:
+            return None
+        try:
+            model = apps.get_model(label)
+            model_admin = self.admin_site._registry.get(model)
+            if model_admin is None or not model_admin.has_view_or_change_permission(request):
+                return None
+            opts = model._meta
+            return reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",
+                           args=[opts.pk.to_python(pk)])
+        except (LookupError, ValueError, ValidationError, NoReverseMatch):
+            return None  # no such model, or not its kind of primary key
 
     def _paused(self, request, failure=_NO_BANNER) -> dict[str, list[str]] | None:
         """What is paused (one Redis read); None when Redis cannot say, and ``failure``
@@ -158,28 +189,34 @@ class DelayedTaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="task", ordering="task")
     def task_name(self, obj):
-        return obj.task.rsplit(".", 1)[-1] or obj.job_id
+        """The task's full name, as the filters and the chart give it; the module quieter."""
+        module, dot, name = obj.task.rpartition(".")
+        if not name:
+            return obj.job_id
+        return format_html('<span class="delayq-module">{}</span><wbr>{}', module + dot, name)
 
     @admin.display(description="business key", ordering="key")
-    def key_or_dash(self, obj):
+    def key_link(self, obj):
+        """The business key, linked to its object's admin page where one is known."""
+        url = getattr(obj, "delayq_key_url", None)
+        if url:
+            return format_html('<a href="{}">{}</a>', url, obj.key)
         return obj.key or "-"
 
     @admin.display(description="due", ordering="due")
     def due_in(self, obj):
-        if obj.due is None or obj.state in (State.CANCELLED, State.DEAD):
+        """How long until (or since) the due time, which the list sorts by, for every row;
+        the date and time on hover."""
+        if obj.due is None:
             return "-"
-        now = timezone.now()
-        seconds = (obj.due - now).total_seconds()
-        if abs(seconds) < 60:
-            text = f"in {seconds:.0f} s" if seconds >= 0 else f"{-seconds:.0f} s ago"
-        elif seconds > 0:
-            text = f"in {timeuntil(obj.due, now, depth=1)}"
-        else:
-            text = f"{timesince(obj.due, now, depth=1)} ago"
-        if getattr(obj, "delayq_held", False):
-            text += ", held by a pause"
-        return format_html('<span title="{}" style="white-space:nowrap">{}</span>',
-                           f"{timezone.localtime(obj.due):%Y-%m-%d %H:%M:%S}", text)
+        return format_html('<span title="{}" class="delayq-due">{}</span>',
+                           when(obj.due), _relative_due(obj))
+
+    @admin.display(description="due")
+    def due_at(self, obj):
+        if obj.due is None:
+            return "-"
+        return f"{when(obj.due)} ({_relative_due(obj)})"
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj):
@@ -200,14 +237,13 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     def timeline(self, obj):
         rows = format_html_join(
             "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((f"{timezone.localtime(e.at):%Y-%m-%d %H:%M:%S.%f}"[:-3], e.event,
-              f"{timezone.localtime(e.due):%H:%M:%S}" if e.due else "", e.detail)
+            ((when(e.at), e.event, when(e.due) if e.due else "", e.detail)
              for e in obj.events.all()))
         if not rows:
             return "no events yet (is manage.py delayq_sync running?)"
-        return format_html('<table class="delayq-timeline"><thead><tr><th>at</th><th>event'
-                           '</th><th>due</th><th>detail</th></tr></thead><tbody>{}</tbody>'
-                           '</table>', rows)
+        return format_html('<div class="delayq-scroll"><table class="delayq-timeline"><thead>'
+                           '<tr><th>at</th><th>event</th><th>new due time</th><th>detail</th>'
+                           '</tr></thead><tbody>{}</tbody></table></div>', rows)
 
     # -- actions -----------------------------------------------------------------------
 
@@ -279,7 +315,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             listed = ", ".join(job_ids[:_LISTED_IDS])
             if len(job_ids) > _LISTED_IDS:
                 listed += f" and {len(job_ids) - _LISTED_IDS} more"
-            count = f"{len(job_ids)} task{'s' if len(job_ids) != 1 else ''}"
+            count = ngettext("%(n)d task", "%(n)d tasks", len(job_ids)) % {"n": len(job_ids)}
             self.message_user(request, f"{message}: {count} ({listed})",
                               level=_level(done, message))
 
@@ -289,6 +325,28 @@ def _level(done: bool, message: str) -> int:
     if done:
         return messages.SUCCESS
     return messages.ERROR if message.startswith("error") else messages.WARNING
+
+
+def when(moment: datetime) -> str:
+    """A date and time as every delayq admin page writes it: local, with the time zone."""
+    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M:%S %Z}"
+
+
+def _relative_due(row) -> str:
+    """"in 12 minutes", "3 s ago"; ", held by a pause" or ", not run" where so."""
+    now = timezone.now()
+    seconds = (row.due - now).total_seconds()
+    if abs(seconds) < 60:
+        text = f"in {seconds:.0f} s" if seconds >= 0 else f"{-seconds:.0f} s ago"
+    elif seconds > 0:
+        text = f"in {timeuntil(row.due, now, depth=1)}"
+    else:
+        text = f"{timesince(row.due, now, depth=1)} ago"
+    if row.state in (State.CANCELLED, State.DEAD):
+        return f"{text}, not run"
+    if getattr(row, "delayq_held", False):
+        return f"{text}, held by a pause"
+    return text
 
 
 def _mark_held(rows, paused: dict[str, list[str]]) -> None:

@@ -28,8 +28,9 @@ OTHER = "other tasks"
 EMPTY_MESSAGE = "No pending tasks due in the next 24 hours."
 TITLE = "Pending delayed tasks per hour, next 24 hours"
 
-WIDTH, PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_HEIGHT = 760, 44, 10, 16, 140
+WIDTH, PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_HEIGHT = 720, 44, 10, 16, 140
 AXIS_HEIGHT, LEGEND_ROW, CHAR_WIDTH = 54, 18, 6.4
+DAY_LABEL_WIDTH = 100  # "Wed 2025-03-12" at 11 px, and a gap
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,7 @@ def render_svg(hours: Sequence[datetime], series: Mapping[str, Sequence[int]], *
     return mark_safe(
         f'<svg xmlns="http://www.w3.org/2000/svg" class="delayq-chart" role="img" '
         f'aria-labelledby="delayq-chart-title delayq-chart-desc" width="{WIDTH}" '
-        f'height="{height}" viewBox="0 0 {WIDTH} {height}" '
-        f'style="max-width:100%;height:auto">{"".join(parts)}</svg>')
+        f'height="{height}" viewBox="0 0 {WIDTH} {height}">{"".join(parts)}</svg>')
 
 
 def _wall(moment: datetime) -> datetime:
@@ -195,23 +195,39 @@ def _bars(hours: Sequence[datetime], series: Mapping[str, Sequence[int]],
 
 
 def _x_axis(hours: Sequence[datetime], tz_name: str) -> list[str]:
-    """Hour labels every third clock hour, the date under the first hour and each midnight."""
+    """Hour labels every third clock hour; at each midnight a line through the plot and the
+    new date beside it, and the first hour's date where that leaves it room."""
     axis_y = PLOT_TOP + PLOT_HEIGHT
     slot = (WIDTH - PLOT_LEFT - PLOT_RIGHT) / max(len(hours), 1)
     parts = [f'<line x1="{PLOT_LEFT}" x2="{WIDTH - PLOT_RIGHT}" y1="{axis_y}" y2="{axis_y}" '
              f'stroke="#888"/>']
+    midnights = [i for i, hour in enumerate(hours) if i and hour.hour == 0]
     for i, hour in enumerate(hours):
         x = PLOT_LEFT + (i + 0.5) * slot
         if i == 0 or (hour.hour % 3 == 0 and i >= 2):  # no label crowding the first one
             parts.append(f'<text class="hour" x="{x:.1f}" y="{axis_y + 14}" '
                          f'text-anchor="middle">{hour:%H:%M}</text>')
-        if i == 0 or (hour.hour == 0 and i >= 3):
-            parts.append(f'<text class="day" x="{x:.1f}" y="{axis_y + 27}" '
-                         f'text-anchor="middle">{hour:%a %d %b}</text>')
+    if not midnights or midnights[0] * slot >= DAY_LABEL_WIDTH:
+        parts.append(_day_label(PLOT_LEFT, hours[0]) if hours else "")
+    for i in midnights:
+        x = PLOT_LEFT + i * slot
+        parts.append(f'<line class="midnight" x1="{x:.1f}" x2="{x:.1f}" y1="{PLOT_TOP}" '
+                     f'y2="{axis_y + 30}" stroke="#888" stroke-dasharray="3 3"/>')
+        parts.append(_day_label(x + 3, hours[i]))
     caption = f"hour due, times in {tz_name}" if tz_name else "hour due"
     parts.append(f'<text class="caption" x="{(PLOT_LEFT + WIDTH - PLOT_RIGHT) / 2}" '
                  f'y="{axis_y + 42}" text-anchor="middle">{escape(caption)}</text>')
     return parts
+
+
+def _day_label(x: float, hour: datetime) -> str:
+    """The date of ``hour`` from ``x`` on, or ending at ``x - 6`` where it would leave the
+    chart (``x`` is 3 px right of a midnight line: the date then ends 3 px left of it)."""
+    anchor = "start"
+    if x + DAY_LABEL_WIDTH > WIDTH:
+        x, anchor = x - 6, "end"
+    return (f'<text class="day" x="{x:.1f}" y="{PLOT_TOP + PLOT_HEIGHT + 27}" '
+            f'text-anchor="{anchor}">{hour:%a %Y-%m-%d}</text>')
 
 
 def _legend(colours: Mapping[str, str]) -> tuple[list[str], int]:

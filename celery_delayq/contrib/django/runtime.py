@@ -2,7 +2,8 @@
 
 ``settings.DELAYQ_CELERY_APP = "proj.celery:app"`` names it; without that setting it is
 Celery's current app, which is the project's app when ``proj/__init__.py`` imports it as
-Celery's Django guide shows.
+Celery's Django guide shows. ``key_models()`` reads ``DELAYQ_KEY_MODELS``, the models that
+business keys name.
 """
 
 from __future__ import annotations
@@ -34,3 +35,9 @@ def resume_command(kind: str, name: str) -> str:
     """The shell command that resumes the paused ``kind`` ("task" or "queue") ``name``."""
     app = getattr(settings, "DELAYQ_CELERY_APP", None) or "proj"
     return f"celery -A {shlex.quote(app)} delayq resume --{kind} {shlex.quote(name)}"
+
+
+def key_models() -> dict[str, str]:
+    """``settings.DELAYQ_KEY_MODELS``: business key prefix -> model label, e.g.
+    ``{"order": "shop.Order"}``, so the admin links the key ``order:42`` to order 42."""
+    return dict(getattr(settings, "DELAYQ_KEY_MODELS", None) or {})
