@@ -1,18 +1,23 @@
 """``delayq check [--repair]``: verify the store's invariants, report and repair damage.
 
 The invariants (what the scripts keep true on every shard, and how ``counts`` and
-``bykey`` are maintained) are written down once, in :mod:`keys` ("Invariants", 1-6 checked
+``bykey`` are maintained) are written down once, in :mod:`keys` ("Invariants", 1-7 checked
 here). An evicting Redis, a hand-edited key or a bug breaks them; this finds:
 
 - ``dangling_due`` / ``dangling_inflight``: members without an envelope (1., 2.);
 - ``orphaned``: envelopes in neither set (3.); jobs in both are counted, not repaired (4.);
 - ``dangling_bykey``: index members whose job is gone or has another key (5.);
-- ``counts``: a task's count that is not its number of envelopes (6.).
+- ``counts``: a task's count that is not its number of envelopes (6.);
+- ``stranded``: held jobs (7.) that nothing in force holds: a job held by a pause whose
+  task or queue the shard's ``paused`` hash no longer names, or one held by a rate limit
+  whose queue has no limit in force in the shard's ``limits`` hash or whose ``waiting``
+  member is gone. No resume and no room in a bucket would ever release it.
 
 Repair (``repair-7.lua``, one call per finding, re-checked atomically so a job that changed
 since the scan is left alone): orphaned envelopes are dead-lettered with the reason
 ``orphaned: ...`` (listed by ``delayq ls --dead``, replayable), never deleted; dangling
-``due``/``inflight``/``bykey`` members are removed; counts get the difference added.
+``due``/``inflight``/``bykey`` members are removed; counts get the difference added;
+stranded jobs get their due time back (the next claim holds them again if it must).
 
 Everything is read in chunks (HSCAN/ZSCAN, pipelined lookups per chunk) and repaired chunk
 by chunk, so a store of millions of jobs is never held in memory. Counts are compared only
@@ -30,14 +35,18 @@ from typing import Any, cast
 
 import redis
 
+from .held import RANGES, split_score
 from .keys import ShardKeys, unpack_id
+from .ratelimit import in_force
+from .reading import MIN_MS
 from .scripts import SCRIPTS, execute
 from .store import Store
 
 _CHUNK = 500
 _EXAMPLES = 5
 _ORPHANED = "orphaned: the envelope was in neither the due nor the in-flight set"
-KINDS = ("dangling_due", "dangling_inflight", "orphaned", "dangling_bykey", "counts")
+KINDS = ("dangling_due", "dangling_inflight", "orphaned", "dangling_bykey", "counts",
+         "stranded")
 
 
 @dataclass
@@ -73,6 +82,7 @@ class _ShardCheck:
                                   ("dangling_inflight", self.shard.inflight)):
                     self._members(kind, key)
                 self._bykey()
+                self._held()
         except redis.ResponseError as exc:  # e.g. a key of the wrong type
             self.report.error = str(exc)
         return self.report
@@ -130,6 +140,47 @@ class _ShardCheck:
                      in zip(members, parts, envelopes, strict=True)
                      if envelope is None or _first_line(envelope).get("y") != key]
             self._found("dangling_bykey", wrong, [("bykey", m, "") for m in wrong])
+
+    def _held(self) -> None:
+        paused = set(cast("list[str]", self.client.hkeys(self.shard.paused)))
+        limited = {name.removeprefix("rate:") for name, value in cast(
+            "dict[str, str]", self.client.hgetall(self.shard.limits)).items()
+            if name.startswith("rate:") and in_force(value)}
+        for why, (low, high) in RANGES.items():
+            start = 0
+            while chunk := cast("list[tuple[str, float]]", self.client.zrangebyscore(
+                    self.shard.due, low, high, start=start, num=_CHUNK, withscores=True)):
+                stranded = self._stranded(why, chunk, paused, limited)
+                self._found("stranded", [stored for stored, _ in stranded],
+                            [("held", stored, repr(score)) for stored, score in stranded])
+                start += len(chunk) - (len(stranded) if self.repair else 0)
+
+    def _stranded(self, why: str, chunk: list[tuple[str, float]], paused: set[str],
+                  limited: set[str]) -> list[tuple[str, float]]:
+        """The jobs of a chunk held (``why``) by nothing in force (7. above)."""
+        envelopes = cast("list[str | None]", self.client.hmget(
+            self.shard.jobs, [stored for stored, _ in chunk]))
+        stranded, waiting = [], {}  # (stored, score) -> its member in ``waiting``
+        for (stored, score), envelope in zip(chunk, envelopes, strict=True):
+            if envelope is None:
+                continue  # a dangling due member, found above
+            fields = _first_line(envelope)
+            task, queue = fields.get("t"), fields.get("q")
+            if not isinstance(queue, str) or not queue:
+                queue = self.store.config.default_queue
+            if why == "paused":
+                if not ((isinstance(task, str) and f"task:{task}" in paused)
+                        or f"queue:{queue}" in paused):
+                    stranded.append((stored, score))
+            elif queue not in limited:
+                stranded.append((stored, score))
+            else:  # as held.lua's waiting_member writes it
+                due = cast("float", split_score(score)[0])
+                waiting[stored, score] = f"{queue}\x00{due - MIN_MS:019.3f}\x00{stored}"
+        if waiting:
+            found = self.client.zmscore(self.shard.waiting, list(waiting.values()))
+            stranded += [job for job, at in zip(waiting, found, strict=True) if at is None]
+        return stranded
 
     def _found(self, kind: str, items: list[str], repairs: list[tuple[str, str, Any]]) -> None:
         if not items:

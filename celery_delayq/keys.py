@@ -37,7 +37,7 @@ transport names them (:func:`broker_queue`).
 Invariants
 ----------
 What the scripts (``scripts/*.lua``) keep true on every shard, each in one atomic call.
-This is the one place they are written down: ``delayq check`` (check.py) verifies 1-6 and
+This is the one place they are written down: ``delayq check`` (check.py) verifies 1-7 and
 repairs what breaks them (an evicting Redis, a hand-edited key, a bug).
 
 1. Every ``due`` member has a ``jobs`` entry (a pending job has its envelope).
@@ -68,7 +68,10 @@ repairs what breaks them (an evicting Redis, a hand-edited key, a bug).
 7. A due score is a due time in ms, or a held one (held.py): ``PAUSED_BASE`` or ``RATE_BASE``
    + the due time. Every ``waiting`` member names a job rate limits hold; one whose job's
    score is no longer ``RATE_BASE`` + that due time (cancelled, rescheduled, replaced) is
-   stale and ``claim_due`` drops it when it meets it.
+   stale and ``claim_due`` drops it when it meets it. A held job is held by something in
+   force: one held by a pause is of a task or queue the shard's ``paused`` hash names; one
+   held by a rate limit is of a queue with a limit in force in ``limits`` and has its
+   ``waiting`` member (else it is *stranded*: nothing would release it).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import re
 from .errors import InvalidOption
 
 _WINDOWS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000}
+_BUCKET = re.compile(r"^(\S+) (\S+)")
 _RATE = re.compile(r"^\s*(?P<jobs>\d+(?:\.\d*)?)\s*(?:/\s*(?P<unit>[smh]))?\s*$")
 #: The ``limits`` hash value of a queue whose limit was removed: the
 #: ``delayq_rate_limits`` setting does not bring it back when a carrier starts.
@@ -47,3 +48,15 @@ def bucket(spec: object, shards: int) -> str:
     share = jobs / shards
     capacity = max(1.0, share / 21)
     return f"{capacity!r} {share * 20 / 21 / window_ms!r} {text(spec)}"
+
+
+def in_force(value: str) -> bool:
+    """Whether a ``limits`` hash value limits its queue as the claim script reads it: a
+    capacity of 1 to 1e12 and a refill above 0 and below 1e9 per ms (a damaged value
+    limits nothing, as ``off``)."""
+    match = _BUCKET.match(value)
+    try:
+        capacity, refill = (float(match[1]), float(match[2])) if match else (0.0, 0.0)
+    except ValueError:
+        return False
+    return 1 <= capacity < 1e12 and 0 < refill < 1e9

@@ -17,12 +17,16 @@ ARGV[2] what to repair:
         "orphan"            an envelope (job id) in neither due nor inflight: dead-lettered
                             with the reason ARGV[4], never deleted
         "count"             add ARGV[4] to the count of the task ARGV[3]
+        "held"              a held job (held.py) nothing holds any more, due score
+                            ARGV[4]: given its due time back (the carrier's next claim,
+                            within its idle timeout, holds it again if it must)
 ARGV[3] the member, job id or task name
-ARGV[4] the reason ("orphan"), the difference ("count"), else ""
+ARGV[4] the reason ("orphan"), the difference ("count"), the score seen ("held"), else ""
 
 Returns 1 when repaired, 0 when there was nothing (left) to repair.
 ]]
 -- include: first_line.lua
+-- include: held.lua
 -- include: journal.lua
 -- include: now.lua
 local what, value, extra = ARGV[2], ARGV[3], ARGV[4]
@@ -37,6 +41,13 @@ if what == 'bykey' then
   local env = redis.call('HGET', KEYS[3], string.sub(value, cut + 1))
   if (first_line(env) or {})['y'] == string.sub(value, 1, cut - 1) then return 0 end
   return redis.call('ZREM', KEYS[4], value)
+end
+if what == 'held' then
+  local score = tonumber(redis.call('ZSCORE', KEYS[1], value))
+  if score ~= tonumber(extra) then return 0 end  -- changed since the scan
+  local base = score >= RATE_BASE + MIN_DUE and RATE_BASE or PAUSED_BASE
+  redis.call('ZADD', KEYS[1], score - base, value)
+  return 1
 end
 if what == 'count' then
   redis.call('HINCRBY', KEYS[6], value, extra)

@@ -63,3 +63,67 @@ def test_check_reports_each_kind_of_damage_and_repair_loses_no_job(proj, delayq,
     pending = {job.job_id for job in delayq.pending(limit=100)}
     assert pending == set(ids)  # every job is back or was never touched
     assert delayq.store.counts()[0] == {"tests.proj.record": 30}
+
+
+def test_jobs_held_by_a_pause_or_limit_that_is_gone_are_reported_and_released(
+        proj, app, delayq, redis_server):
+    """A held job waits for its pause's resume or its limit's room. When the record of
+    the pause or of the limit's queue is gone (a key deleted by hand, a restore), nothing
+    would ever release it: check names it and repair gives it its due time back."""
+    from datetime import datetime, timedelta, timezone
+
+    from tests.carrier.test_pause import PARKED, serve_once
+
+    past = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    store, client = delayq.store, delayq.store.client
+    delayq.pause(task=proj.record.name)
+    delayq.pause(task=proj.flaky.name)
+    delayq.set_rate_limit(PARKED, "1/h")  # one job goes, the next two wait for room
+    for n in range(3):
+        proj.record.apply_delayed(args=(n,), eta=past, job_id=f"paused-{n}", key="order:1")
+        proj.flaky.apply_delayed(args=(n, 0), eta=past, job_id=f"still-{n}", key="order:2")
+        proj.slow.apply_delayed(args=(f"l{n}",), eta=past + timedelta(seconds=n), queue=PARKED,
+                                 job_id=f"limited-{n}", key="order:3")
+    serve_once(app)
+    assert sum(sum(r.found.values()) for r in check(store)) == 0  # held for a reason
+
+    for shard in store.keys:
+        client.hdel(shard.paused, f"task:{proj.record.name}")  # its pause record is gone
+    waiting = store.keys.shard_for("", "order:3").waiting
+    assert client.zcard(waiting) == 2
+    client.zpopmin(waiting)  # the oldest waiting job lost its place in line
+
+    found = check(store)
+    assert sum(r.found["stranded"] for r in found) == 4  # 3 paused, 1 limited
+    reported = cli_check(redis_server)
+    assert reported.returncode == 1 and "4 stranded" in reported.stdout, reported.stdout
+    assert "paused-0" in reported.stdout and "limited-1" in reported.stdout
+
+    repaired = cli_check(redis_server, "--repair")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert [(job.job_id, job.held, job.due) for job in delayq.pending(key="order:1")] == [
+        (f"paused-{n}", "", past) for n in range(3)]
+    assert delayq.get("still-0").paused  # its pause is still in force
+    assert cli_check(redis_server).returncode == 0
+    serve_once(app)  # no pause holds them: promoted; the limited job goes on waiting
+    assert delayq.pending(key="order:1") == []
+    assert delayq.get("limited-1").held == "rate limit"
+
+
+def test_jobs_waiting_for_a_limit_whose_value_is_damaged_are_stranded(proj, app, delayq):
+    """A damaged limit limits nothing, so no claim takes its waiting jobs any more."""
+    from datetime import datetime, timezone
+
+    from tests.carrier.test_pause import PARKED, serve_once
+
+    delayq.set_rate_limit(PARKED, "1/h")
+    for n in range(3):
+        proj.slow.apply_delayed(args=(f"l{n}",), eta=datetime(2026, 1, 1, tzinfo=timezone.utc),
+                                queue=PARKED, job_id=f"limited-{n}", key="order:3")
+    serve_once(app)
+    assert sum(sum(r.found.values()) for r in check(delayq.store)) == 0
+    limits = delayq.store.keys.shard_for("", "order:3").limits
+    delayq.store.client.hset(limits, f"rate:{PARKED}", "nan nan 1/h")
+    assert sum(r.found["stranded"] for r in check(delayq.store, repair=True)) == 2
+    serve_once(app)
+    assert delayq.pending(key="order:3") == []

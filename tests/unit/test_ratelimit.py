@@ -31,3 +31,11 @@ def test_a_full_bucket_and_one_window_of_refill_never_pass_the_limit(spec, shard
     capacity, refill, text = ratelimit.bucket(spec, shards).split()
     per_window = shards * (float(capacity) + float(refill) * window_ms)
     assert per_window == pytest.approx(jobs) and text == ratelimit.text(spec)
+
+
+@pytest.mark.parametrize(("value", "limits"), [
+    ("1.0 0.000238 5/s", True), ("1 1e-9 1/h", True), ("off", False), ("nan nan 5/s", False),
+    ("inf 1 5/s", False), ("0 0 5/s", False), ("garbage", False), ("1 1e9 x", False), ("", False),
+])
+def test_in_force_reads_a_limits_value_as_the_claim_script_does(value, limits):
+    assert ratelimit.in_force(value) is limits
