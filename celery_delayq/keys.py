@@ -53,9 +53,10 @@ repairs what breaks them (an evicting Redis, a hand-edited key, a bug).
    line has that key (``y``). A member is added with its envelope (``schedule``, ``replay``)
    and removed when the envelope goes or changes its key: ``schedule`` replacing it,
    ``cancel``, ``ack``, ``claim_due`` pushing it to the broker itself, ``dead``, ``repair``.
-   A pending job with a key has its member, but for one case: a job cancelled while an
-   earlier copy was in flight (the cancel answered "too late") keeps its envelope for that
-   copy without a member, and if the carrier dies the recovered copy is pending without one.
+   A pending job with a key has its member. A job cancelled while an earlier copy was in
+   flight (the cancel answered "too late") keeps its envelope for that copy without a
+   member; if the carrier dies, ``recover`` puts the member back with the copy it makes
+   pending again.
 6. ``counts``: per task name, the number of ``jobs`` entries whose first line names that
    task (``t``): jobs pending or being promoted, never dead ones. +1 when an envelope of the
    task is written where none was (``schedule`` new; ``schedule`` replacing: -1 for the old

@@ -91,3 +91,22 @@ def test_cancel_is_too_late_while_the_old_copy_of_a_moved_job_is_in_flight(proj,
     assert delayq.cancel_outcome("j") is CancelOutcome.TOO_LATE
     assert delayq.pending() == []
     assert [report.found for report in check(store)] == [Counter()] * len(shards)
+
+
+def test_a_copy_recovered_after_its_pending_twin_was_cancelled_is_found_by_its_key(
+        proj, delayq):
+    """Cancelling the pending copy of a job scheduled again while in flight removes its key
+    index entry; the copy in flight is still owed a delivery. When its carrier dies, recover
+    makes that copy pending again: it is listed and cancelled by its key like any other."""
+    store, shards = delayq.store, list(delayq.store.keys)
+    proj.record.apply_delayed(args=("a",), eta=PAST, job_id="j", key="order:7")
+    assert [job for claim in store.claim(shards, 10, 0) for job in claim.jobs]  # lease 0: lost
+    proj.record.apply_delayed(args=("a",), eta=PAST, job_id="j", key="order:7",
+                              if_exists="replace")
+    assert delayq.cancel_outcome("j") is CancelOutcome.TOO_LATE
+
+    assert store.recover(shards, 10) == (1, {})
+    assert [job.job_id for job in delayq.pending(key="order:7")] == ["j"]
+    assert sum(sum(report.found.values()) for report in check(store)) == 0
+    assert delayq.cancel_key("order:7") == 1
+    assert delayq.pending() == []

@@ -98,7 +98,8 @@ def test_header_names_the_shard_keys_in_the_order_the_script_uses_them(name):
 def test_keys_for_builds_a_shards_keys_in_header_order_then_the_extra_ones():
     shard = Keyspace("delayq", 4).shard(3)
     assert SCRIPTS["recover"].keys_for(shard) == [
-        "delayq:{3}:inflight", "delayq:{3}:due", "delayq:{3}:journal", "delayq:{3}:jobs"]
+        "delayq:{3}:inflight", "delayq:{3}:due", "delayq:{3}:journal", "delayq:{3}:jobs",
+        "delayq:{3}:bykey"]
     keys = SCRIPTS["claim_due"].keys_for(shard, "celery", "refunds")
     assert keys[:2] == ["delayq:{3}:due", "delayq:{3}:inflight"] and len(keys) == 11
     assert keys[-2:] == ["celery", "refunds"]

@@ -5,6 +5,8 @@ KEYS[1] inflight  ZSET  job id -> lease deadline ms
 KEYS[2] due       ZSET  job id -> due ms
 KEYS[3] journal   STREAM
 KEYS[4] jobs      HASH  job id -> envelope (for the task name in the journal)
+KEYS[5] bykey     ZSET  business-key index: a recovered job with a key gets its member back
+                        (a cancel of its pending copy while it was in flight removed it)
 
 ARGV[1] journal maxlen (0: no journal)
 ARGV[2] batch size
@@ -22,7 +24,7 @@ its keys holds the wrong type of value.
 -- include: first_line.lua
 -- include: journal.lua
 -- include: now.lua
-local problem = damaged({1, 'zset', 2, 'zset', 3, 'stream', 4, 'hash'})
+local problem = damaged({1, 'zset', 2, 'zset', 3, 'stream', 4, 'hash', 5, 'zset'})
 if problem then return redis.error_reply(problem) end
 local now = now_ms()
 local ids, lease = {}, tonumber(ARGV[3])
@@ -40,8 +42,11 @@ for _, job_id in ipairs(ids) do
   if env then  -- none: the job moved to another shard while in flight; its lease just ends
     recovered = recovered + 1
     redis.call('ZADD', KEYS[2], 'NX', now, job_id)
-    local fields = first_line(env)
-    journal(3, 'recovered', 'job', job_id, 'task', fields and fields['t'] or '', 'due', now)
+    local fields = first_line(env) or {}
+    if type(fields['y']) == 'string' then
+      redis.call('ZADD', KEYS[5], 0, fields['y'] .. '\0' .. job_id)
+    end
+    journal(3, 'recovered', 'job', job_id, 'task', fields['t'] or '', 'due', now)
   end
 end
 return recovered
