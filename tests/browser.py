@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run", "--window-size=1280,860")
 
@@ -36,3 +39,23 @@ def chromium() -> Iterator:
         yield driver
     finally:
         driver.quit()
+
+
+def screenshot(driver, tmp_path: Path, name: str, *, relayout: bool = False) -> Path:
+    """Save the whole page as ``tmp_path / name`` (the window made as tall as the page,
+    then back; ``relayout`` reloads it at that size first, for pages that size their charts
+    on load); copied into docs/img when DELAYQ_UPDATE_SCREENSHOT=1, so a test run changes
+    the docs' pictures only when asked to."""
+    size = driver.get_window_size()
+    page, chrome = driver.execute_script(
+        "return [document.documentElement.scrollHeight, window.outerHeight - innerHeight]")
+    driver.set_window_size(size["width"], min(page + chrome, 2400))
+    if relayout:
+        driver.refresh()
+    shot = tmp_path / name
+    driver.save_screenshot(str(shot))
+    driver.set_window_size(size["width"], size["height"])
+    if os.environ.get("DELAYQ_UPDATE_SCREENSHOT"):
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, DOCS_IMG / name)
+    return shot

@@ -5,19 +5,15 @@ docs/img, refreshed with ``DELAYQ_UPDATE_SCREENSHOT=1``)."""
 from __future__ import annotations
 
 import io
-import os
 import secrets
-import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.browser import chromium
+from tests.browser import chromium, screenshot
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 WIDTHS = (1400, 800)
 REFUND_CHECK = "shop.tasks.check_refund_status"
 
@@ -74,21 +70,6 @@ def _unreadable(browser, selector: str) -> list[list]:
     checked = browser.execute_script(VISIBILITY, selector)
     assert checked, f"nothing matches {selector}"
     return [item for item in checked if item[1]]
-
-
-def _screenshot(browser, tmp_path: Path, name: str) -> None:
-    """Save the whole page as ``name`` (the window made as tall as the page, then back);
-    into docs/img with DELAYQ_UPDATE_SCREENSHOT=1."""
-    size = browser.get_window_size()
-    page, chrome = browser.execute_script(
-        "return [document.documentElement.scrollHeight, window.outerHeight - innerHeight]")
-    browser.set_window_size(size["width"], min(page + chrome, 2400))
-    shot = tmp_path / name
-    browser.save_screenshot(str(shot))
-    browser.set_window_size(size["width"], size["height"])
-    if os.environ.get("DELAYQ_UPDATE_SCREENSHOT"):  # refresh the docs' pictures
-        DOCS_IMG.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, DOCS_IMG / name)
 
 
 def test_support_user_filters_order_timeouts_and_cancels_one_in_the_browser(
@@ -193,7 +174,7 @@ def test_admin_pages_show_every_column_and_readable_chart_text_at_1400_and_800_p
             "return [...document.querySelectorAll('svg.delayq-chart text')]"
             ".map(t => t.getBoundingClientRect().height)")
         assert heights and min(heights) >= 11, f"chart text shrunk at {width} px: {heights}"
-        _screenshot(browser, tmp_path, f"admin-changelist{suffix}.png")
+        screenshot(browser, tmp_path, f"admin-changelist{suffix}.png")
 
         browser.get(detail)
         assert _unreadable(browser, ".delayq-timeline th") == [], f"timeline at {width}"
@@ -202,4 +183,4 @@ def test_admin_pages_show_every_column_and_readable_chart_text_at_1400_and_800_p
         assert browser.execute_script(
             "return document.documentElement.scrollWidth <= window.innerWidth"), \
             f"at {width} px the detail page scrolls sideways"
-        _screenshot(browser, tmp_path, f"admin-detail{suffix}.png")
+        screenshot(browser, tmp_path, f"admin-detail{suffix}.png")

@@ -1,5 +1,5 @@
-"""Headless Chromium renders the report's charts offline, the page fits 800 px, and the
-screenshot in docs/img comes from this run."""
+"""Headless Chromium renders the report's charts offline and the page fits 800 px; the
+screenshot in docs/img comes from this test (DELAYQ_UPDATE_SCREENSHOT=1)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from celery_delayq.spark.report import build_report
 from tests import browser
 from tests.spark.test_report import HOUR, job_events, plant
 
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "spark-report.png"
 TASKS = ("shop.close_unpaid_order", "shop.check_refund_status", "shop.send_reminder")
 CHARTS = 6
 
@@ -76,11 +75,7 @@ def test_report_renders_offline_in_chromium_and_fits_an_800_px_window(
     assert chromium.execute_script(CLIPPED_LABELS) == []
 
     chromium.set_window_size(1280, 900)
-    chromium.set_window_size(1280, chromium.execute_script(
-        "return document.documentElement.scrollHeight") + 140)
-    chromium.refresh()
-    chromium.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .main-svg")
-    chromium.save_screenshot(str(SCREENSHOT))
+    browser.screenshot(chromium, tmp_path, "spark-report.png", relayout=True)
 
 
 #: Axis tick labels, axis titles and chart titles drawn outside their chart.
