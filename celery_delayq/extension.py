@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from .envelope import (
 )
 from .errors import InvalidOption, JobExists
 from .publishing import Publishing, Sent
-from .reading import counted
+from .reading import counted, datetime_of_ms, utc_of_ms
 from .store import CancelOutcome, ScheduleCode, Store
 from .validation import Due
 
@@ -117,7 +117,7 @@ class DelayQ:
                 existing._clock = None
                 setattr(app, _ATTR, existing)
                 existing._route_send_task()
-                journal.connect()
+                journal.connect(cls.lookup)
                 revoke.install(existing)
                 from . import http  # imports this module: here, not at the top
 
@@ -264,7 +264,7 @@ class DelayQ:
         ran = task.apply(args, kwargs, task_id=call.task_id,
                          **{k: v for k, v in options.items() if k != "task_id"})
         return EagerDelayedResult(*ran.__reduce_args__(), job_id=call.job_id,
-                                  eta=_from_ms(due.absolute_ms(time.time() * 1000)),
+                                  eta=utc_of_ms(due.absolute_ms(time.time() * 1000)),
                                   key=call.key)
 
     def set_clock(self, clock: Callable[[Due], Due] | None) -> None:
@@ -294,7 +294,7 @@ class DelayQ:
             task_id = call.task_id
             if scheduled.code is ScheduleCode.KEPT:
                 task_id = Job.read(call.job_id, scheduled.existing, None, "", 0).task_id
-            due_at = None if scheduled.due_ms < 0 else _from_ms(scheduled.due_ms)
+            due_at = None if scheduled.due_ms < 0 else utc_of_ms(scheduled.due_ms)
             results.append(DelayedResult(task_id, call.job_id, due_at, self, key=call.key))
         return results
 
@@ -395,7 +395,7 @@ class DelayQ:
         """Give a pending job a new due time; None if it is no longer pending."""
         due = validation.due(delay, eta, self.config.max_delay)
         due_ms = self.store.reschedule(job_id, due, key)
-        return None if due_ms is None else _from_ms(due_ms)
+        return datetime_of_ms(due_ms)
 
     def run_now(self, job_id: str, key: str | None = None) -> bool:
         """Make a pending job due now; False if it is no longer pending."""
@@ -457,6 +457,3 @@ class DelayQ:
             if queue not in live:
                 self.set_rate_limit(queue, rate, by="delayq_rate_limits")
 
-
-def _from_ms(ms: float) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc)

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -23,18 +24,21 @@ from celery import states as celery_states
 
 from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD
 from .errors import DelayQError
+from .events import Event
 from .reading import counted, printable
 
 logger = logging.getLogger("celery_delayq.journal")
 
 _OUTCOMES = {
-    celery_states.SUCCESS: "succeeded",
-    celery_states.FAILURE: "failed",
-    celery_states.RETRY: "retried",
+    celery_states.SUCCESS: Event.SUCCEEDED,
+    celery_states.FAILURE: Event.FAILED,
+    celery_states.RETRY: Event.RETRIED,
 }
 _FLUSH_EVERY = 0.05  # longest an event waits in the outbox, seconds
 _FLUSH_AT = 200  # events that make the outbox flush at once
 _connected = threading.Event()
+#: An app's DelayQ, or None when it has none (``DelayQ.lookup``, given to :func:`connect`).
+_delayq_of: Callable[[Any], Any] | None = None
 
 
 class _Outbox:
@@ -96,8 +100,11 @@ class _Outbox:
 _outbox = _Outbox()
 
 
-def connect() -> None:
-    """Connect the signal handlers once per process (they serve every app)."""
+def connect(delayq_of: Callable[[Any], Any]) -> None:
+    """Connect the signal handlers once per process (they serve every app); ``delayq_of``
+    gives an app's DelayQ, or None for an app that has none."""
+    global _delayq_of
+    _delayq_of = delayq_of
     if not _connected.is_set():
         signals.task_prerun.connect(_on_prerun, weak=False)
         signals.task_postrun.connect(_on_postrun, weak=False)
@@ -112,7 +119,7 @@ def flush() -> None:
 
 
 def _on_prerun(sender=None, task_id=None, task=None, **_) -> None:
-    _record(task, task_id, "started")
+    _record(task, task_id, Event.STARTED)
 
 
 def _on_postrun(sender=None, task_id=None, task=None, state=None, **_) -> None:
@@ -121,14 +128,12 @@ def _on_postrun(sender=None, task_id=None, task=None, state=None, **_) -> None:
         _record(task, task_id, event)
 
 
-def _record(task, task_id: str | None, event: str) -> None:
+def _record(task, task_id: str | None, event: Event) -> None:
     request = getattr(task, "request", None)
     job_id = request.get(HEADER_JOB) if request is not None else None
     if request is None or job_id is None:
         return
-    from .extension import DelayQ
-
-    delayq = DelayQ.lookup(task.app)
+    delayq = _delayq_of(task.app) if _delayq_of is not None else None
     if delayq is None or not delayq.config.worker_events:
         return
     try:
@@ -147,4 +152,4 @@ def _record(task, task_id: str | None, event: str) -> None:
 def record_event(delayq, shard: int, event: str, fields: dict[str, Any]) -> None:
     """Queue a worker event for the journal of ``shard``; the caller never waits for Redis.
     ``started`` is written at once, while the task runs, so a killed worker leaves it."""
-    _outbox.put(delayq, (shard, event, fields), soon=event == "started")
+    _outbox.put(delayq, (shard, event, fields), soon=event == Event.STARTED)

@@ -31,6 +31,15 @@ def datetime_of_ms(ms: float | int | str | None) -> datetime | None:
         return None
 
 
+def utc_of_ms(ms: float) -> datetime:
+    """Epoch milliseconds known to be a time (a clock's, a due time just worked out) as an
+    aware UTC datetime; :func:`datetime_of_ms`, raising ``ValueError`` where it gives None."""
+    at = datetime_of_ms(ms)
+    if at is None:
+        raise ValueError(f"{ms!r} ms is no time from year 1 to 9999")
+    return at
+
+
 def is_text(value: str) -> bool:
     """True when ``value`` was valid UTF-8 in Redis (it holds no lone surrogates)."""
     try:

@@ -7,6 +7,8 @@ import html
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from ..events import Event
+from ..reading import datetime_of_ms
 from . import charts
 
 if TYPE_CHECKING:
@@ -30,11 +32,16 @@ td:first-child{position:sticky;left:0;background:#fff}
 .card b{display:block;font-size:1.4rem}
 """
 _TEXT = frozenset({"task", "reason", "job", "event"})  # left-aligned, wrapping columns
-_COUNTS = ["scheduled", "promoted", "started", "succeeded", "failed", "retried", "cancelled",
-           "dead", "cancel_rate"]
+#: Columns of the report's tables, counts of one journal event each (but cancel_rate).
+_COUNTS = [*(e.value for e in (Event.SCHEDULED, Event.PROMOTED, Event.STARTED, Event.SUCCEEDED,
+                                Event.FAILED, Event.RETRIED, Event.CANCELLED, Event.DEAD)),
+           "cancel_rate"]
 _LATENESS = [f"{kind}_late_{q}_ms" for kind in ("promote", "start")
              for q in ("p50", "p95", "p99", "max")]
-_VOLUME = ("scheduled", "promoted", "succeeded", "failed", "retried", "dead")
+_OUTCOMES = tuple(e.value for e in (Event.SUCCEEDED, Event.FAILED, Event.RETRIED,
+                                     Event.CANCELLED, Event.DEAD))
+_VOLUME = tuple(e.value for e in (Event.SCHEDULED, Event.PROMOTED, Event.SUCCEEDED,
+                                   Event.FAILED, Event.RETRIED, Event.DEAD))
 
 
 def render(report: Report) -> str:
@@ -118,7 +125,7 @@ def _volume_charts(report: Report) -> str:
     outcomes = charts.grouped_bars(
         "outcomes", "Outcomes per task", "Events", "Task", [r["task"] for r in report.by_task],
         {name: [r[name] for r in report.by_task]
-         for name in ("succeeded", "failed", "retried", "cancelled", "dead")})
+         for name in _OUTCOMES})
     return f"""<div class="chart">{volume}</div><div class="chart">{outcomes}</div>
 <p class="muted">"retried" counts attempts that asked for a retry; the job's later attempt
 ends in succeeded or failed, so the bars stand side by side, not stacked.</p>"""
@@ -190,9 +197,9 @@ def _fmt(value: Any) -> str:
 
 
 def _when(ms: int | None) -> str | None:
-    if ms is None:
+    at = datetime_of_ms(ms)
+    if at is None:
         return None
-    at = datetime.fromtimestamp(ms / 1000, timezone.utc)
     return at.strftime("%Y-%m-%d %H:%M:%S.") + f"{at.microsecond // 1000:03d}"
 
 

@@ -23,12 +23,13 @@ from datetime import timezone
 from typing import Any
 
 from ..errors import InvalidOption
+from ..events import Event
 from ..export import BACKLOG, COLUMNS
 from . import hadoopfs, page
 
 PERCENTILES = (0.5, 0.95, 0.99)
-OUTCOMES = ("succeeded", "failed", "retried", "cancelled", "dead")
-_COUNTED = ("scheduled", "rescheduled", "promoted", "started", *OUTCOMES)
+OUTCOMES = (Event.SUCCEEDED, Event.FAILED, Event.RETRIED, Event.CANCELLED, Event.DEAD)
+_COUNTED = (Event.SCHEDULED, Event.RESCHEDULED, Event.PROMOTED, Event.STARTED, *OUTCOMES)
 BUCKETS = ("minute", "hour")
 MINUTES_BELOW_MS = 3 * 3_600_000  #: events spanning less than this are bucketed by minute
 #: A job promoted this long before the export and not started since is listed as never
@@ -120,12 +121,12 @@ def lateness(events):
     job = Window.partitionBy("shard", "job")
     ordered = job.orderBy("ts_ms", "_seq").rowsBetween(Window.unboundedPreceding,
                                                       Window.currentRow)
-    promoted_due = F.when(F.col("event") == "promoted", F.col("due_ms"))
+    promoted_due = F.when(F.col("event") == Event.PROMOTED, F.col("due_ms"))
     df = (events.withColumn("_seq", seq)
           .withColumn("_promoted_due", F.last(promoted_due, ignorenulls=True).over(ordered))
-          .withColumn("late_ms", F.when(F.col("event") == "promoted",
+          .withColumn("late_ms", F.when(F.col("event") == Event.PROMOTED,
                                         F.col("ts_ms") - F.col("due_ms"))
-                      .when(F.col("event") == "started",
+                      .when(F.col("event") == Event.STARTED,
                             F.col("ts_ms") - F.coalesce("due_ms", "_promoted_due")))
           .withColumn("task", F.coalesce("task", F.when(
               F.col("job").isNotNull(), F.first("task", ignorenulls=True).over(job))))
@@ -143,11 +144,12 @@ def choose_bucket(first_ms: int | None, last_ms: int | None) -> str:
 def _stats(df, keys: list[str]):
     from pyspark.sql import functions as F
 
-    counts = [F.sum(F.when(F.col("event") == e, 1).otherwise(0)).alias(e) for e in _COUNTED]
+    counts = [F.sum(F.when(F.col("event") == e, 1).otherwise(0)).alias(e.value)
+              for e in _COUNTED]
     late = []
-    for kind in ("promoted", "started"):
+    for kind in (Event.PROMOTED, Event.STARTED):
         value = F.when(F.col("event") == kind, F.col("late_ms").cast("double"))
-        prefix = "promote" if kind == "promoted" else "start"
+        prefix = "promote" if kind == Event.PROMOTED else "start"
         qs = F.percentile(value, F.array(*[F.lit(p) for p in PERCENTILES]))
         late.append(qs.alias(f"_{prefix}_q"))
         late.append(F.max(value).alias(f"{prefix}_late_max_ms"))
@@ -166,10 +168,10 @@ def dead_letters(df):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    replayed_ms = F.max(F.when(F.col("event") == "replayed", F.col("ts_ms"))).over(
+    replayed_ms = F.max(F.when(F.col("event") == Event.REPLAYED, F.col("ts_ms"))).over(
         Window.partitionBy("shard", "job"))
-    dead = (df.where(F.col("event").isin("dead", "replayed"))
-            .withColumn("_replayed_ms", replayed_ms).where(F.col("event") == "dead"))
+    dead = (df.where(F.col("event").isin(Event.DEAD, Event.REPLAYED))
+            .withColumn("_replayed_ms", replayed_ms).where(F.col("event") == Event.DEAD))
     return (dead.groupBy("task", "reason")
             .agg(F.count("*").alias("dead"),
                  F.sum(F.when(F.col("_replayed_ms") > F.col("ts_ms"), 1).otherwise(0))
@@ -187,7 +189,8 @@ def never_started(df, before_ms: int):
 
     jobs = (df.where(F.col("job").isNotNull()).groupBy("shard", "job")
             .agg(F.first("task", ignorenulls=True).alias("task"),
-                 latest("promoted").alias("promoted_ms"), latest("started").alias("_started")))
+                 latest(Event.PROMOTED).alias("promoted_ms"),
+                 latest(Event.STARTED).alias("_started")))
     return (jobs.where(F.col("promoted_ms") <= before_ms)
             .where(F.col("_started").isNull() | (F.col("_started") < F.col("promoted_ms")))
             .drop("_started").orderBy("promoted_ms", "job"))
@@ -209,7 +212,7 @@ def build_report(spark, events: str | os.PathLike, out: str | os.PathLike, *,
     try:
         backlog = read_backlog(spark, source)
         span = df.agg(F.min("ts_ms"), F.max("ts_ms"), F.count("*"),
-                      F.count(F.when(F.col("event") == "started", 1))).first()
+                      F.count(F.when(F.col("event") == Event.STARTED, 1))).first()
         first_ms, last_ms, count, started = span
         unit = choose_bucket(first_ms, last_ms) if bucket == "auto" else bucket
         timed = df.withColumn("bucket", F.date_trunc(unit, F.timestamp_millis("ts_ms")))
@@ -221,7 +224,7 @@ def build_report(spark, events: str | os.PathLike, out: str | os.PathLike, *,
         tables = {
             "over_time": _stats(tasks, ["task", "bucket"]).orderBy("task", "bucket"),
             "by_task": _stats(tasks, ["task"]).orderBy("task"),
-            "slowest": (df.where(F.col("event").isin("started", "promoted"))
+            "slowest": (df.where(F.col("event").isin(Event.STARTED, Event.PROMOTED))
                         .where(F.col("late_ms").isNotNull())
                         .orderBy(F.col("late_ms").desc(), "id").limit(slowest)
                         .select("job", "task", "event", "shard", "id", "due_for", "ts_ms",

@@ -24,7 +24,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
@@ -37,9 +37,11 @@ from kombu.utils.json import loads
 from .. import journal
 from ..envelope import Job
 from ..errors import DelayQError
+from ..events import Event
 from ..extension import DelayQ
 from ..message import Message
 from ..publisher import Publisher
+from ..reading import utc_of_ms
 from ..store import Promoted
 from ..validation import Due
 from .redis_server import RedisServer
@@ -149,7 +151,7 @@ class DelayQTester:
 
     def now(self) -> datetime:
         """The test clock: Redis's time plus everything advanced so far."""
-        return datetime.fromtimestamp(self._now_ms() / 1000, timezone.utc)
+        return utc_of_ms(self._now_ms())
 
     def _on_test_clock(self, due: Due) -> Due:
         """A relative delay counts from the test clock (once it was moved)."""
@@ -174,7 +176,7 @@ class DelayQTester:
         for shard in store.keys:
             entries.extend(store.read_journal(shard))
         entries.sort(key=lambda entry: tuple(int(p) for p in entry[0].split("-")))
-        return [fields["job"] for _, fields in entries if fields.get("event") == "cancelled"
+        return [fields["job"] for _, fields in entries if fields.get("event") == Event.CANCELLED
                 and (task is None or fields.get("task") == task)]
 
     def dead(self) -> list[dict[str, Any]]:
@@ -233,7 +235,7 @@ class DelayQTester:
     def _promote(self, job_id: str | None) -> list[Run]:
         """Make ``job_id`` (if given) due on Redis's clock; claim, ack and run what is due."""
         store = self.delayq.store
-        if job_id is not None:  # journaled as "rescheduled": the test clock pulled it in
+        if job_id is not None:  # journaled as rescheduled: the test clock pulled it in
             store.reschedule(job_id, Due(at_ms=None, delay_ms=0))
         claims = store.claim(list(store.keys), store.config.claim_batch, _LEASE_MS)
         for claim in claims:
@@ -265,7 +267,7 @@ class DelayQTester:
         if info is not None:
             state, result = info.state, info.retval
         return Run(job.job_id, message.task, args, kwargs, message.key,
-                   datetime.fromtimestamp(job.due_ms / 1000, timezone.utc), state, result)
+                   utc_of_ms(job.due_ms), state, result)
 
 
 def _reload(delayq: DelayQ) -> None:

@@ -20,6 +20,7 @@ from django.db import DatabaseError, transaction
 
 from celery_delayq import DelayQ, DelayQError
 from celery_delayq.envelope import Job
+from celery_delayq.events import Event
 from celery_delayq.keys import ShardKeys
 from celery_delayq.reading import Unreadable, datetime_of_ms, is_text
 from celery_delayq.stopping import StopFlag
@@ -29,8 +30,8 @@ from .runtime import delayq as project_delayq
 
 logger = logging.getLogger("celery_delayq.contrib.django.sync")
 
-_ENVELOPE_EVENTS = frozenset({"scheduled", "rescheduled", "replayed"})
-_DUE_EVENTS = frozenset({"scheduled", "rescheduled", "recovered", "replayed"})
+_ENVELOPE_EVENTS = frozenset({Event.SCHEDULED, Event.RESCHEDULED, Event.REPLAYED})
+_DUE_EVENTS = frozenset({Event.SCHEDULED, Event.RESCHEDULED, Event.RECOVERED, Event.REPLAYED})
 _ROW_FIELDS = [
     "task_id", "task", "args", "kwargs", "queue", "key", "due", "state", "retries", "stored",
     "store_error", "envelope", "scheduled_at", "promoted_at", "started_at", "finished_at",
@@ -204,27 +205,27 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
         row.state = State.SCHEDULED
         row.due = due or row.due
         row.stored, row.store_error = True, ""
-        if event != "recovered":
+        if event != Event.RECOVERED:
             row.scheduled_at = at
-    elif event == "promoted":
+    elif event == Event.PROMOTED:
         row.promoted_at = at
         # A carrier acks after publishing, so "promoted" may follow "started"; and a
         # retry scheduled meanwhile has another due time: neither is moved back.
         if row.state == State.SCHEDULED and (due is None or row.due is None
                                              or abs((row.due - due).total_seconds()) < 0.002):
             row.state = State.PROMOTED
-    elif event == "started":
+    elif event == Event.STARTED:
         row.state, row.started_at = State.STARTED, at
         row.task_id = fields.get("task_id") or row.task_id
         row.retries = _int(fields.get("retries"), row.retries)
-    elif event in ("succeeded", "failed"):
+    elif event in (Event.SUCCEEDED, Event.FAILED):
         row.state, row.finished_at = State(event), at
-    elif event == "retried":
+    elif event == Event.RETRIED:
         row.retries = max(row.retries, _int(fields.get("retries"), 0) + 1)
-    elif event == "cancelled":
+    elif event == Event.CANCELLED:
         row.state, row.cancelled_at = State.CANCELLED, at
         row.cancelled_by = fields.get("by", "")[:255]
-    elif event == "dead":
+    elif event == Event.DEAD:
         row.state, row.dead_at, row.reason = State.DEAD, at, fields.get("reason", "")
 
 

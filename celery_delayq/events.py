@@ -1,0 +1,33 @@
+"""The names of journal events, as the store's streams hold them.
+
+The Lua scripts write most of them (``journal(n, '<event>', ...)``; a unit test checks each
+one is a member here), the worker side (``journal.py``) the task outcomes. ``Event`` is a
+``str``: a member equals, hashes and prints as the stored text.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Event(str, Enum):
+    """One kind of journal event (the ``event`` field of a stream entry)."""
+
+    SCHEDULED = "scheduled"  # stored (schedule-5+)
+    RESCHEDULED = "rescheduled"  # stored again, a new due time (schedule-5+, reschedule-3)
+    PROMOTED = "promoted"  # with the broker (ack-6, claim_due-9+ pushing directly)
+    RECOVERED = "recovered"  # a claim's lease ended before its ack: due again (recover-4)
+    STARTED = "started"  # a worker began it (journal.py)
+    SUCCEEDED = "succeeded"  # journal.py, from the task's outcome
+    FAILED = "failed"
+    RETRIED = "retried"
+    CANCELLED = "cancelled"  # cancel-6
+    MOVED = "moved"  # taken off its old shard by a replace that moved it (cancel-6)
+    DEAD = "dead"  # dead-lettered (dead-7, repair-7, Store.bury)
+    REPLAYED = "replayed"  # a dead letter due again (replay-6)
+    PAUSED = "paused"  # a task or queue (pause-4)
+    RESUMED = "resumed"
+    RATE_LIMIT = "rate_limit"  # a queue's rate limit set or removed (limit-5)
+
+    def __str__(self) -> str:
+        return self.value
