@@ -20,6 +20,7 @@ columns sort first as JSON text is written, the others are rejects that never re
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -29,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import validation
-from ..errors import InvalidOption
+from ..errors import DelayQError, InvalidOption
 from ..store import Store
 from . import shipping
 from .partition import COUNTS, LOST, REASON, Plan, write_partition
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from ..conf import DelayQConfig
+
+logger = logging.getLogger(__name__)
 
 #: Hidden columns of the driver's plans: a row's used columns as JSON text (how rows are
 #: told apart), a duplicated id (or a reject's text), a count (or a reject's number among
@@ -197,10 +200,14 @@ def _rejects(df: DataFrame, plan: Plan, found: list[tuple[str, str]]) -> DataFra
 
 
 def forget_run(config: DelayQConfig, run: str) -> None:
-    """Drop a finished call's outcome from the store (``Store.forget_run``)."""
+    """Drop a finished call's outcome from the store (``Store.forget_run``). It is clean-up
+    after the write: a refusal is logged, and the outcome expires by itself."""
     store = Store(config)
     try:
         store.forget_run(run)
+    except DelayQError as exc:
+        logger.warning("could not drop the outcome of run %s (%s); it expires by itself "
+                       "within 24 h", run, exc)
     finally:
         store.close()
 

@@ -145,7 +145,7 @@ class Producing(StoreBase):
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
             for shard in self.keys:
-                pipe.delete(self.keys.outcome(shard, run))
+                pipe.unlink(self.keys.outcome(shard, run))  # freed in the background
             pipe.execute()
 
     def _stored_elsewhere(self, items: list[tuple[Call, Due]], reservation: Reservation

@@ -57,3 +57,17 @@ def test_rows_a_lost_task_attempt_wrote_count_as_scheduled_and_are_not_written_a
               for _, event in delayq.store.client.xrange(shard.journal)]
     assert len([e for e in events if e["event"] == "scheduled"]) == 16_000
     assert len(delayq.pending(limit=50_000)) == 16_000
+
+
+def test_a_run_whose_outcome_cannot_be_dropped_still_returns_and_says_so(delayq, caplog):
+    """Dropping the outcome is clean-up after a finished write: when Redis refuses it (gone,
+    or an ACL without UNLINK), the call's summary stands and the outcome expires by itself."""
+    from dataclasses import replace
+
+    from celery_delayq.spark.schedule import forget_run
+    from celery_delayq.testing.redis_server import free_port
+
+    gone = replace(delayq.config, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    forget_run(gone, "run-1")
+    assert "could not drop the outcome of run run-1" in caplog.text
+    assert "expires by itself" in caplog.text
