@@ -13,21 +13,21 @@ from enum import Enum
 class Event(str, Enum):
     """One kind of journal event (the ``event`` field of a stream entry)."""
 
-    SCHEDULED = "scheduled"  # stored (schedule-5+)
-    RESCHEDULED = "rescheduled"  # stored again, a new due time (schedule-5+, reschedule-3)
-    PROMOTED = "promoted"  # with the broker (ack-6, claim_due-9+ pushing directly)
-    RECOVERED = "recovered"  # a claim's lease ended before its ack: due again (recover-4)
+    SCHEDULED = "scheduled"  # stored (schedule)
+    RESCHEDULED = "rescheduled"  # stored again, a new due time (schedule, reschedule)
+    PROMOTED = "promoted"  # with the broker (ack, claim_due pushing directly)
+    RECOVERED = "recovered"  # a claim's lease ended before its ack: due again (recover)
     STARTED = "started"  # a worker began it (journal.py)
     SUCCEEDED = "succeeded"  # journal.py, from the task's outcome
     FAILED = "failed"
     RETRIED = "retried"
-    CANCELLED = "cancelled"  # cancel-6
-    MOVED = "moved"  # taken off its old shard by a replace that moved it (cancel-6)
-    DEAD = "dead"  # dead-lettered (dead-7, repair-7, Store.bury)
-    REPLAYED = "replayed"  # a dead letter due again (replay-6)
-    PAUSED = "paused"  # a task or queue (pause-4)
+    CANCELLED = "cancelled"  # cancel
+    MOVED = "moved"  # taken off its old shard by a replace that moved it (cancel)
+    DEAD = "dead"  # dead-lettered (dead, repair, Store.bury)
+    REPLAYED = "replayed"  # a dead letter due again (replay)
+    PAUSED = "paused"  # a task or queue (pause)
     RESUMED = "resumed"
-    RATE_LIMIT = "rate_limit"  # a queue's rate limit set or removed (limit-5)
+    RATE_LIMIT = "rate_limit"  # a queue's rate limit set or removed (limit)
 
     def __str__(self) -> str:
         return self.value
