@@ -52,6 +52,11 @@ def due(delay: float | timedelta | None, eta: datetime | None, max_delay: float)
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise InvalidDelay(f"delay must be seconds (int or float) or a timedelta, got {delay!r}")
+    try:
+        seconds = float(seconds)
+    except OverflowError:  # an int past any float (and maybe past the digits repr prints)
+        raise InvalidDelay("delay must be a finite number of seconds >= 0, got an int too "
+                           "large for a float") from None
     if not math.isfinite(seconds) or seconds < 0:
         raise InvalidDelay(f"delay must be a finite number of seconds >= 0, got {delay!r}")
     if seconds > max_delay:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import date, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -25,6 +25,7 @@ import pyarrow as pa
 from .. import validation
 from ..envelope import Call, Template, template
 from ..errors import DelayQError, InvalidDelay, InvalidJobId
+from ..reading import utc_of_ms
 from ..store import RunRows, ScheduleCode, Scheduled, Store
 from ..validation import Due
 from . import shipping
@@ -258,10 +259,14 @@ def _due_times(plan: Plan, rows: pa.RecordBatch) -> Callable[[int], tuple[Any, A
         value = etas[index]
         if value is None:
             raise InvalidDelay(f"bad eta: {name} is empty")
-        if plan.eta_kind == "us":
-            return None, datetime.fromtimestamp(value / 1_000_000, timezone.utc)
-        if plan.eta_kind == "num":
-            return None, datetime.fromtimestamp(float(value), timezone.utc)
+        if plan.eta_kind in ("us", "num"):  # µs of a timestamp, or epoch seconds
+            try:
+                return None, utc_of_ms(value / 1000 if plan.eta_kind == "us"
+                                       else float(value) * 1000)
+            except ValueError:
+                raise InvalidDelay(f"bad eta: {value!r} is no time from year 1 to 9999 "
+                                   f"({'µs' if plan.eta_kind == 'us' else 'epoch seconds'})"
+                                   ) from None
         try:
             return None, datetime.fromisoformat(value)
         except ValueError:
@@ -271,7 +276,7 @@ def _due_times(plan: Plan, rows: pa.RecordBatch) -> Callable[[int], tuple[Any, A
 
 
 def _iso(ms: float) -> str:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat()
+    return utc_of_ms(ms).isoformat()
 
 
 def _text(value: Any) -> str:

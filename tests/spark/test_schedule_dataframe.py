@@ -211,6 +211,24 @@ def test_etas_that_have_passed_are_counted_and_run_at_once_or_rejected(spark, ap
         assert [job.job_id for job in delayq.pending()] == ["soon"]
 
 
+def test_epoch_etas_past_any_date_are_rejects_and_fail_no_task(spark, app, delayq):
+    """One odd number in an eta column (too large for a date, infinite, NaN) is that row's
+    reject: it never fails the Spark task, and so never the whole call."""
+    soon = datetime.now(timezone.utc).timestamp() + 3600
+    rows = [("soon", soon), ("huge", 1e300), ("year-30000", 9e11), ("big", 1e18),
+            ("inf", float("inf")), ("nan", float("nan")), ("ancient", -1e300)]
+    df = spark.createDataFrame(rows, "job string, at double")
+
+    summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="job", eta_col="at")
+
+    assert (summary.scheduled, summary.rejected) == (1, 6)
+    reasons = {row.job: row.reason for row in rejects.collect()}
+    assert sorted(reasons) == ["ancient", "big", "huge", "inf", "nan", "year-30000"]
+    assert all(reason.startswith("bad eta") and "year 1 to 9999" in reason
+               for reason in reasons.values()), reasons
+    assert [job.job_id for job in delayq.pending()] == ["soon"]
+
+
 def test_an_unknown_past_policy_is_refused_before_any_write(spark, app, delayq):
     df = spark.createDataFrame([("a", 60.0)], "job string, delay_s double")
     with pytest.raises(InvalidOption, match="past='later'"):

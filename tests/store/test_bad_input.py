@@ -35,6 +35,7 @@ CASES = [
     ({"delay": 5, "eta": NOW}, InvalidDelay, "exactly one"),
     ({"eta": datetime(2030, 1, 1)}, InvalidDelay, "no timezone"),
     ({"delay": 10 ** 9}, InvalidDelay, "delayq_max_delay"),
+    ({"delay": 10 ** 400}, InvalidDelay, "finite"),
     ({"delay": 1, "args": (object(),)}, PayloadError, "not JSON-serialisable"),
     ({"delay": 1, "kwargs": {"blob": "x" * 300_000}}, PayloadError, "delayq_max_payload_bytes"),
     ({"delay": 1, "job_id": ""}, InvalidJobId, "must not be empty"),

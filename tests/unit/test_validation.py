@@ -33,6 +33,8 @@ def test_eta_in_the_past_is_due_now_not_refused():
     (-1, None, ">= 0"),
     (float("nan"), None, "finite"),
     (float("inf"), None, "finite"),
+    (10 ** 400, None, "finite"),  # an int past any float
+    pytest.param(-(10 ** 5000), None, "finite", id="int past the digits Python prints"),
     (True, None, "seconds"),
     ("10", None, "seconds"),
     (MAX + 1, None, "delayq_max_delay"),
