@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import DelayQError
+from ..events import Event
 from ..keys import ShardKeys, bykey_member, pack_id, raw_id, unpack_id
 from ..reading import printable
 from ..scripts import SCRIPTS, Deferred, Script, execute
@@ -192,7 +193,7 @@ class Claims(StoreBase):
             pipe = self.client.pipeline(transaction=False)
             pipe.hset(shard.dead, stored, entry)
             if self._maxlen > 0:
-                pipe.xadd(shard.journal, {"event": "dead", "job": stored, "reason": reason},
+                pipe.xadd(shard.journal, {"event": Event.DEAD, "job": stored, "reason": reason},
                           maxlen=self._maxlen, approximate=True)
             pipe.execute()
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
-
 from celery_delayq.carrier import Carrier
 from tests.faults.test_carrier_faults import (
     PARKED,
@@ -26,9 +24,10 @@ DAMAGED = f'{{"t":"tests.proj.record","q":"{PARKED}"\n[1]\n'  # first line cut s
 
 
 def _plant_damaged(delayq) -> str:
-    """A job whose envelope is not JSON, planted with raw commands; returns its id."""
+    """A job whose envelope is not JSON, planted with raw commands (through the store's
+    client: a cluster in the cluster pass); returns its id."""
     shard = delayq.store.keys.shard(0)
-    raw = redis.Redis.from_url(delayq.config.redis_url)
+    raw = delayq.store.client
     raw.hset(shard.jobs, "damaged", DAMAGED)
     raw.zadd(shard.due, {"damaged": 0})
     return "damaged"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import router, transaction
@@ -21,6 +21,7 @@ from django.utils import timezone as dj_timezone
 from celery_delayq import DelayedResult, DelayQ, DelayQError
 from celery_delayq.envelope import Call, decode
 from celery_delayq.errors import JobExists
+from celery_delayq.reading import utc_of_ms
 from celery_delayq.validation import Due
 
 from .models import DelayedTask, DelayedTaskEvent, State
@@ -130,7 +131,7 @@ def _fields_of(envelope: str, default_queue: str) -> dict:
 def _estimate(due: Due, now: datetime) -> datetime:
     """The due time by the local clock (Redis's clock decides it on commit)."""
     if due.at_ms is not None:
-        return datetime.fromtimestamp(due.at_ms / 1000, timezone.utc)
+        return utc_of_ms(due.at_ms)
     return now + timedelta(milliseconds=due.delay_ms or 0)
 
 
