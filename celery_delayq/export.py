@@ -29,7 +29,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import journal_stream
 from .errors import ConfigurationError, InvalidOption
 from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
 from .store import Store
@@ -80,7 +79,7 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
     root.mkdir(parents=True, exist_ok=True)
     result = ExportResult(backlog=_write_backlog(store, root))
     skipped = Unreadable("delayq export", logger)
-    exported = journal_stream.positions(store)
+    exported = store.export_positions()
     for shard in store.keys:
         last = exported.get(str(shard.shard))
         if last is not None and not _STREAM_ID.fullmatch(last):
@@ -89,21 +88,21 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
                            shard.shard, printable(last))
             last = None
         result.per_shard[shard.shard] = 0
-        end_id = journal_stream.last_entry_id(store, shard)
+        end_id = store.journal_end(shard)
         if end_id is None:
             continue
         lower = start or (f"({last}" if last else "-")
-        if start is None and last and journal_stream.trimmed_past(store, shard, last):
+        if start is None and last and store.journal_trimmed_past(shard, last):
             result.trimmed.append(shard.shard)
         while True:
-            entries = journal_stream.entries(store, shard, lower, end_id, batch)
+            entries = store.journal_entries(shard, lower, end_id, batch)
             if not entries:
                 break
             result.files += _write(root, shard.shard, entries, fmt, skipped)
             result.events += len(entries)
             result.per_shard[shard.shard] += len(entries)
             last_id = entries[-1][0]
-            journal_stream.save_position(store, shard, last_id)
+            store.save_export_position(shard, last_id)
             if last_id == end_id:
                 break
             lower = f"({last_id}"

@@ -1,13 +1,14 @@
 """The Redis delay store: every read and write of the keys named in :mod:`keys`.
 
 Writes go through the Lua scripts in ``scripts/``, one atomic call per shard; reads are
-plain commands, pipelined across shards. ``Store`` is one object made of four parts:
+plain commands, pipelined across shards. ``Store`` is one object made of five parts:
 
 ``base.py``       the client, Redis errors turned into ours, the store's memory
 ``producing.py``  producers' writes: schedule, cancel, reschedule, replay, pause, rate limits
 ``claims.py``     from the claim on: claim, ack, recover, release, dead letters, shard
-                  leases, worker-side journal events
-``listing.py``    reads: jobs, dead letters, stats, counts, pauses, damage, the journal
+                  leases
+``listing.py``    reads: jobs, dead letters, stats, counts, pauses, damage
+``streams.py``    the journal streams: worker-side events, entries, the export's positions
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .producing import (
     ScheduleCode,
     Scheduled,
 )
+from .streams import Streams
 
 __all__ = [
     "OUTCOME_MS",
@@ -40,5 +42,5 @@ __all__ = [
 ]
 
 
-class Store(Producing, Claims, Listing):
+class Store(Producing, Claims, Listing, Streams):
     """The delay store of one app (see :mod:`keys` for the data layout)."""

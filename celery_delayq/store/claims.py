@@ -228,26 +228,6 @@ class Claims(StoreBase):
         self.hold(shards, carrier_id, 0, keep=False)
         self.client.zrem(self.keys.carriers, carrier_id)
 
-    # -- worker-side events ------------------------------------------------------------
-
-    def journal(self, shard: int, event: str, fields: dict[str, Any]) -> None:
-        """Append one event to a shard's journal (worker-side events)."""
-        self.journal_many([(shard, event, fields)])
-
-    def journal_many(self, entries: list[tuple[int, str, dict[str, Any]]]) -> None:
-        """Append ``(shard, event, fields)`` entries to the journals in one round trip."""
-        if self._maxlen <= 0 or not entries:
-            return
-        with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
-            for shard, event, fields in entries:
-                if "job" in fields:
-                    fields = {**fields, "job": pack_id(fields["job"])}
-                entry: dict[Any, Any] = {"event": event, **fields}  # xadd's Dict is invariant
-                pipe.xadd(self.keys.shard(shard).journal, entry, maxlen=self._maxlen,
-                          approximate=True)
-            pipe.execute()
-
 
 def _shard_claims(shards: list[ShardKeys], replies: list[Any]) -> list[ShardClaim]:
     """The claim script's replies (or errors), one per shard."""

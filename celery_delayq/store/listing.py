@@ -187,26 +187,6 @@ class Listing(StoreBase):
             raws = self.client.hmget(shard.jobs, [pack_id(job_id) for job_id in job_ids])
         return dict(zip(job_ids, cast("list[str | None]", raws), strict=True))
 
-    def read_journal(self, shard: ShardKeys, after: str | None = None, until: str = "+",
-                     count: int | None = None) -> list[tuple[str, dict[str, str]]]:
-        """Journal entries of a shard after the entry id ``after`` (all when None).
-
-        A ``job`` field that is not a stored job id is left out, and the field
-        ``unreadable`` says so.
-        """
-        with self.unavailable():
-            entries = cast("list[tuple[str, dict[str, str]]]", self.client.xrange(
-                shard.journal, f"({after}" if after else "-", until, count=count))
-        for _, fields in entries:
-            if "job" in fields:
-                job_id = job_id_of(fields["job"])
-                if job_id is None:
-                    del fields["job"]
-                    fields["unreadable"] = "the job field is not a stored job id"
-                else:
-                    fields["job"] = job_id
-        return entries
-
     # -- the shards' state -------------------------------------------------------------
 
     def stats(self) -> list[dict[str, Any]]:

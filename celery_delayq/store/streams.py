@@ -1,0 +1,94 @@
+"""The journal streams: worker-side events written, entries read (as the Django mirror and
+the pytest plugin read them, or as stored for ``delayq export``), and the export's
+positions (the ``<prefix>:export`` hash)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from ..keys import ShardKeys, pack_id
+from ..reading import job_id_of
+from .base import StoreBase
+
+#: Stream entries as the store's client reads them: (entry id, fields).
+Entries = list[tuple[str, dict[str, str]]]
+
+
+class Streams(StoreBase):
+    """The journal streams of the shards."""
+
+    def journal(self, shard: int, event: str, fields: dict[str, Any]) -> None:
+        """Append one event to a shard's journal (worker-side events)."""
+        self.journal_many([(shard, event, fields)])
+
+    def journal_many(self, entries: list[tuple[int, str, dict[str, Any]]]) -> None:
+        """Append ``(shard, event, fields)`` entries to the journals in one round trip."""
+        if self._maxlen <= 0 or not entries:
+            return
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard, event, fields in entries:
+                if "job" in fields:
+                    fields = {**fields, "job": pack_id(fields["job"])}
+                entry: dict[Any, Any] = {"event": event, **fields}  # xadd's Dict is invariant
+                pipe.xadd(self.keys.shard(shard).journal, entry, maxlen=self._maxlen,
+                          approximate=True)
+            pipe.execute()
+
+    def read_journal(self, shard: ShardKeys, after: str | None = None, until: str = "+",
+                     count: int | None = None) -> Entries:
+        """Journal entries of a shard after the entry id ``after`` (all when None).
+
+        A ``job`` field that is not a stored job id is left out, and the field
+        ``unreadable`` says so.
+        """
+        entries = self.journal_entries(shard, f"({after}" if after else "-", until, count)
+        for _, fields in entries:
+            if "job" in fields:
+                job_id = job_id_of(fields["job"])
+                if job_id is None:
+                    del fields["job"]
+                    fields["unreadable"] = "the job field is not a stored job id"
+                else:
+                    fields["job"] = job_id
+        return entries
+
+    def journal_entries(self, shard: ShardKeys, lower: str, upper: str,
+                        count: int | None) -> Entries:
+        """Up to ``count`` entries of a shard's stream from ``lower`` to ``upper``
+        (``XRANGE`` bounds: ``(`` before an id excludes it), fields as stored."""
+        with self.unavailable():
+            return cast("Entries", self.client.xrange(shard.journal, lower, upper,
+                                                      count=count))
+
+    def journal_end(self, shard: ShardKeys) -> str | None:
+        """The id of a shard's newest journal entry; None when the stream is empty."""
+        with self.unavailable():
+            end = cast("Entries", self.client.xrevrange(shard.journal, "+", "-", count=1))
+        return end[0][0] if end else None
+
+    def journal_trimmed_past(self, shard: ShardKeys, last: str) -> bool:
+        """True when entries after ``last`` were trimmed from the stream: the oldest entry
+        is past ``last``, which is gone too. (Redis 7's ``max-deleted-entry-id`` cannot
+        tell: XTRIM leaves it at 0-0.)"""
+        with self.unavailable():
+            first = self.client.xinfo_stream(shard.journal).get("first-entry")
+            if not first:
+                return False
+            return _id_tuple(first[0]) > _id_tuple(last) and not self.client.xrange(
+                shard.journal, last, last)
+
+    def export_positions(self) -> dict[str, str]:
+        """Each shard's (as text) last exported entry id."""
+        with self.unavailable():
+            return cast("dict[str, str]", self.client.hgetall(self.keys.export_position))
+
+    def save_export_position(self, shard: ShardKeys, entry_id: str) -> None:
+        """Remember that a shard's stream is exported up to ``entry_id``."""
+        with self.unavailable():
+            self.client.hset(self.keys.export_position, str(shard.shard), entry_id)
+
+
+def _id_tuple(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
