@@ -1,6 +1,5 @@
 """celery-delayq: a durable, inspectable, cancellable delay store for Celery on Redis."""
 
-from .envelope import Job
 from .errors import (
     ConfigurationError,
     DamagedShard,
@@ -16,6 +15,7 @@ from .errors import (
 )
 from .extension import DelayedResult, DelayQ
 from .http import http_callback  # the current app's task; DelayQ(app) registers it
+from .job import Job
 from .store import CancelOutcome
 from .task import DelayedTask
 

@@ -20,26 +20,27 @@ Fields of the first line (absent when empty)::
 Arguments sit on lines of their own so promotion can put them into a message body
 verbatim, in Python and in the direct promotion script (Lua's cjson would round numbers to
 14 digits and turn ``[]`` into ``{}`` if it decoded and re-encoded them).
+
+:mod:`decoding` reads the text back; :class:`~celery_delayq.job.Job` is a stored job as
+the API lists it.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import Any
 
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
-from kombu.utils.json import JSONEncoder, object_hook
+from kombu.utils.json import JSONEncoder
 
-from .conf import MAX_NESTING
+from .decoding import RESERVED_PROPERTIES, decode_fields, nesting
 from .errors import PayloadError, UnknownQueue
 from .keys import new_job_id, pack_id
-from .reading import datetime_of_ms, is_text, printable
 
 #: Headers the carrier adds to every promoted message; a retry carries them back.
 HEADER_JOB = "delayq_job"
@@ -61,25 +62,18 @@ _MESSAGE = (
 )
 # Values create_task_message uses when an option is absent.
 _MESSAGE_DEFAULTS = {"retries": 0, "replaced_task_nesting": 0, "ignore_result": False}
-# First-line fields that name something (task, task id, key, queue, exchange, routing key).
-_NAMES = ("t", "i", "y", "q", "x", "r")
 # Routing options consumed by build (never stored as properties).
 _ROUTING = frozenset({"queue", "exchange", "routing_key", "exchange_type"})
-# Properties a caller may not set: the payload is always JSON.
-_RESERVED = frozenset({"content_type", "content_encoding", "serializer"})
 _JSON = "json"
 ORIGIN = anon_nodename()  # the promoting process, as Celery names a producer
-# kombu's dumps() and loads() build an encoder / decoder per call; these do the same
-# (datetime, UUID, Decimal ... as kombu encodes them), compact, built once. NaN and
-# Infinity are refused: they are not JSON, and the direct promotion script could not
-# pass them on.
+# kombu's dumps() builds an encoder per call; these do the same (datetime, UUID,
+# Decimal ... as kombu encodes them), compact, built once. NaN and Infinity are refused:
+# they are not JSON, and the direct promotion script could not pass them on.
 encode_json = JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 #: One value as canonical JSON (keys sorted): equal values, equal text. What
 #: ``pending(args_contains=...)`` compares a call's argument values by.
 canonical_json = JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False).encode
-_json_decode = json.JSONDecoder(object_hook=object_hook).decode
-# The tokens that nest (and strings, skipped whole), and the escapes of a JSON text.
-_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+# The escapes of a JSON text.
 _ESCAPE = re.compile(r"\\(?:u(d[89a-f][0-9a-f]{2})|.)")
 
 
@@ -161,7 +155,7 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
             f"celery-delayq stores task calls as JSON only; {name} uses serializer "
             f"{serializer!r}. Set serializer='json' on the task or task_serializer='json'."
         )
-    reserved = _RESERVED & options.keys()
+    reserved = RESERVED_PROPERTIES & options.keys()
     if reserved:
         raise PayloadError(f"options {sorted(reserved)} cannot be set: payloads are JSON only")
 
@@ -231,7 +225,7 @@ def _check_args(args, kwargs) -> list:
 
 def encode(env: dict[str, Any]) -> str:
     """The stored text of an envelope (see the module docstring); the inverse of
-    :func:`decode`."""
+    :func:`decoding.decode`."""
     name = env.get("t")
     fields = _encode_fields({k: v for k, v in env.items() if k not in ("a", "k")}, name)
     return _join(fields, env.get("a"), env.get("k"), name)
@@ -280,7 +274,7 @@ def _check_readable(encoded: str, name: str, max_nesting: int) -> None:
     """Refuse what a carrier could not read back: lists and objects nested deeper than
     ``delayq_max_nesting``, strings holding half of a surrogate pair."""
     if encoded.count("[") + encoded.count("{") > max_nesting and \
-            _nesting(encoded) > max_nesting:
+            nesting(encoded) > max_nesting:
         raise PayloadError(
             f"arguments or options of {name} are nested more than delayq_max_nesting="
             f"{max_nesting} levels deep; flatten them or raise the setting")
@@ -288,27 +282,6 @@ def _check_readable(encoded: str, name: str, max_nesting: int) -> None:
         raise PayloadError(
             f"arguments or options of {name} hold a lone surrogate (half of a UTF-16 pair), "
             "which is not text; decode the bytes they came from properly")
-
-
-def _decode_json(text: str) -> Any:
-    """A stored JSON text as Python, nested at most ``MAX_NESTING`` deep (what every
-    carrier and worker can decode): deeper is a :class:`RecursionError`, as the json module
-    raises one at a depth that depends on the Python version (3.13 decodes 985 levels)."""
-    if text.count("[") + text.count("{") > MAX_NESTING and _nesting(text) > MAX_NESTING:
-        raise RecursionError(f"nested more than {MAX_NESTING} levels deep")
-    return _json_decode(text)
-
-
-def _nesting(text: str) -> int:
-    """How deep lists and objects nest in a JSON text (or several, one per line)."""
-    depth = deepest = 0
-    for token in _NESTING.findall(text):
-        if token in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif token in "]}":
-            depth -= 1
-    return deepest
 
 
 def _lone_surrogate(text: str) -> bool:
@@ -373,131 +346,3 @@ def _absolute(expires) -> str:
     if expires.tzinfo is None or expires.utcoffset() is None:
         expires = expires.replace(tzinfo=timezone.utc)  # naive is UTC, as Celery reads it
     return expires.isoformat()
-
-
-def split(raw: str | bytes | None) -> tuple[str, str, str]:
-    """A stored envelope's three lines: first line, args and kwargs ("" when absent)."""
-    if raw is None:
-        raise PayloadError("envelope missing")
-    try:  # the store reads bytes that are not UTF-8 as lone surrogates
-        if isinstance(raw, bytes):
-            raw = raw.decode()
-        elif not raw.isascii():
-            raw.encode()
-    except (UnicodeDecodeError, UnicodeEncodeError) as exc:
-        raise PayloadError(f"envelope is not valid UTF-8 ({exc.reason})") from exc
-    fields, args, kwargs = [*raw.split("\n", 2), "", ""][:3]
-    return fields, args, kwargs
-
-
-def decode_fields(line: str) -> dict[str, Any]:
-    """An envelope's first line; :class:`PayloadError` says why it is unusable."""
-    try:
-        env = _decode_json(line)
-    except (ValueError, RecursionError) as exc:
-        raise _unreadable(exc) from exc
-    if not isinstance(env, dict) or not isinstance(env.get("t"), str) or not env["t"]:
-        raise PayloadError("envelope has no task name")
-    names = [env[name] for name in _NAMES if name in env]
-    if any(not isinstance(name, str) for name in names):
-        raise PayloadError("envelope fields have the wrong type")
-    if any(not name.isascii() and not is_text(name) for name in names):
-        raise PayloadError("envelope names hold a lone surrogate: they are not text")
-    if {"a", "k"} & env.keys() or any(not isinstance(env.get(name, {}), dict)
-                                      for name in ("o", "h", "p")):
-        raise PayloadError("envelope fields have the wrong type")
-    if _RESERVED & set(env.get("p", {})):
-        raise PayloadError("envelope sets a content type; only JSON payloads are published")
-    return env
-
-
-def decode_arguments(args: str, kwargs: str) -> tuple[list, dict]:
-    """An envelope's args and kwargs lines; :class:`PayloadError` says why unusable."""
-    try:
-        decoded = _decode_json(args) if args else [], _decode_json(kwargs) if kwargs else {}
-    except (ValueError, RecursionError) as exc:
-        raise _unreadable(exc) from exc
-    if not isinstance(decoded[0], list) or not isinstance(decoded[1], dict):
-        raise PayloadError("envelope args/kwargs have the wrong type")
-    return decoded
-
-
-def _unreadable(exc: Exception) -> PayloadError:
-    if isinstance(exc, RecursionError):
-        return PayloadError("envelope is nested too deeply to decode")
-    return PayloadError(f"envelope is not valid JSON: {exc}")
-
-
-def decode(raw: str | bytes | None) -> dict[str, Any]:
-    """Parse a stored envelope into its fields plus ``a`` (args) and ``k`` (kwargs);
-    :class:`PayloadError` says why it is unusable."""
-    fields, args, kwargs = split(raw)
-    env = decode_fields(fields)
-    env["a"], env["k"] = decode_arguments(args, kwargs)
-    return env
-
-
-@dataclass(frozen=True)
-class Job:
-    """A stored job as listed by ``DelayQ.get`` / ``DelayQ.pending``.
-
-    ``unreadable`` says why the stored job cannot be read ("" when it can); such a job has
-    no task and its stored envelope is in ``options["envelope"]``. ``held`` says what holds a
-    due job back ("paused" or "rate limit"); it is still pending.
-    """
-
-    job_id: str
-    task_id: str
-    task: str
-    args: list
-    kwargs: dict
-    key: str | None
-    queue: str
-    due: datetime | None
-    state: str
-    shard: int
-    options: dict[str, Any] = field(default_factory=dict)
-    unreadable: str = ""
-    held: str = ""  # due and held back: "paused" or "rate limit" (see held.py)
-
-    @property
-    def paused(self) -> bool:
-        """Due, and held by a pause of its task or queue."""
-        return self.held == "paused"
-
-    @classmethod
-    def from_envelope(cls, job_id: str, raw, due_ms: float | None, state: str,
-                      shard: int, default_queue: str = "") -> Job:
-        """The job stored as ``raw``, due at ``due_ms``; :class:`PayloadError` says why it
-        cannot be read."""
-        due = None if due_ms is None else datetime_of_ms(due_ms)
-        if due_ms is not None and due is None:
-            raise PayloadError(f"due time {due_ms!r} ms is not a time between years 1 and 9999")
-        env = decode(raw)
-        return cls(
-            job_id=job_id, task_id=env.get("i", job_id), task=env["t"],
-            args=env.get("a", []), kwargs=env.get("k", {}), key=env.get("y"),
-            queue=env.get("q") or default_queue, state=state, shard=shard, due=due,
-            options={k: env[k] for k in ("o", "h", "p") if k in env},
-        )
-
-    @classmethod
-    def read(cls, job_id: str, raw, due_ms: float | None, state: str, shard: int,
-             default_queue: str = "") -> Job:
-        """:meth:`from_envelope`, or a job that says why it is ``unreadable``."""
-        try:
-            return cls.from_envelope(job_id, raw, due_ms, state, shard, default_queue)
-        except PayloadError as exc:
-            return cls(job_id=job_id, task_id=job_id, task="", args=[], kwargs={}, key=None,
-                       queue="", due=datetime_of_ms(due_ms), state=state, shard=shard,
-                       options={"envelope": printable(raw) if isinstance(raw, str) else raw},
-                       unreadable=str(exc))
-
-    @classmethod
-    def dead(cls, job_id: str, entry: dict[str, Any], shard: int,
-             default_queue: str = "") -> Job:
-        """A dead-lettered job (``entry`` as :meth:`Store.dead` lists it); its envelope may
-        be the unreadable reason it died."""
-        job = cls.read(job_id, entry["envelope"] or None, None, "dead", shard, default_queue)
-        job.options["dead_reason"] = entry["reason"]
-        return job

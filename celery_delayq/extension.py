@@ -16,17 +16,10 @@ from vine import promise
 
 from . import journal, pausing, ratelimit, revoke, validation
 from .conf import DelayQConfig
-from .envelope import (
-    Call,
-    Job,
-    Template,
-    build,
-    decode_arguments,
-    routes_depend_on_arguments,
-    split,
-    template,
-)
+from .decoding import decode_arguments, split
+from .envelope import Call, Template, build, routes_depend_on_arguments, template
 from .errors import InvalidOption, JobExists
+from .job import Job
 from .publishing import Publishing, Sent
 from .reading import counted, datetime_of_ms, utc_of_ms
 from .store import CancelOutcome, ScheduleCode, Store

@@ -20,17 +20,8 @@ from typing import Any, NamedTuple
 
 from celery.utils.saferepr import saferepr
 
-from .envelope import (
-    HEADER_DUE,
-    HEADER_JOB,
-    HEADER_KEY,
-    HEADER_SHARD,
-    ORIGIN,
-    decode_arguments,
-    decode_fields,
-    encode_json,
-    split,
-)
+from .decoding import decode_arguments, decode_fields, split
+from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, ORIGIN, encode_json
 from .errors import PayloadError
 from .reading import MAX_MS, MIN_MS, is_text
 

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 from celery import signals
 from kombu.utils.json import loads
 
-from .envelope import Call, decode_fields, with_headers
+from .decoding import decode_fields
+from .envelope import Call, with_headers
 from .message import Message, MessageBuilder
 from .validation import Due
 

@@ -11,8 +11,9 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from ..envelope import Job, canonical_json
+from ..envelope import canonical_json
 from ..held import NOT_HELD, RANGES, split_score
+from ..job import Job
 from ..keys import KEY_TYPES, ShardKeys, pack_id, raw_id
 from ..reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
 from .base import SCAN_CHUNK, StoreBase

@@ -35,10 +35,10 @@ from celery.utils.imports import symbol_by_name
 from kombu.utils.json import loads
 
 from .. import journal
-from ..envelope import Job
 from ..errors import DelayQError
 from ..events import Event
 from ..extension import DelayQ
+from ..job import Job
 from ..message import Message
 from ..publisher import Publisher
 from ..reading import utc_of_ms

@@ -17,7 +17,7 @@ def test_every_error_of_the_hierarchy_is_exported_from_the_package_root():
 
 
 def test_returned_types_are_exported_from_the_package_root():
-    from celery_delayq.envelope import Job
+    from celery_delayq.job import Job
     from celery_delayq.store import CancelOutcome
 
     assert celery_delayq.Job is Job and celery_delayq.CancelOutcome is CancelOutcome

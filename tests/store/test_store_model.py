@@ -36,7 +36,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from celery_delayq import envelope
+from celery_delayq import decoding
 from celery_delayq.errors import InvalidOption, JobExists
 from celery_delayq.keys import pack_id
 from celery_delayq.store import CancelOutcome, Claimed, Promoted, ShardClaim
@@ -308,7 +308,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert sorted(job.job_id for _, job in claimed) == sorted(due)
         for shard, claimed_job in claimed:
             job = self.jobs[claimed_job.job_id]
-            fields = envelope.decode(claimed_job.envelope)
+            fields = decoding.decode(claimed_job.envelope)
             call = Call(fields["t"], fields.get("y"), fields.get("i", claimed_job.job_id))
             assert (call, claimed_job.due_ms) == (job.stored, job.due_ms)
             job.due_ms = None
@@ -426,7 +426,7 @@ class StoreMachine(RuleBasedStateMachine):
         dead = {entry["job_id"]: entry for entry in self.store.dead(limit=BATCH)}
         assert dead.keys() == {job_id for job_id, job in self.jobs.items() if job.dead}
         for job_id, entry in dead.items():
-            fields = envelope.decode(entry["envelope"])
+            fields = decoding.decode(entry["envelope"])
             assert (fields["t"], fields.get("y")) == (self.jobs[job_id].dead.task,
                                                       self.jobs[job_id].dead.key)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_delayq import envelope
+from celery_delayq import decoding
 from celery_delayq.errors import PayloadError
 from celery_delayq.keys import Keyspace
 
@@ -14,19 +14,19 @@ from .calls import UNUSABLE_ENVELOPES, build
 def test_small_call_is_stored_compactly(app):
     call = build(app, key="order:42")
     assert call.envelope == '{"t":"unit.plain","y":"order:42"}\n[42]\n'
-    assert envelope.decode(call.envelope) == {"t": "unit.plain", "a": [42], "k": {},
+    assert decoding.decode(call.envelope) == {"t": "unit.plain", "a": [42], "k": {},
                                               "y": "order:42"}
     assert call.job_id == call.task_id
 
 
 def test_the_default_queue_is_not_stored(app):
-    assert "q" not in envelope.decode(build(app).envelope)
-    assert envelope.decode(build(app, queue="refunds").envelope)["q"] == "refunds"
+    assert "q" not in decoding.decode(build(app).envelope)
+    assert decoding.decode(build(app, queue="refunds").envelope)["q"] == "refunds"
 
 
 def test_routing_is_resolved_at_schedule_time(app):
-    assert envelope.decode(build(app, "unit.routed").envelope)["q"] == "refunds"
-    env = envelope.decode(build(app, queue="topical").envelope)
+    assert decoding.decode(build(app, "unit.routed").envelope)["q"] == "refunds"
+    env = decoding.decode(build(app, queue="topical").envelope)
     assert (env["q"], env["x"], env["r"]) == ("topical", "events", "shop.#")
 
 
@@ -50,7 +50,7 @@ def test_pickle_serializer_is_refused(app):
 @pytest.mark.parametrize("raw", UNUSABLE_ENVELOPES)
 def test_unusable_envelopes_are_reported_not_published(raw):
     with pytest.raises(PayloadError):
-        envelope.decode(raw)
+        decoding.decode(raw)
 
 
 def test_keys_of_one_shard_share_one_cluster_slot():

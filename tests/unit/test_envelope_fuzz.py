@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_delayq import envelope
+from celery_delayq import decoding
 from celery_delayq.errors import PayloadError
 from celery_delayq.message import MessageBuilder
 
@@ -131,28 +131,28 @@ FOUND = [
 
 @pytest.mark.parametrize("raw", FOUND, ids=lambda raw: repr(raw)[:40])
 def test_envelopes_found_by_fuzzing_raise_nothing_but_payload_error(app, raw):
-    only_payload_errors(envelope.decode, raw)
+    only_payload_errors(decoding.decode, raw)
     only_payload_errors(MessageBuilder(app).build, "job", raw, shard=0, due_ms=0)
 
 
 @FUZZ
 @given(raw=RAW)
 def test_decode_raises_nothing_but_payload_error(raw):
-    only_payload_errors(envelope.decode, raw)
+    only_payload_errors(decoding.decode, raw)
     try:
-        line, args, kwargs = envelope.split(raw)
+        line, args, kwargs = decoding.split(raw)
     except PayloadError:
         return
-    only_payload_errors(envelope.decode_fields, line)
-    only_payload_errors(envelope.decode_arguments, args, kwargs)
+    only_payload_errors(decoding.decode_fields, line)
+    only_payload_errors(decoding.decode_arguments, args, kwargs)
 
 
 @FUZZ
 @given(line=LINE, args=LINE, kwargs=LINE)
 def test_decode_parts_raise_nothing_but_payload_error(line, args, kwargs):
-    only_payload_errors(envelope.decode_fields, line)
-    only_payload_errors(envelope.decode_arguments, args, kwargs)
-    only_payload_errors(envelope.decode_arguments, args, "")
+    only_payload_errors(decoding.decode_fields, line)
+    only_payload_errors(decoding.decode_arguments, args, kwargs)
+    only_payload_errors(decoding.decode_arguments, args, "")
 
 
 @FUZZ

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from kombu.utils.json import loads
 
-from celery_delayq.envelope import ORIGIN, decode
+from celery_delayq.decoding import decode
+from celery_delayq.envelope import ORIGIN
 from celery_delayq.errors import PayloadError
 from celery_delayq.message import MessageBuilder, eta_header
 

@@ -19,8 +19,8 @@ from datetime import datetime
 from django.db import DatabaseError, transaction
 
 from celery_delayq import DelayQ, DelayQError
-from celery_delayq.envelope import Job
 from celery_delayq.events import Event
+from celery_delayq.job import Job
 from celery_delayq.keys import ShardKeys
 from celery_delayq.reading import Unreadable, datetime_of_ms, is_text
 from celery_delayq.stopping import StopFlag

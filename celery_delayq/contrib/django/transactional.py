@@ -19,7 +19,8 @@ from django.db import router, transaction
 from django.utils import timezone as dj_timezone
 
 from celery_delayq import DelayedResult, DelayQ, DelayQError
-from celery_delayq.envelope import Call, decode
+from celery_delayq.decoding import decode
+from celery_delayq.envelope import Call
 from celery_delayq.errors import JobExists
 from celery_delayq.reading import utc_of_ms
 from celery_delayq.validation import Due
