@@ -13,9 +13,10 @@ from .errors import (
     StoreUnavailable,
     UnknownQueue,
 )
-from .extension import DelayedResult, DelayQ
+from .extension import DelayQ
 from .http import http_callback  # the current app's task; DelayQ(app) registers it
 from .job import Job
+from .result import DelayedResult
 from .store import CancelOutcome
 from .task import DelayedTask
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -10,25 +9,24 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from celery.result import AsyncResult, EagerResult
 from celery.utils.time import maybe_make_aware
-from vine import promise
 
-from . import journal, pausing, ratelimit, revoke, validation
+from . import journal, revoke, validation
 from .conf import DelayQConfig
 from .decoding import decode_arguments, split
 from .envelope import Call, Template, build, routes_depend_on_arguments, template
 from .errors import InvalidOption, JobExists
+from .holding import Holding
 from .job import Job
 from .publishing import Publishing, Sent
-from .reading import counted, datetime_of_ms, utc_of_ms
+from .reading import datetime_of_ms, utc_of_ms
+from .result import DelayedResult, EagerDelayedResult
 from .store import CancelOutcome, ScheduleCode, Store
 from .validation import Due
 
 if TYPE_CHECKING:
     from celery import Celery
 
-logger = logging.getLogger("celery_delayq")
 _ATTR = "_delayq"
 _create_lock = threading.Lock()
 
@@ -37,63 +35,11 @@ _ITEM_FIELDS = frozenset({"args", "kwargs", "delay", "eta", "key", "job_id"})
 Interceptor = Callable[["DelayQ", Call, Due, str], "DelayedResult | None"]
 
 
-class DelayedResult(AsyncResult):
-    """The ``AsyncResult`` of a delayed task, plus its job id, due time and ``cancel()``."""
-
-    def __init__(self, id: str, job_id: str, eta: datetime | None, delayq: DelayQ,
-                 key: str | None = None, parent: AsyncResult | None = None) -> None:
-        # AsyncResult.__init__ but for on_ready (a promise holding a weak method, a large
-        # share of apply_delayed_many's time), built when first used: most are never awaited.
-        self.app = delayq.app
-        self.id = id
-        self.backend = delayq.app.backend
-        self.parent = parent
-        self._cache = None
-        self._ignored = False
-        self.job_id = job_id
-        self.eta = eta
-        self.key = key
-        self._delayq = delayq
-
-    @cached_property
-    def on_ready(self) -> promise:
-        return promise(self._on_fulfilled, weak=True)
-
-    def __reduce_args__(self) -> tuple:  # what pickle rebuilds it from
-        return self.id, self.job_id, self.eta, self._delayq, self.key, self.parent
-
-    def __copy__(self) -> DelayedResult:
-        return DelayedResult(*self.__reduce_args__())
-
-    def cancel(self) -> bool:
-        """True if the job was still pending and is now cancelled (its result REVOKED);
-        False if too late."""
-        outcome = self._delayq.cancel_outcome(self.job_id, self.key, task_id=self.id)
-        return outcome is CancelOutcome.CANCELLED
-
-    def revoke(self, *args: Any, **kwargs: Any) -> None:
-        """Cancel the job if it is still stored, then revoke it as Celery does (which stops
-        it if it was promoted already)."""
-        self._delayq.cancel_outcome(self.job_id, self.key, by="revoke", task_id=self.id)
-        super().revoke(*args, **kwargs)
-
-
-class EagerDelayedResult(EagerResult):
-    """What a delayed call returns with ``task_always_eager``: the task has run already,
-    so :meth:`cancel` is too late."""
-
-    def __init__(self, *args: Any, job_id: str, eta: datetime, key: str | None) -> None:
-        super().__init__(*args)
-        self.job_id, self.eta, self.key = job_id, eta, key
-
-    def cancel(self) -> bool:
-        return False
-
-
-class DelayQ:
+class DelayQ(Holding):
     """The delay store of a Celery app: schedule, inspect, cancel and re-time jobs.
 
     Create one per app (``DelayQ(app)``); later code reaches it as ``DelayQ.of(app)``.
+    Pausing and rate limits are :class:`~celery_delayq.holding.Holding`'s methods.
     """
 
     app: Celery
@@ -393,60 +339,3 @@ class DelayQ:
     def run_now(self, job_id: str, key: str | None = None) -> bool:
         """Make a pending job due now; False if it is no longer pending."""
         return self.reschedule(job_id, delay=0, key=key) is not None
-
-
-    # -- pausing -----------------------------------------------------------------------
-
-    def pause(self, *, task: str | None = None, queue: str | None = None,
-              by: str = "api") -> None:
-        """Hold the due jobs of a task or a queue (pass one) until :meth:`resume`; they
-        stay pending, listed, cancellable and reschedulable. Every carrier obeys it from
-        its next claim round; ``by`` (who did it) is journaled."""
-        field = pausing.field(task, queue)
-        self.store.pause(field, by)
-        logger.info("paused %s (by %s): its due jobs are held until resumed",
-                    field.replace(":", " ", 1), by)
-
-    def resume(self, *, task: str | None = None, queue: str | None = None,
-               by: str = "api") -> int:
-        """End a pause; its held jobs fall due again (the carrier promotes them oldest
-        first). Returns how many held jobs were given back."""
-        field = pausing.field(task, queue)
-        released = self.store.resume(field, by)
-        logger.info("resumed %s (by %s): %s given back", field.replace(":", " ", 1), by,
-                    counted(released, "held job"))
-        return released
-
-    def paused(self) -> dict[str, list[str]]:
-        """What is paused: ``{"tasks": [...], "queues": [...]}``."""
-        return pausing.listing(self.store.paused())
-
-    # -- rate limits -------------------------------------------------------------------
-
-    def set_rate_limit(self, queue: str, rate: str | float | None, *, by: str = "api") -> int:
-        """Promote at most ``rate`` jobs of ``queue`` (Celery's rate string: ``"200/s"``,
-        ``"30/m"``, ``"1000/h"``) across every carrier, oldest due first; None removes the
-        limit (and the ``delayq_rate_limits`` default of it). Returns how many held jobs a
-        removal gave back (due again)."""
-        pausing.field(None, queue)  # a queue name, as a pause takes it
-        limit = (ratelimit.OFF if rate is None
-                 else ratelimit.bucket(rate, self.config.shards))
-        released = self.store.set_rate_limit(queue, limit, by)
-        logger.info("rate limit of queue %s: %s (by %s)", queue,
-                    "none" if rate is None else ratelimit.text(rate), by)
-        return released
-
-    def rate_limits(self) -> dict[str, str]:
-        """The live rate limits: ``{"refunds": "200/s"}``."""
-        return {queue: value.rsplit(" ", 1)[-1]
-                for queue, value in sorted(self.store.rate_limits().items())
-                if value != ratelimit.OFF}
-
-    def apply_default_rate_limits(self) -> None:
-        """Set each ``delayq_rate_limits`` entry that Redis has no live value of (a carrier
-        does this as it starts; a limit removed since stays removed)."""
-        live = self.store.rate_limits()
-        for queue, rate in self.config.rate_limits.items():
-            if queue not in live:
-                self.set_rate_limit(queue, rate, by="delayq_rate_limits")
-

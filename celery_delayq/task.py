@@ -8,7 +8,8 @@ from typing import Any
 
 from celery import Task
 
-from .extension import DelayedResult, DelayQ
+from .extension import DelayQ
+from .result import DelayedResult
 
 
 class DelayedTask(Task):

@@ -10,7 +10,7 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from celery_delayq import DelayQ
-from celery_delayq.extension import DelayedResult
+from celery_delayq.result import DelayedResult
 
 
 def test_delayed_result_has_every_attribute_async_result_sets():

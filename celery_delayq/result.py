@@ -1,0 +1,70 @@
+"""What a delayed call returns: :class:`DelayedResult` (Celery's ``AsyncResult`` of the
+task, with its job id, due time and ``cancel()``), or :class:`EagerDelayedResult` when
+``task_always_eager`` ran the task at once."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from celery.result import AsyncResult, EagerResult
+from vine import promise
+
+from .store import CancelOutcome
+
+if TYPE_CHECKING:
+    from .extension import DelayQ
+
+
+class DelayedResult(AsyncResult):
+    """The ``AsyncResult`` of a delayed task, plus its job id, due time and ``cancel()``."""
+
+    def __init__(self, id: str, job_id: str, eta: datetime | None, delayq: DelayQ,
+                 key: str | None = None, parent: AsyncResult | None = None) -> None:
+        # AsyncResult.__init__ but for on_ready (a promise holding a weak method, a large
+        # share of apply_delayed_many's time), built when first used: most are never awaited.
+        self.app = delayq.app
+        self.id = id
+        self.backend = delayq.app.backend
+        self.parent = parent
+        self._cache = None
+        self._ignored = False
+        self.job_id = job_id
+        self.eta = eta
+        self.key = key
+        self._delayq = delayq
+
+    @cached_property
+    def on_ready(self) -> promise:
+        return promise(self._on_fulfilled, weak=True)
+
+    def __reduce_args__(self) -> tuple:  # what pickle rebuilds it from
+        return self.id, self.job_id, self.eta, self._delayq, self.key, self.parent
+
+    def __copy__(self) -> DelayedResult:
+        return DelayedResult(*self.__reduce_args__())
+
+    def cancel(self) -> bool:
+        """True if the job was still pending and is now cancelled (its result REVOKED);
+        False if too late."""
+        outcome = self._delayq.cancel_outcome(self.job_id, self.key, task_id=self.id)
+        return outcome is CancelOutcome.CANCELLED
+
+    def revoke(self, *args: Any, **kwargs: Any) -> None:
+        """Cancel the job if it is still stored, then revoke it as Celery does (which stops
+        it if it was promoted already)."""
+        self._delayq.cancel_outcome(self.job_id, self.key, by="revoke", task_id=self.id)
+        super().revoke(*args, **kwargs)
+
+
+class EagerDelayedResult(EagerResult):
+    """What a delayed call returns with ``task_always_eager``: the task has run already,
+    so :meth:`cancel` is too late."""
+
+    def __init__(self, *args: Any, job_id: str, eta: datetime, key: str | None) -> None:
+        super().__init__(*args)
+        self.job_id, self.eta, self.key = job_id, eta, key
+
+    def cancel(self) -> bool:
+        return False
