@@ -38,7 +38,7 @@ from .memory import CarrierGuard
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
 from .publisher import Publisher
-from .reading import counted
+from .reading import counted, elapsed
 from .stopping import StopFlag
 from .store import ClaimAhead, Promoted, ShardClaim
 
@@ -240,8 +240,8 @@ class Carrier:
             self.metrics.observe_promoted(lateness)
         lateness.sort()
         self.stats.promoted += len(lateness)
-        logger.info("promoted %s; lateness p50 %.1f ms, max %.1f ms", counted(len(lateness), "job"),
-                    lateness[len(lateness) // 2], lateness[-1])
+        logger.info("promoted %s; lateness p50 %s, max %s", counted(len(lateness), "job"),
+                    elapsed(lateness[len(lateness) // 2]), elapsed(lateness[-1]))
 
     @cached_property
     def _memory(self) -> CarrierGuard:

@@ -66,6 +66,17 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+_UNITS = ((86_400_000, "d"), (3_600_000, "h"), (60_000, "min"), (1_000, "s"))
+
+
+def elapsed(ms: float) -> str:
+    """A duration in the unit that reads best: ``3.2 ms``, ``1.5 s``, ``2.0 min``, ``329.1 d``."""
+    for size, unit in _UNITS:
+        if abs(ms) >= size:
+            return f"{ms / size:.1f} {unit}"
+    return f"{ms:.1f} ms"
+
+
 def printable(value: str) -> str:
     """``value`` with the bytes that were not UTF-8 shown as ``\\xNN``."""
     return value.encode(errors="surrogateescape").decode(errors="backslashreplace")

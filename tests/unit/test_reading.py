@@ -1,0 +1,23 @@
+"""How reading.py words values for people: counts and durations."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_delayq.reading import counted, elapsed
+
+
+@pytest.mark.parametrize(("ms", "text"), [
+    (0, "0.0 ms"), (3.25, "3.2 ms"), (999.9, "999.9 ms"), (1_500, "1.5 s"),
+    (59_940, "59.9 s"), (90_000, "1.5 min"), (5_400_000, "1.5 h"),
+    (28_434_775_300, "329.1 d"), (-2_000, "-2.0 s"),
+])
+def test_a_duration_is_worded_in_the_unit_that_reads_best(ms, text):
+    """A job scheduled with an eta years past is promoted at once; the carrier's log says
+    '329.1 d' late, not '28434775300.0 ms'."""
+    assert elapsed(ms) == text
+
+
+def test_counts_are_singular_for_one():
+    assert (counted(1, "job"), counted(2, "job"), counted(0, "job")) == ("1 job", "2 jobs",
+                                                                          "0 jobs")
