@@ -2,7 +2,9 @@
 
 Each example starts from an empty store and runs a random sequence of schedule /
 schedule_many (if_exists keep, replace, error), cancel, cancel_key, reschedule, run_now,
-claim (every shard), ack, recover (expired leases), release, dead_letter and replay, with
+claim (every shard), ack, recover (expired leases), release, dead_letter, replay, and pause /
+resume of a task or of the default queue (a claim holds a due job of what is paused: it
+stays pending, listed as paused, until a resume, a reschedule or a replace), with
 job ids and business keys chosen to collide: ids that differ only by case, UUIDs in
 canonical form (stored packed), ``~``-prefixed ids and an id equal to another's packed form,
 unicode. After every step, what the store says (``get``, ``pending`` in due order, by key
@@ -84,6 +86,7 @@ class Model:
     # envelope there), and may be claimed on its new shard meanwhile: two leases.
     leases: dict[int, Lease] = field(default_factory=dict)
     dead: Call | None = None  # dead-lettered
+    held: bool = False  # pending, due, and held by a pause (a claim found it paused)
 
 
 @dataclass
@@ -107,6 +110,7 @@ class Expected:
 ids = st.sampled_from(JOB_IDS)
 keys = st.sampled_from(KEYS)
 tasks = st.sampled_from(TASKS)
+pauses = st.sampled_from([("task", task) for task in TASKS] + [("queue", None)])
 
 
 def ms_of(moment: datetime | None) -> int | None:
@@ -133,6 +137,7 @@ class StoreMachine(RuleBasedStateMachine):
             self.store.client.delete(*stale)
         self.jobs: dict[str, Model] = {job_id: Model() for job_id in JOB_IDS}
         self.held: list[Held] = []
+        self.paused: set[str] = set()  # pausing.field of each pause in force
         self.cancelled = 0
         self.seq = 0
         self.scheduled: set[str] = set()  # ids, keys and tasks ever scheduled: the others
@@ -161,7 +166,7 @@ class StoreMachine(RuleBasedStateMachine):
             if if_exists == "error":
                 return Expected("conflict")
             return Expected("kept", job.stored, job.due_ms)
-        job.stored, job.due_ms = call, due_ms
+        job.stored, job.due_ms, job.held = call, due_ms, False
         return Expected("created", call, due_ms)
 
     @staticmethod
@@ -184,6 +189,11 @@ class StoreMachine(RuleBasedStateMachine):
         due_ms = ms_of(job.due)
         assert before_ms <= due_ms <= after_ms
         return due_ms
+
+    def pausing(self, call: Call) -> bool:
+        """Whether a pause in force holds a due job of this call."""
+        return bool({f"task:{call.task}", f"queue:{self.delayq.config.default_queue}"}
+                    & self.paused)
 
     def home(self, job_id: str) -> int | None:
         """The shard of the job's envelope, if it has one."""
@@ -255,7 +265,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert outcome is (CancelOutcome.TOO_LATE if job.leases else
                                CancelOutcome.CANCELLED)
             self.cancelled += 1
-            job.due_ms = None
+            job.due_ms, job.held = None, False
             if self.home(job_id) not in job.leases:  # else kept for the carrier's ack
                 job.stored = None
         elif job.leases:
@@ -270,7 +280,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.delayq.cancel_key(key) == len(pending)
         for job_id in pending:
             job = self.jobs[job_id]
-            job.due_ms = None
+            job.due_ms, job.held = None, False
             if self.home(job_id) not in job.leases:
                 job.stored = None
         self.cancelled += len(pending)
@@ -284,7 +294,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert new_due is None
         else:
             assert new_due == eta
-            job.due_ms = ms_of(eta)
+            job.due_ms, job.held = ms_of(eta), False
 
     @rule(job_id=ids)
     def run_now(self, job_id) -> None:
@@ -292,7 +302,27 @@ class StoreMachine(RuleBasedStateMachine):
         job = self.jobs[job_id]
         assert self.delayq.run_now(job_id) is (job.due_ms is not None)
         if job.due_ms is not None:
-            job.due_ms = self.due_now(job_id, before_ms)
+            job.due_ms, job.held = self.due_now(job_id, before_ms), False
+
+    # -- pausing -----------------------------------------------------------------------
+
+    @rule(what=pauses)
+    def pause(self, what) -> None:
+        kind, name = what
+        name = name or self.delayq.config.default_queue
+        self.delayq.pause(**{kind: name}, by="model")
+        self.paused.add(f"{kind}:{name}")
+
+    @rule(what=pauses)
+    def resume(self, what) -> None:
+        """Every held job no pause in force holds any more is due again."""
+        kind, name = what
+        name = name or self.delayq.config.default_queue
+        self.paused.discard(f"{kind}:{name}")
+        freed = [job for job in self.jobs.values() if job.held and not self.pausing(job.stored)]
+        assert self.delayq.resume(**{kind: name}, by="model") == len(freed)
+        for job in freed:
+            job.held = False
 
     # -- carrier side ------------------------------------------------------------------
 
@@ -304,6 +334,9 @@ class StoreMachine(RuleBasedStateMachine):
         assert [c.error for c in claims if c.error] == []
         due = {job_id for job_id, job in self.jobs.items()
                if job.due_ms is not None and job.due_ms <= now_ms}
+        for job_id in due:
+            self.jobs[job_id].held = self.pausing(self.jobs[job_id].stored)
+        due = {job_id for job_id in due if not self.jobs[job_id].held}
         claimed = [(c.shard, job) for c in claims for job in c.jobs]
         assert sorted(job.job_id for _, job in claimed) == sorted(due)
         for shard, claimed_job in claimed:
@@ -397,6 +430,11 @@ class StoreMachine(RuleBasedStateMachine):
         assert [due for due, _, _ in got] == sorted(due for due, _, _ in got), "not in due order"
         assert sorted(got) == want
 
+    @staticmethod
+    def assert_first_due(listed, want, limit: int) -> None:
+        """A listing cut by ``limit`` holds the earliest due jobs, held ones included."""
+        assert [ms_of(j.due) for j in listed] == [due for due, _, _ in want[:limit]]
+
     @invariant()
     def jobs_agree(self) -> None:
         for job_id in sorted(self.scheduled):
@@ -405,7 +443,8 @@ class StoreMachine(RuleBasedStateMachine):
                 assert job is not None, f"{job_id!r} is missing"
                 state = "scheduled" if model.due_ms is not None else "claimed"
                 assert (job.job_id, job.state, Call(job.task, job.key, job.task_id),
-                        ms_of(job.due)) == (job_id, state, model.stored, model.due_ms)
+                        ms_of(job.due), job.paused) == (job_id, state, model.stored,
+                                                        model.due_ms, model.held)
                 if model.stored.key:
                     assert self.delayq.get(job_id, key=model.stored.key) == job
             elif model.dead is not None:
@@ -417,9 +456,12 @@ class StoreMachine(RuleBasedStateMachine):
     @invariant()
     def listings_agree(self) -> None:
         self.assert_pending(self.delayq.pending(limit=BATCH), self.pending_model())
+        self.assert_first_due(self.delayq.pending(limit=3), self.pending_model(), 3)
         for key in sorted(self.keys_used):
             self.assert_pending(self.delayq.pending(key=key, limit=BATCH),
                                 self.pending_model(key=key))
+            self.assert_first_due(self.delayq.pending(key=key, limit=2),
+                                  self.pending_model(key=key), 2)
         for task in sorted(self.tasks_used):
             self.assert_pending(self.delayq.pending(task=task, limit=BATCH),
                                 self.pending_model(task=task))
@@ -437,7 +479,8 @@ class StoreMachine(RuleBasedStateMachine):
         models = self.jobs.values()
         assert sum(r["pending"] for r in rows) == sum(j.due_ms is not None for j in models)
         assert sum(r["overdue"] for r in rows) == sum(
-            j.due_ms is not None and j.due_ms <= now_ms for j in models)
+            j.due_ms is not None and j.due_ms <= now_ms and not j.held for j in models)
+        assert sum(r["paused"] for r in rows) == sum(j.held for j in models)
         assert sum(r["inflight"] for r in rows) == sum(len(j.leases) for j in models)
         assert sum(r["dead"] for r in rows) == sum(j.dead is not None for j in models)
         tasks = Counter(j.stored.task for j in models if j.stored is not None)
