@@ -143,6 +143,11 @@ def running_worker(app, **options: Any) -> Iterator[Any]:
     A worker takes kombu's current event loop, a process global, when one is set. Celery 5.3
     leaves a stopped worker's loop set, so the next worker started in the process shared it
     and never ran a task carrying an ``eta``.
+
+    Stopping one stops them all: ``start_worker`` ends its worker through the process global
+    ``celery.worker.state.should_terminate``, so a worker started and stopped inside a test
+    also ends the session's ``worker`` (later tests of the process then wait for runs that
+    never come). Start a second worker only in a process of its own or for the session.
     """
     from celery.contrib.testing.worker import start_worker
     from kombu.asynchronous import set_event_loop

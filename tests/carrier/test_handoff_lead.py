@@ -13,9 +13,7 @@ from celery import Celery
 from celery_delayq import DelayQ
 from celery_delayq.carrier import Carrier
 from celery_delayq.errors import ConfigurationError
-from tests.conftest import running_worker, wait_for
-
-LEAD_QUEUE = "lead.handoff"
+from tests.conftest import wait_for
 
 
 def lead_app(redis_server, **settings) -> Celery:
@@ -27,24 +25,22 @@ def lead_app(redis_server, **settings) -> Celery:
 
 
 def test_a_job_due_within_the_lead_is_handed_over_early_and_starts_on_time(
-        proj, redis_server, redis_client):
-    """(A worker of its own on a queue of its own: the one message's eta is all it holds,
-    whatever other tests left in the session's worker.)"""
+        proj, redis_server, redis_client, worker):
     app = lead_app(redis_server, delayq_handoff_lead=2.0)
     delayq = DelayQ(app)
     due = datetime.now(timezone.utc) + timedelta(seconds=1.5)
-    delayq.schedule(proj.record.name, ("near",), eta=due, job_id="near", queue=LEAD_QUEUE)
-    delayq.schedule(proj.record.name, ("far",), delay=30, job_id="far", queue=LEAD_QUEUE)
-    with running_worker(proj.app, queues=[LEAD_QUEUE], concurrency=1):
-        carrier = Carrier(app)
-        try:
-            carrier.run_once()
-            handed_over = time.time()
-        finally:
-            carrier.close()
-        assert handed_over < due.timestamp()
-        assert delayq.get("near") is None and delayq.cancel("near") is False
-        run = wait_for(lambda: proj.runs(), what="the near job's run")[0]
+    delayq.schedule(proj.record.name, ("near",), eta=due, job_id="near")
+    delayq.schedule(proj.record.name, ("far",), delay=30, job_id="far")
+    carrier = Carrier(app)
+    try:
+        carrier.run_once()
+        handed_over = time.time()
+    finally:
+        carrier.close()
+    assert handed_over < due.timestamp()
+    assert delayq.get("near") is None and delayq.cancel("near") is False
+
+    run = wait_for(lambda: proj.runs(), timeout=30, what="the near job's run")[0]
     assert run["label"] == "near" and run["started_ms"] >= due.timestamp() * 1000
     assert delayq.get("far").state == "scheduled" and delayq.cancel("far") is True
 
