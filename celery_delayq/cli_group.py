@@ -1,0 +1,38 @@
+"""The ``celery delayq`` click group and what its commands share.
+
+Every ``celery`` process imports this (through ``cli.py``, the ``celery.commands`` entry
+point), so it imports only what the group needs and touches no app: a command reaches the
+app's ``DelayQ`` when it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .errors import DelayQError
+from .extension import DelayQ
+from .reading import datetime_of_ms
+
+
+@click.group(name="delayq")
+def delayq() -> None:
+    """celery-delayq: the carrier and the delay store's contents."""
+
+
+def delayq_of(ctx: click.Context) -> DelayQ:
+    return DelayQ.of(ctx.obj.app)
+
+
+def fail(exc: DelayQError) -> None:
+    click.secho(f"error: {exc}", fg="red", err=True)
+    sys.exit(1)
+
+
+def ms_text(ms: float | None) -> str:
+    """Epoch ms as ISO-8601: "-" when absent, the number itself when it is no time."""
+    at = datetime_of_ms(ms)
+    if at is None:
+        return "-" if ms is None else f"{ms!r} ms (no time)"
+    return at.isoformat(timespec="milliseconds")

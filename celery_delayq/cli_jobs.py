@@ -1,0 +1,149 @@
+"""``celery delayq ls | show | cancel | reschedule | run-now | replay``: one job at a time,
+or a listing of them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+
+import click
+
+from .cli_group import delayq, delayq_of, fail, ms_text
+from .errors import DelayQError, InvalidDelay
+from .reading import counted
+
+
+@delayq.command(name="ls")
+@click.option("--task", default=None, help="Only this task name.")
+@click.option("--key", default=None, help="Only this business key.")
+@click.option("--args-contains", "args_contains", default=None, metavar="JSON",
+              help="Only jobs called with this argument value (JSON: 42, '\"42\"'; "
+                   "text that is not JSON is a string). Reads the store until --limit match.")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--dead", is_flag=True, help="List dead-lettered jobs instead.")
+@click.pass_context
+def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str | None,
+       limit: int, dead: bool) -> None:
+    """List pending jobs in due order (or dead letters with --dead)."""
+    try:
+        if dead:
+            for entry in delayq_of(ctx).store.dead(limit):
+                click.echo(f"{entry['job_id']}  {ms_text(entry['at'])}  {entry['reason']}")
+            return
+        jobs = delayq_of(ctx).pending(task=task, key=key, limit=limit,
+                                    args_contains=_json_or_text(args_contains))
+    except DelayQError as exc:
+        fail(exc)
+    if not jobs:
+        click.echo("no pending jobs")
+    for job in jobs:
+        due = job.due.isoformat(timespec="milliseconds") if job.due else "-"
+        click.echo(f"{due}  {job.job_id}  {job.task}  key={job.key or '-'}  queue={job.queue}"
+                   + ("  (paused)" if job.paused else ""))
+
+
+def _json_or_text(value: str | None) -> object:
+    """A command-line value as JSON (``42``, ``"42"``, ``true``), else as the text itself."""
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+@delayq.command()
+@click.argument("job_id")
+@click.option("--key", default=None, help="The job's business key (finds it faster).")
+@click.pass_context
+def show(ctx: click.Context, job_id: str, key: str | None) -> None:
+    """Show one job as JSON."""
+    try:
+        job = delayq_of(ctx).get(job_id, key=key)
+    except DelayQError as exc:
+        fail(exc)
+    if job is None:
+        click.echo(f"no job {job_id!r} in the store (promoted, cancelled or never scheduled)")
+        sys.exit(1)
+    data = dict(vars(job), due=job.due.isoformat() if job.due else None)
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@delayq.command()
+@click.argument("job_id", required=False)
+@click.option("--key", default=None, help="Cancel every pending job with this business key.")
+@click.pass_context
+def cancel(ctx: click.Context, job_id: str | None, key: str | None) -> None:
+    """Cancel JOB_ID, or every job of --key KEY."""
+    try:
+        if job_id:
+            outcome = delayq_of(ctx).cancel_outcome(job_id, key=key, by="cli")
+            click.echo(f"{job_id}: {outcome.value}")
+            sys.exit(0 if outcome.name == "CANCELLED" else 1)
+        if key:
+            cancelled = delayq_of(ctx).cancel_key(key, by="cli")
+            click.echo(f"cancelled {counted(cancelled, 'job')} of key {key!r}")
+            return
+    except DelayQError as exc:
+        fail(exc)
+    raise click.UsageError("give a JOB_ID or --key KEY")
+
+
+@delayq.command()
+@click.argument("job_id")
+@click.option("--delay", type=float, default=None, help="Due this many seconds from now.")
+@click.option("--eta", default=None, metavar="ISO-8601",
+              help="Due at this time, with its offset: 2030-01-31T08:00:00+00:00.")
+@click.option("--key", default=None, help="The job's business key (finds it faster).")
+@click.pass_context
+def reschedule(ctx: click.Context, job_id: str, delay: float | None, eta: str | None,
+               key: str | None) -> None:
+    """Give pending JOB_ID a new due time."""
+    if (delay is None) == (eta is None):
+        raise click.UsageError("give --delay SECONDS or --eta ISO-8601, one of them")
+    try:
+        when = datetime.fromisoformat(eta) if eta is not None else None
+    except ValueError:
+        raise click.UsageError(f"--eta {eta!r} is not an ISO-8601 time such as "
+                               "2030-01-31T08:00:00+00:00") from None
+    try:
+        due = delayq_of(ctx).reschedule(job_id, delay=delay, eta=when, key=key)
+    except InvalidDelay as exc:
+        raise click.UsageError(str(exc)) from None
+    except DelayQError as exc:
+        fail(exc)
+    _say_due(job_id, None if due is None else due.isoformat(timespec="milliseconds"))
+
+
+@delayq.command(name="run-now")
+@click.argument("job_id")
+@click.option("--key", default=None, help="The job's business key (finds it faster).")
+@click.pass_context
+def run_now(ctx: click.Context, job_id: str, key: str | None) -> None:
+    """Make pending JOB_ID due now."""
+    try:
+        moved = delayq_of(ctx).run_now(job_id, key=key)
+    except DelayQError as exc:
+        fail(exc)
+    _say_due(job_id, "now" if moved else None)
+
+
+def _say_due(job_id: str, due: str | None) -> None:
+    if due is None:
+        click.echo(f"{job_id}: not pending (promoted, cancelled or unknown)")
+        sys.exit(1)
+    click.echo(f"{job_id}: due {due}")
+
+
+@delayq.command()
+@click.argument("job_id")
+@click.pass_context
+def replay(ctx: click.Context, job_id: str) -> None:
+    """Put a dead-lettered job back, due now."""
+    try:
+        replayed = delayq_of(ctx).store.replay(job_id)
+    except DelayQError as exc:
+        fail(exc)
+    click.echo(f"{job_id}: {'replayed' if replayed else 'no such dead job'}")
+    sys.exit(0 if replayed else 1)
