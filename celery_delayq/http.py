@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import functools
 import http.client
-import ipaddress
 import json as jsonlib
 import logging
-import math
-import re
 import socket
 import ssl
 import time
@@ -34,33 +31,24 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from celery import Celery, current_app
 from celery.local import Proxy
 
-from .conf import HostList
 from .envelope import HEADER_JOB, HEADER_KEY
 from .errors import DelayQError
 from .extension import DelayQ
+from .http_policy import CallbackRefused, check_call, check_request, shown
+from .http_policy import check_url as check_url  # re-exported: callers import it from here
 from .task import DelayedTask
 
 TASK_NAME = "celery_delayq.http_callback"
 #: Most characters of a response body or an error kept (in results, errors and dead letters).
 EXCERPT_CHARS = 200
-_SCHEMES = ("http", "https")
 _USER_AGENT = "celery-delayq-http-callback"
-#: What http.client refuses in a request target: spaces and control characters.
-_UNSENDABLE_URL = re.compile(r"[\x00-\x20\x7f]")
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an RFC 9110 token
-_HEADER_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but tab
 _DRAIN_BYTES = 64 * 1024
 
 logger = logging.getLogger(__name__)
-
-
-class CallbackRefused(DelayQError, ValueError):
-    """The URL or arguments of an HTTP callback cannot be used; it is never retried."""
 
 
 class CallbackFailed(DelayQError):
@@ -86,117 +74,6 @@ class Response:
         if self.error is not None:
             return f"HTTP {self.status}, then {self.error}"
         return f"HTTP {self.status}: {self.excerpt!r}"
-
-
-def shown(url: str) -> str:
-    """``url`` as errors, reasons and logs show it: no userinfo, every query value ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<malformed URL>"
-    query = "&".join(name + ("=***" if equals else "") for name, equals, _ in
-                     (pair.partition("=") for pair in parts.query.split("&"))) \
-        if parts.query else ""
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, query, ""))
-
-
-def check_url(url: object, allowed_hosts: tuple[str, ...]) -> str:
-    """``url`` if it is an http(s) URL of an allowed host; :class:`CallbackRefused` if not."""
-    if not isinstance(url, str):
-        raise CallbackRefused(f"the callback URL must be a string, got {type(url).__name__}")
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise CallbackRefused(f"the callback URL is malformed ({exc}); give a URL such as "
-                              "https://api.example.com/hook") from None
-    if parts.scheme not in _SCHEMES or not parts.hostname:
-        raise CallbackRefused(
-            f"only http:// and https:// URLs can be called back, got {shown(url)!r}")
-    if parts.username is not None or parts.password is not None:
-        raise CallbackRefused("the callback URL must not carry credentials; send them in "
-                              "headers= (stored with the call) instead")
-    if _UNSENDABLE_URL.search(url):
-        raise CallbackRefused(f"the callback URL {shown(url)!r} holds a space or control "
-                              "character; percent-encode it (a space is %20)")
-    host, port = _host(parts), _port(parts, url)
-    for pattern in allowed_hosts:
-        name, allowed_port = HostList.split(pattern)
-        if allowed_port not in (None, port):
-            continue
-        if name in ("*", host) or (name.startswith("*.") and host.endswith(name[1:])):
-            return url
-    if not allowed_hosts:
-        raise CallbackRefused(
-            f"{host} is not an allowed callback host: delayq_http_allowed_hosts is empty, "
-            f"which refuses every URL; add {host!r} to it")
-    raise CallbackRefused(
-        f"{host}:{port} is not in delayq_http_allowed_hosts {list(allowed_hosts)}; add it "
-        "there to allow callbacks to it")
-
-
-def _host(parts: SplitResult) -> str:
-    host = parts.hostname or ""
-    try:  # an IPv6 address as the allow-list holds it
-        return ipaddress.IPv6Address(host).compressed if ":" in host else host
-    except ValueError:
-        return host
-
-
-def _port(parts: SplitResult, url: str) -> int:
-    try:
-        port = parts.port
-    except ValueError:
-        port = 0
-    if port == 0:
-        raise CallbackRefused(f"the callback URL {shown(url)!r} has an invalid port; give a "
-                              "port from 1 to 65535, or none for the scheme's default")
-    return port or (443 if parts.scheme == "https" else 80)
-
-
-def check_request(url: object, headers: object, timeout: object,
-                  allowed_hosts: tuple[str, ...]) -> None:
-    """Refuse a callback that could never be sent, with :class:`CallbackRefused`."""
-    check_url(url, allowed_hosts)
-    if headers is not None:
-        if not (isinstance(headers, Mapping) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
-            raise CallbackRefused("headers= must map header names to string values")
-        for name, value in headers.items():
-            if not _HEADER_NAME.fullmatch(name):
-                raise CallbackRefused(f"header name {name!r} is not an HTTP token: use "
-                                      "letters, digits and !#$%&'*+-.^_`|~")
-            if _HEADER_CONTROL.search(value) or not _latin1(value):
-                raise CallbackRefused(f"the value of header {name!r} must be Latin-1 text "
-                                      "without control characters (CR, LF, NUL, ...)")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-            timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
-        raise CallbackRefused(f"timeout= must be a positive number of seconds, got {timeout!r}")
-
-
-def _latin1(text: str) -> bool:
-    try:
-        text.encode("latin-1")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def check_call(args, kwargs, config) -> None:
-    """Refuse an http_callback call with unusable arguments, before it is stored."""
-    args, kwargs = list(args or ()), dict(kwargs or {})
-    names = ("url", "json", "headers", "timeout")
-    if len(args) > len(names):
-        raise CallbackRefused(f"http_callback takes at most {len(names)} positional arguments")
-    call = dict(zip(names, args, strict=False))
-    unknown = set(kwargs) - set(names)
-    if unknown or set(call) & set(kwargs):
-        raise CallbackRefused(f"http_callback takes url, json, headers, timeout; got "
-                              f"{sorted(unknown or set(call) & set(kwargs))} unexpected or twice")
-    call.update(kwargs)
-    if "url" not in call:
-        raise CallbackRefused("http_callback needs a url")
-    check_request(call["url"], call.get("headers"), call.get("timeout"),
-                  config.http_allowed_hosts)
 
 
 class _Deadline:
