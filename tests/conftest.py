@@ -159,8 +159,14 @@ def running_worker(app, **options: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def worker(proj, redis_server):
-    """A real Celery worker (threads pool) consuming the default queue for the session."""
-    with running_worker(proj.app, concurrency=4, shutdown_timeout=30) as worker:
+    """A real Celery worker (threads pool) consuming the default queue for the session.
+
+    Only that queue, named: Celery 5.3 adds each queue a producer published to to the
+    app's queues, and a worker started after a test parked jobs on a queue of its own
+    (``parked.*``, which no worker should consume) consumed those too.
+    """
+    with running_worker(proj.app, queues=[proj.app.conf.task_default_queue], concurrency=4,
+                        shutdown_timeout=30) as worker:
         yield worker
 
 
