@@ -70,7 +70,11 @@ def wave(proj, delayq, carrier_fixture, jobs: int, rate: int, free: int) -> None
         per_shard[shard].append(due)
     assert all(dues == sorted(dues) for dues in per_shard.values())
     free_lateness = [at - due for job, (at, due, _) in found.items() if job.startswith("free")]
-    assert max(free_lateness) < 1000, "an unlimited queue waited for the limited one"
+    # Waiting for the limited queue's backlog would make them up to the wave's length late
+    # (20 s for 20,000 at 1,000/s); a carrier round's publish is all they may wait for:
+    # under 110 ms on kombu 5.7, ~1 s on kombu 5.3 (no batch publish) in a 20,000 wave.
+    assert max(free_lateness) < max(1000, jobs / rate * 100), \
+        "an unlimited queue waited for the limited one"
     assert sum(row["rate_limited"] for row in delayq.store.stats()) == 0
 
 
