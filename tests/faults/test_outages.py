@@ -174,6 +174,10 @@ def test_worker_killed_mid_task_with_acks_late_runs_it_again(proj, delayq, redis
         result = proj.slow.apply_delayed(args=("late",), delay=0.2, queue="late")
         wait_for(lambda: any(r["label"] == "late" for r in proj.runs()), timeout=30,
                  what="the task to start")
+        # The worker's journal thread writes "started" while the task runs, not before it
+        # (no round trip in the task's path): kill once it is there, mid-task.
+        wait_for(lambda: "started" in journal_events(delayq), timeout=10,
+                 what="the first run's started event")
         started = time.monotonic()
         first.send_signal(signal.SIGKILL)
         first.wait(10)
