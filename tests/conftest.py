@@ -115,6 +115,21 @@ def journal_events(delayq) -> list[str]:
     return [fields["event"] for _, fields in entries]
 
 
+def wait_for_events(delayq, timeout: float = 15.0, **at_least: int) -> list[str]:
+    """The journal's event names once it holds ``at_least`` of each named event, e.g.
+    ``promoted=3``: the carrier's ack and the worker's journal thread write theirs a moment
+    after the task ran, so a test reads them when they are there; fails with what it saw."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = journal_events(delayq)
+        if all(events.count(name) >= n for name, n in at_least.items()):
+            return events
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for journal events {at_least}; "
+                        f"the journal has {events}")
+        time.sleep(0.02)
+
+
 #: The carrier's two ways into the broker; a cluster store has only kombu.
 PROMOTIONS = ["kombu"] if CLUSTER else ["kombu", "direct"]
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.conftest import PROMOTIONS, journal_events, wait_for
+from tests.conftest import PROMOTIONS, wait_for, wait_for_events
 
 pytestmark = pytest.mark.parametrize("carrier", PROMOTIONS, indirect=True)
 
@@ -70,8 +70,7 @@ def test_retry_with_countdown_goes_through_the_store_and_keeps_the_task_id(
     assert {r["task_id"] for r in runs} == {result.id}
     # both runs came from the store: the retry was promoted by the carrier too
     assert all(r["job"] == result.job_id for r in runs)
-    events = wait_for(lambda: "succeeded" in journal_events(proj.delayq)
-                      and journal_events(proj.delayq), what="the worker's events")
+    events = wait_for_events(proj.delayq, succeeded=1, promoted=2)
     assert events.count("promoted") == 2
     assert "retried" in events
 
@@ -86,8 +85,7 @@ def test_reschedule_and_run_now_move_the_due_time(proj, delayq, worker, carrier)
 
 def test_worker_events_are_journaled_for_delayed_tasks(proj, redis_client, worker, carrier):
     proj.record.apply_delayed(args=("journaled",), delay=0.05).get(timeout=15)
-    wait_for(lambda: "succeeded" in journal_events(proj.delayq), what="succeeded event")
-    events = journal_events(proj.delayq)
+    events = wait_for_events(proj.delayq, promoted=1, started=1, succeeded=1)
     # "promoted" is journaled by the ack after the whole batch is out: a fast worker may
     # have started the task by then.
     assert events[0] == "scheduled" and sorted(events[1:3]) == ["promoted", "started"]

@@ -16,7 +16,7 @@ from celery import Celery
 from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
 from celery_delayq.carrier import Carrier
 from celery_delayq.testing.redis_server import RedisServer
-from tests.conftest import ROOT, journal_events, wait_for
+from tests.conftest import ROOT, journal_events, wait_for, wait_for_events
 
 QUEUE = "outage"
 
@@ -191,8 +191,7 @@ def test_worker_killed_mid_task_with_acks_late_runs_it_again(proj, delayq, redis
         for name in env_visibility:
             os.environ.pop(name)
     starts = [r for r in proj.runs() if r["label"] == "late"]
-    events = wait_for(lambda: "succeeded" in journal_events(delayq) and journal_events(delayq),
-                      what="the worker's events")
+    events = wait_for_events(delayq, succeeded=1, started=2)
     print(f"\nruns={len(starts)} journal={events}")
     assert len(starts) == 2 and {r["task_id"] for r in starts} == {result.id}
     assert events.count("started") == 2 and events.count("succeeded") == 1

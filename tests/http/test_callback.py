@@ -8,7 +8,7 @@ from celery import Celery
 from celery_delayq import DelayQ
 from celery_delayq.http import EXCERPT_CHARS, TASK_NAME, CallbackRefused
 from celery_delayq.testing.redis_server import free_port
-from tests.conftest import journal_events, wait_for
+from tests.conftest import journal_events, wait_for, wait_for_events
 from tests.http.conftest import RETRY_SCHEDULE
 
 
@@ -44,7 +44,7 @@ def test_failures_are_retried_through_the_store_after_each_scheduled_delay(
     assert len(times) == 3
     assert times[1] - times[0] >= RETRY_SCHEDULE[0]
     assert times[2] - times[1] >= RETRY_SCHEDULE[1]
-    events = journal_events(http_delayq)
+    events = wait_for_events(http_delayq, retried=2, promoted=3)
     assert events.count("retried") == 2
     assert events.count("promoted") == 3  # every attempt came out of the store
     assert http_delayq.store.dead() == []
