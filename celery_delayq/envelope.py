@@ -1,8 +1,9 @@
 """The stored form of a delayed task call.
 
-``build`` resolves what ``apply_async`` would resolve at call time (task id, routing
-through ``task_routes``, parent and root ids, absolute ``expires``) and keeps only what
-cannot be re-derived; :mod:`message` rebuilds the Celery message from it at promotion.
+``template`` resolves what ``apply_async`` would resolve at call time (routing through
+``task_routes``, parent and root ids, absolute ``expires``), ``Template.call`` adds the
+ids and arguments of one call, keeping only what cannot be re-derived; :mod:`message`
+rebuilds the Celery message from it at promotion.
 
 The stored text is three lines of compact JSON (which never holds a raw newline)::
 
@@ -34,6 +35,7 @@ from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import Any
 
+from celery.app.routes import MapRoute
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import JSONEncoder
@@ -198,19 +200,56 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     return Template(name=name, task_id=task_id, job_id=job_id, key=key, fixed=fixed)
 
 
+class Templates:
+    """One app's templates of calls made outside a task, by task and options.
+
+    Resolved once per task and distinct options, as Celery resolves routing once: its
+    router and queues are fixed at first use. Calls whose template could differ from one
+    call to the next are resolved each time: inside a task (parent and root ids), with a
+    relative ``expires``, with options that are not plain values (headers, links), or when
+    ``task_routes`` has routers, which may look at the arguments.
+    """
+
+    _MAX = 256  # distinct (task, options) kept; a caller varying task_id per call fills it
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self._found: dict[tuple, Template] = {}
+
+    def get(self, name: str, options: dict[str, Any], task_type=None, args=(),
+            kwargs=None) -> Template:
+        """What ``template`` would answer for this call."""
+        key = _template_key(name, options, task_type)
+        if (key is None or self.app.current_worker_task is not None
+                or routes_depend_on_arguments(self.app)):
+            return template(self.app, name, options, task_type=task_type,
+                            args=_check_args(args, kwargs), kwargs=kwargs)
+        found = self._found.get(key)
+        if found is None:
+            found = template(self.app, name, options, task_type=task_type)
+            if len(self._found) >= self._MAX:
+                self._found.clear()
+            self._found[key] = found
+        return found
+
+
+def _template_key(name: str, options: dict[str, Any], task_type) -> tuple | None:
+    """A hashable key of a call's options, or None when one is not a plain value or is a
+    relative ``expires``."""
+    if options.get("expires") is not None:
+        return None
+    items = []
+    for option, value in options.items():
+        if value is not None and not isinstance(value, (str, int, float)):
+            return None
+        items.append((option, value))
+    return name, task_type, tuple(sorted(items))
+
+
 def routes_depend_on_arguments(app) -> bool:
-    """True when ``task_routes`` has routers, which may look at a call's arguments."""
-    return bool(app.amqp.router.routes)
-
-
-def build(app, name: str, args, kwargs, options: dict[str, Any], *,
-          job_id: str | None, key: str | None, max_payload_bytes: int, max_nesting: int,
-          task_type=None) -> Call:
-    """Resolve an ``apply_async``-style call into a :class:`Call`; raise on bad input."""
-    args = _check_args(args, kwargs)
-    return template(app, name, options, task_type=task_type, args=args, kwargs=kwargs).call(
-        args, kwargs, job_id=job_id, key=key, max_payload_bytes=max_payload_bytes,
-        max_nesting=max_nesting)
+    """True when ``task_routes`` has routers (functions or classes), which may look at a
+    call's arguments; a mapping of task names (or patterns) to routes does not."""
+    return any(not isinstance(route, MapRoute) for route in app.amqp.router.routes)
 
 
 def _check_args(args, kwargs) -> list:

@@ -14,7 +14,7 @@ from celery.utils.time import maybe_make_aware
 from . import journal, revoke, validation
 from .conf import DelayQConfig
 from .decoding import decode_arguments, split
-from .envelope import Call, Template, build, routes_depend_on_arguments, template
+from .envelope import Call, Template, Templates, routes_depend_on_arguments, template
 from .errors import InvalidOption, JobExists
 from .holding import Holding
 from .job import Job
@@ -87,6 +87,10 @@ class DelayQ(Holding):
     @cached_property
     def store(self) -> Store:
         return Store(self.config)
+
+    @cached_property
+    def _templates(self) -> Templates:
+        return Templates(self.app)
 
     @cached_property
     def _publishing(self) -> Publishing:
@@ -177,13 +181,10 @@ class DelayQ(Holding):
         if options.get("task_id") is not None:
             validation.identifier(options["task_id"], "task_id", config.max_id_length)
         if shared is None:
-            call = build(self.app, name, args, kwargs, options, job_id=job_id, key=key,
-                         max_payload_bytes=config.max_payload_bytes,
-                         max_nesting=config.max_nesting, task_type=task_type)
-        else:
-            call = shared.call(args, kwargs, job_id=job_id, key=key,
-                               max_payload_bytes=config.max_payload_bytes,
-                               max_nesting=config.max_nesting)
+            shared = self._templates.get(name, options, task_type, args, kwargs)
+        call = shared.call(args, kwargs, job_id=job_id, key=key,
+                           max_payload_bytes=config.max_payload_bytes,
+                           max_nesting=config.max_nesting)
         if call.key is not None and call.key != key:  # carried over from a retried task
             validation.identifier(call.key, "key", config.max_id_length)
         return call, due

@@ -20,7 +20,6 @@ import os
 import random
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -39,13 +38,22 @@ Calls = list[tuple[Script, list[str], list[Any]]]
 
 
 class Reservation:
-    """The reservations of one schedule call, taken and released around its own calls."""
+    """The reservations of one schedule call, taken and released around its own calls;
+    what is still held is released when its ``with`` block ends."""
 
     def __init__(self, client, groups: list[list[str]]) -> None:
         self._client, self._groups = client, groups  # reservation keys, one list per shard
-        self._token = os.urandom(12).hex()
-        self._ordered = not isinstance(client, RedisCluster)
         self._held = False
+        if groups:  # else nothing is taken: the calls run as they are (the common case)
+            self._token = os.urandom(12).hex()
+            self._ordered = not isinstance(client, RedisCluster)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with contextlib.suppress(redis.RedisError):
+            self.release_after([])
 
     def take_then(self, calls: Calls) -> list[Any]:
         """Take the reservations, waiting for other producers', then run ``calls``;
@@ -101,19 +109,13 @@ class Reservation:
         return execute(self._client, calls, raise_errors=False) if calls else []
 
 
-@contextlib.contextmanager
-def reserving(client, keys: Keyspace, calls: list[Call]) -> Iterator[Reservation]:
+def reserving(client, keys: Keyspace, calls: list[Call]) -> Reservation:
     """A :class:`Reservation` of the calls' job ids that the caller chose (none with one
-    shard, whose scripts see every copy); what is still held is released on the way out."""
+    shard, whose scripts see every copy), to use as a context manager."""
     by_shard: dict[ShardKeys, set[str]] = defaultdict(set)  # one script call per shard
     if keys.shards > 1:
         for call in calls:
             if not call.drawn:  # a fresh random id: no other producer has it
                 by_shard[keys.shard_for(call.job_id)].add(
                     keys.reservation(call.job_id, call.stored_id))
-    reservation = Reservation(client, [sorted(group) for group in by_shard.values()])
-    try:
-        yield reservation
-    finally:
-        with contextlib.suppress(redis.RedisError):
-            reservation.release_after([])
+    return Reservation(client, [sorted(group) for group in by_shard.values()])

@@ -1,4 +1,4 @@
-"""The lateness benchmark's quick mode runs end to end (opt-in: ``pytest -m bench``)."""
+"""The benchmarks' quick modes run end to end (opt-in: ``pytest -m bench``)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,17 @@ def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
                                       "promotion_direct.promotion_per_s",
                                       "celery_alone.per_s",
                                       "ratios.promotion_vs_celery_alone"}
+
+
+@pytest.mark.timeout(300)
+def test_quick_schedule_one_bench_runs_and_writes_json(tmp_path):
+    out = tmp_path / "schedule_one.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.schedule_one", "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "delayq ÷ client ceiling" in done.stdout
+
+    rep = json.loads(out.read_text())["repetitions"][0]
+    for arm in ("client ceiling", "delayq", "native"):
+        assert rep[arm]["per_s"] > 0 and rep[arm]["bytes_per_job"] > 0, arm

@@ -18,7 +18,7 @@ from ..conf import DelayQConfig
 
 logger = logging.getLogger("celery_delayq.spark")
 
-# Settings envelope.build and Celery's router read, besides task_default_* / task_queue_*.
+# Settings envelope.template and Celery's router read, besides task_default_* / task_queue_*.
 _NAMED = ("broker_url", "task_serializer", "task_create_missing_queues", "task_protocol",
           "task_inherit_parent_priority")
 _PREFIXES = ("task_default_", "task_queue_")

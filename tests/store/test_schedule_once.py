@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from celery_delayq import validation
-from celery_delayq.envelope import build
 from celery_delayq.store import Promoted, RunRows, ScheduleCode
+from tests.unit.calls import build
 
 WRITES = ("hset", "hsetnx", "hdel", "zadd", "zrem", "xadd", "hincrby")
 
@@ -21,9 +21,7 @@ def writes(client) -> int:
 
 def items(proj, delayq, ids: list[str], delay: float = 60):
     config = delayq.config
-    return [(build(proj.app, proj.record.name, [job_id], {}, {}, job_id=job_id, key=None,
-                   max_payload_bytes=config.max_payload_bytes,
-                   max_nesting=config.max_nesting, task_type=None),
+    return [(build(proj.app, proj.record.name, [job_id], job_id=job_id),
              validation.due(delay, None, config.max_delay))
             for job_id in ids]
 

@@ -6,9 +6,9 @@ from celery_delayq import envelope
 
 
 def build(app, name="unit.plain", args=(42,), kwargs=None, **options) -> envelope.Call:
-    return envelope.build(app, name, args, kwargs, options, job_id=options.pop("job_id", None),
-                          key=options.pop("key", None), max_payload_bytes=4096,
-                          max_nesting=64)
+    job_id, key = options.pop("job_id", None), options.pop("key", None)
+    return envelope.template(app, name, options, args=args, kwargs=kwargs).call(
+        args, kwargs, job_id=job_id, key=key, max_payload_bytes=4096, max_nesting=64)
 
 
 #: Stored envelopes no worker could run: each must be refused, never published.
