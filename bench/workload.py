@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import ModuleType
@@ -142,18 +142,23 @@ def promoted(ctx: ModuleType, marks: dict[int, str], job_ids: Iterable[str]
     The event time is the stream entry id, stamped by Redis when the carrier's ``ack``
     script ran: after the job's publish, so it bounds publish time from above.
     """
-    wanted, store, found = set(job_ids), ctx.delayq.store, []
+    wanted = set(job_ids)
+    return [(int(entry_id.split("-")[0]), int(fields["due"]))
+            for entry_id, fields in journal_after(ctx, marks)
+            if fields.get("event") == "promoted" and fields.get("job") in wanted]
+
+
+def journal_after(ctx: ModuleType, marks: dict[int, str]) -> Iterator[tuple[str, dict]]:
+    """Every journal entry after ``marks`` (:func:`journal_marks`), shard by shard."""
+    store = ctx.delayq.store
     for shard in store.keys:
         after = marks[shard.shard]
         while True:
             entries = store.read_journal(shard, after, count=_JOURNAL_CHUNK)
-            for entry_id, fields in entries:
-                if fields.get("event") == "promoted" and fields.get("job") in wanted:
-                    found.append((int(entry_id.split("-")[0]), int(fields["due"])))
+            yield from entries
             if len(entries) < _JOURNAL_CHUNK:
                 break
             after = entries[-1][0]
-    return found
 
 
 def promotion_lateness(events: list[tuple[int, int]]) -> dict[str, float]:

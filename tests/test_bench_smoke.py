@@ -57,3 +57,18 @@ def test_quick_schedule_one_bench_runs_and_writes_json(tmp_path):
     rep = json.loads(out.read_text())["repetitions"][0]
     for arm in ("client ceiling", "delayq", "native"):
         assert rep[arm]["per_s"] > 0 and rep[arm]["bytes_per_job"] > 0, arm
+
+
+@pytest.mark.timeout(300)
+def test_quick_worker_events_bench_runs_and_writes_json(tmp_path):
+    out = tmp_path / "worker_events.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.worker_events", "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    rep = json.loads(out.read_text())["repetitions"][0]
+    tasks = json.loads(out.read_text())["parameters"]["tasks"]
+    assert rep["events on"]["started_events"] == rep["events on"]["succeeded_events"] == tasks
+    assert rep["events off"]["started_events"] == 0
+    assert rep["events on"]["duplicates"] == rep["events off"]["duplicates"] == 0
