@@ -67,7 +67,7 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench.lateness
-	$(PY) -m bench.schedule_one
+	$(PY) -m bench.scheduling
 	$(PY) -m bench.worker_events
 	$(PY) -m bench.memory
 	$(PY) -m bench.worker_rss

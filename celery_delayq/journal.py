@@ -4,9 +4,10 @@ The store's scripts journal scheduled / rescheduled / cancelled / promoted / dea
 themselves; a worker adds what happens to a promoted task through Celery's signals,
 recognising it by the ``delayq_job`` header the carrier sets. Events wait in a
 per-process outbox that a thread writes in one pipeline, so they cost the task no Redis
-round trip of its own: outcomes every few milliseconds, ``started`` at once, while the
-task runs, so a worker killed mid-task leaves it in the journal (unless killed within the
-round trip itself). Under a burst the thread writes whatever has gathered in one pipeline.
+round trip of its own: outcomes within 50 ms, ``started`` within 10 ms while the task runs,
+so a worker killed mid-task leaves it in the journal (unless killed in those first
+milliseconds). The thread writes whatever has gathered by then in one pipeline: under a
+burst of short tasks, the events of several tasks in one round trip.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +37,7 @@ _OUTCOMES = {
     celery_states.RETRY: Event.RETRIED,
 }
 _FLUSH_EVERY = 0.05  # longest an event waits in the outbox, seconds
+_GATHER = 0.01  # how long a started event waits for others to share its round trip
 _FLUSH_AT = 200  # events that make the outbox flush at once
 _connected = threading.Event()
 #: An app's DelayQ, or None when it has none (``DelayQ.lookup``, given to :func:`connect`).
@@ -57,8 +60,8 @@ class _Outbox:
         self._thread: threading.Thread | None = None
 
     def put(self, delayq, entry: tuple[int, str, dict[str, Any]], soon: bool = False) -> None:
-        """Queue an event; ``soon`` wakes the flush thread at once instead of at its next
-        tick (the caller never waits for Redis)."""
+        """Queue an event; ``soon`` has it written within ``_GATHER`` instead of at the
+        flush thread's next tick (the caller never waits for Redis)."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="delayq-journal",
@@ -70,7 +73,8 @@ class _Outbox:
 
     def _run(self) -> None:
         while True:  # nothing may end this thread: later events would never be written
-            self._due.wait(_FLUSH_EVERY)
+            if self._due.wait(_FLUSH_EVERY):
+                time.sleep(_GATHER)  # the events of the next tasks share the round trip
             self._due.clear()
             try:
                 self.flush()
@@ -151,5 +155,5 @@ def _record(task, task_id: str | None, event: Event) -> None:
 
 def record_event(delayq, shard: int, event: str, fields: dict[str, Any]) -> None:
     """Queue a worker event for the journal of ``shard``; the caller never waits for Redis.
-    ``started`` is written at once, while the task runs, so a killed worker leaves it."""
+    ``started`` is written within 10 ms, while the task runs, so a killed worker leaves it."""
     _outbox.put(delayq, (shard, event, fields), soon=event == Event.STARTED)

@@ -46,16 +46,16 @@ def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_quick_schedule_one_bench_runs_and_writes_json(tmp_path):
-    out = tmp_path / "schedule_one.json"
+def test_quick_scheduling_bench_runs_and_writes_json(tmp_path):
+    out = tmp_path / "scheduling.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.schedule_one", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "bench.scheduling", "--quick", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "delayq ÷ client ceiling" in done.stdout
+    assert "apply_delayed ÷ client ceiling" in done.stdout
 
     rep = json.loads(out.read_text())["repetitions"][0]
-    for arm in ("client ceiling", "delayq", "native"):
+    for arm in ("client ceiling", "delayq", "native", "delayq batched"):
         assert rep[arm]["per_s"] > 0 and rep[arm]["bytes_per_job"] > 0, arm
 
 

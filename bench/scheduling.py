@@ -1,19 +1,22 @@
-"""Scheduling one call at a time: celery-delayq beside Celery's native ETA, BullMQ and the
-Python client's own ceiling, on one redis-server, nothing consuming.
+"""Scheduling speed and footprint: celery-delayq beside Celery's native ETA, BullMQ and
+the Python client's own ceiling, on one redis-server, nothing consuming.
 
-Per repetition (arm order reversed every other repetition, a fresh database each):
+Per repetition (arm order reversed every other repetition, a fresh database each), each arm
+``--calls`` jobs of one small argument, due in an hour or more:
 
-* **client ceiling**: ``--calls`` ``EVALSHA`` of a one-``ZADD`` script from redis-py (with
-  hiredis when installed): one round trip per call, nothing else; no Python client
-  schedules faster than this;
-* **delayq**: ``--calls`` ``apply_delayed((n,), delay=...)``, each returning before the next;
-* **native**: ``--calls`` ``apply_async((n,), countdown=...)`` of a plain task;
-* **BullMQ**: ``--calls`` ``await queue.add(name, {orderId: n}, {delay})`` in one Node
-  process (``bench/bullmq/add.mjs``; ``npm install`` there once, needs Node and npm,
-  else the arm is skipped and says why).
+* **client ceiling**: ``EVALSHA`` of a one-``ZADD`` script from redis-py (with hiredis when
+  installed), one call at a time: one round trip per call and nothing else; no Python
+  client schedules faster one call at a time;
+* **delayq**: ``apply_delayed((n,), delay=...)``, each returning before the next;
+* **delayq batched**: ``apply_delayed_many`` of 1,000 calls at a time;
+* **native**: ``apply_async((n,), countdown=...)`` of a plain task;
+* **BullMQ** and **BullMQ batched**: ``await queue.add(...)`` one at a time and
+  ``queue.addBulk`` of 1,000 at a time, in a Node process (``bench/bullmq/add.mjs``;
+  ``npm install`` there on the first run; without Node and npm those arms are skipped and
+  the output says why).
 
-Figures: calls/s and Redis ``used_memory`` growth per call. Run ``python -m bench.schedule_one
---help``.
+Every arm checks that it stored all its jobs. Figures: calls/s and Redis ``used_memory``
+growth per job. Run ``python -m bench.scheduling --help``.
 """
 
 from __future__ import annotations
@@ -41,12 +44,15 @@ RESULTS = ROOT / "bench" / "results"
 BULLMQ = ROOT / "bench" / "bullmq"
 _DELAY = 3600
 _ZADD = "return redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])"
-ARMS = ("client ceiling", "delayq", "native", "bullmq")
+_BATCH = 1000
+ARMS = ("client ceiling", "delayq", "native", "bullmq", "delayq batched", "bullmq batched")
 LABELS = {
     "client ceiling": "redis-py EVALSHA of one ZADD (the client's ceiling)",
     "delayq": "celery-delayq apply_delayed(delay=)",
     "native": "Celery native apply_async(countdown=)",
     "bullmq": "BullMQ Queue.add(delay) (Node)",
+    "delayq batched": "celery-delayq apply_delayed_many, 1,000 a call",
+    "bullmq batched": "BullMQ Queue.addBulk, 1,000 a call (Node)",
 }
 
 
@@ -88,6 +94,21 @@ def delayq_arm(url: str, db: int, calls: int) -> dict:
     return _figures(client, calls, seconds, before)
 
 
+def delayq_batched_arm(url: str, db: int, calls: int) -> dict:
+    client = redis.Redis.from_url(f"{url}/{db}")
+    app, task = workload.standalone_app(url, db)
+    task.apply_delayed((-1,), delay=_DELAY)
+    before = workload.used_memory(client)
+    started = time.perf_counter()
+    for first in range(0, calls, _BATCH):
+        task.apply_delayed_many([{"args": (n,), "delay": _DELAY + n % 86_400}
+                                 for n in range(first, min(first + _BATCH, calls))])
+    seconds = time.perf_counter() - started
+    _check_stored(sum(client.zcard(shard.due) for shard in DelayQ.of(app).store.keys), calls)
+    app.close()
+    return _figures(client, calls, seconds, before)
+
+
 def native_arm(url: str, db: int, calls: int) -> dict:
     client = redis.Redis.from_url(f"{url}/{db}")
     app, task = workload.standalone_app(url, db, delayed=False)
@@ -102,9 +123,11 @@ def native_arm(url: str, db: int, calls: int) -> dict:
     return _figures(client, calls, seconds, before)
 
 
-def bullmq_arm(url: str, db: int, calls: int) -> dict:
-    done = subprocess.run(["node", "add.mjs", f"{url}/{db}", str(calls)], cwd=BULLMQ,
-                          capture_output=True, text=True, check=True)
+def bullmq_arm(url: str, db: int, calls: int, mode: str = "one") -> dict:
+    done = subprocess.run(["node", "add.mjs", f"{url}/{db}", str(calls), mode], cwd=BULLMQ,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench/bullmq/add.mjs failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -122,7 +145,8 @@ def _figures(client: redis.Redis, calls: int, seconds: float, before: int) -> di
 
 
 RUN = {"client ceiling": ceiling_arm, "delayq": delayq_arm, "native": native_arm,
-       "bullmq": bullmq_arm}
+       "bullmq": bullmq_arm, "delayq batched": delayq_batched_arm,
+       "bullmq batched": lambda url, db, calls: bullmq_arm(url, db, calls, "bulk")}
 
 
 def repetition(url: str, calls: int, arms: list[str], n: int) -> dict:
@@ -137,6 +161,8 @@ def repetition(url: str, calls: int, arms: list[str], n: int) -> dict:
     result["delayq_over_native"] = result["delayq"]["per_s"] / result["native"]["per_s"]
     if "bullmq" in result:
         result["delayq_over_bullmq"] = result["delayq"]["per_s"] / result["bullmq"]["per_s"]
+        result["batched_delayq_over_bullmq"] = (result["delayq batched"]["per_s"]
+                                                / result["bullmq batched"]["per_s"])
     return result
 
 
@@ -144,17 +170,20 @@ def report(summary: dict, arms: list[str], repeats: int, calls: int) -> str:
     many = repeats > 1
     rows = [[LABELS[arm], cell(summary[f"{arm}.per_s"], 0, many),
              cell(summary.get(f"{arm}.bytes_per_job"), 0, many)] for arm in arms]
-    text = table([f"{calls:,} calls, one at a time", "calls/s", "Redis bytes/job"], rows)
-    ratios = [f"delayq ÷ {name}: {cell(summary[f'delayq_over_{key}'], 2, many)}"
-              for key, name in (("ceiling", "client ceiling"), ("native", "native"),
-                                ("bullmq", "BullMQ add")) if f"delayq_over_{key}" in summary]
+    text = table([f"{calls:,} jobs per arm", "jobs/s", "Redis bytes/job"], rows)
+    ratios = [f"{name}: {cell(summary[key], 2, many)}" for key, name in (
+        ("delayq_over_ceiling", "apply_delayed ÷ client ceiling"),
+        ("delayq_over_native", "apply_delayed ÷ native apply_async"),
+        ("delayq_over_bullmq", "apply_delayed ÷ BullMQ add"),
+        ("batched_delayq_over_bullmq", "apply_delayed_many ÷ BullMQ addBulk"),
+    ) if key in summary]
     return text + "\n\n" + "\n".join(ratios)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.schedule_one",
+    parser = argparse.ArgumentParser(prog="python -m bench.scheduling",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20_000, help="calls per arm")
+    parser.add_argument("--calls", type=int, default=20_000, help="jobs per arm")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
     parser.add_argument("--quick", action="store_true", help="2,000 calls, 1 repetition")
     parser.add_argument("--out", type=Path, default=None)
@@ -162,7 +191,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if opts.quick:
         opts.calls, opts.repeat = 2_000, 1
     if opts.out is None:
-        opts.out = RESULTS / ("schedule_one-quick.json" if opts.quick else "schedule_one.json")
+        opts.out = RESULTS / ("scheduling-quick.json" if opts.quick else "scheduling.json")
     return opts
 
 
@@ -172,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped = bullmq_ready()
     if skipped is not None:
         say(f"BullMQ arm skipped: {skipped}")
-        arms.remove("bullmq")
+        arms = [arm for arm in arms if not arm.startswith("bullmq")]
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         facts = machine_facts(client)
@@ -188,10 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report(summary, arms, opts.repeat, opts.calls))
     write_result(opts.out, {
-        "benchmark": "schedule_one", "machine": facts,
+        "benchmark": "scheduling", "machine": facts,
         "parameters": {"calls": opts.calls, "repeat": opts.repeat, "shards": 8,
                        "bullmq": None if skipped else "6.7.0", "bullmq_skipped": skipped},
-        "command": " ".join(["python -m bench.schedule_one", *sys.argv[1:]]),
+        "command": " ".join(["python -m bench.scheduling", *sys.argv[1:]]),
         "summary": summary, "repetitions": reps})
     return 0
 
