@@ -62,7 +62,7 @@ class DelayedTask(models.Model):
         "retries", default=0, help_text="How often the task was tried again after an error.")
     stored = models.BooleanField(
         "in Redis", default=True, db_index=True,
-        help_text="No: saved here but not yet in Redis (it was down); manage.py "
+        help_text="Yes: written to Redis. No: saved here while Redis was down; manage.py "
           "delayq_reconcile writes it.")
     store_error = models.TextField(
         "store error", blank=True,
