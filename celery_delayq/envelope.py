@@ -242,7 +242,7 @@ def _template_key(name: str, options: dict[str, Any], task_type) -> tuple | None
     for option, value in options.items():
         if value is not None and not isinstance(value, (str, int, float)):
             return None
-        items.append((option, value))
+        items.append((option, type(value).__name__, value))  # 1, 1.0 and True are equal
     return name, task_type, tuple(sorted(items))
 
 

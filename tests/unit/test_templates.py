@@ -49,6 +49,8 @@ def test_calls_with_other_options_get_their_own_template(app):
     assert "q" not in stored(templates)
     assert stored(templates, queue="refunds")["q"] == "refunds"
     assert stored(templates, priority=3)["p"] == {"priority": 3}
+    assert stored(templates, time_limit=30)["o"]["time_limit"] == 30
+    assert isinstance(stored(templates, time_limit=30.0)["o"]["time_limit"], float)
     assert stored(templates, headers={"tenant": "acme"})["h"] == {"tenant": "acme"}
     assert "q" not in stored(templates) and "h" not in stored(templates)
 
