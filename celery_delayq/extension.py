@@ -286,15 +286,13 @@ class DelayQ(Holding):
                        task_id: str | None = None) -> CancelOutcome:
         """Like :meth:`cancel`, telling "too late" apart from "unknown"; ``by`` is journaled.
 
-        ``task_id`` (the job's) is marked REVOKED when the job is cancelled; when not given
-        it is read from the store first.
+        The cancelled job's task id is marked REVOKED (``task_id``, when the caller knows
+        it, else the one the store answers).
         """
-        if task_id is None:
-            job = self.store.get(job_id, key)
-            task_id = job.task_id if job is not None else None
-        outcome = self.store.cancel(job_id, key, by)
-        if outcome is CancelOutcome.CANCELLED and task_id is not None:
-            revoke.mark_revoked(self.app, task_id)
+        outcome, cancelled_task = self.store.cancel(job_id, key, by)
+        revoked = task_id or cancelled_task
+        if outcome is CancelOutcome.CANCELLED and revoked is not None:
+            revoke.mark_revoked(self.app, revoked)
         return outcome
 
     def revoke(self, task_ids: Iterable[str]) -> int:

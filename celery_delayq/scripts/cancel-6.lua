@@ -16,10 +16,11 @@ ARGV[4] who cancelled / why (journal), may be ""
 ARGV[5] for "id": the Celery task id the job must have, or "" for any. A job of that id
         with another task id (a later call replaced it) is left alone: answered -1
 
-Returns {code, number cancelled}. For "id", code is 1 cancelled, 0 too late (a carrier
-holds it, or an earlier copy of it: that is delivered), -1 unknown. For "key", code is 1,
-followed by two values per job cancelled: its Celery task id ("" when it is the job id)
-and its job id.
+Returns {code, number cancelled, ...}. For "id" (and "move"), code is 1 cancelled, 0 too
+late (a carrier holds it, or an earlier copy of it: that is delivered), -1 unknown, then
+the cancelled job's Celery task id ("" when it is the job id, or when nothing was
+cancelled). For "key", code is 1, followed by two values per job cancelled: its Celery
+task id ("" when it is the job id) and its job id.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -39,7 +40,7 @@ else
   ids = {value}
   if ARGV[5] ~= '' then
     local fields = first_line(redis.call('HGET', KEYS[2], value))
-    if not (fields and fields['i'] == ARGV[5]) then return {-1, 0} end
+    if not (fields and fields['i'] == ARGV[5]) then return {-1, 0, ''} end
   end
 end
 local cancelled = 0
@@ -71,6 +72,7 @@ if kind == 'key' then
 end
 -- a carrier holds an earlier copy (the job was scheduled again while in flight): that one
 -- is delivered, so the answer is "too late" even when the pending copy was cancelled
-if redis.call('ZSCORE', KEYS[3], value) then return {0, cancelled} end
-if cancelled == 1 then return {1, 1} end
-return {-1, 0}
+local task_id = reply[3] or ''
+if redis.call('ZSCORE', KEYS[3], value) then return {0, cancelled, task_id} end
+if cancelled == 1 then return {1, 1, task_id} end
+return {-1, 0, ''}

@@ -36,6 +36,14 @@ class CancelOutcome(str, Enum):
     UNKNOWN = "unknown"
 
 
+class Cancelled(NamedTuple):
+    """What :meth:`Producing.cancel` did, and the Celery task id of the job it cancelled
+    (None when it cancelled none)."""
+
+    outcome: CancelOutcome
+    task_id: str | None
+
+
 class ScheduleCode(int, Enum):
     """What the schedule script did with one job."""
 
@@ -214,7 +222,7 @@ class Producing(StoreBase):
     # -- cancel and reschedule ---------------------------------------------------------
 
     def cancel(self, job_id: str, key: str | None = None, by: str = "",
-               task_id: str = "") -> CancelOutcome:
+               task_id: str = "") -> Cancelled:
         """Cancel a pending job; the outcome says whether anything of that id will run.
 
         A job id names one job whatever its business key: a copy stored under another
@@ -222,13 +230,17 @@ class Producing(StoreBase):
         ``task_id``, only a job of that Celery task id is cancelled.
         """
         home = self.keys.shard_for(job_id, key)
-        codes = {self._cancel(home, "id", job_id, by, task_id)[0]}
-        codes |= {self._cancel(shard, "id", job_id, by, task_id)[0]
-                  for shard in self._shards_holding(job_id, in_flight=True)
-                  if shard is not home}
+        replies = [self._cancel(home, "id", job_id, by, task_id)]
+        replies += [self._cancel(shard, "id", job_id, by, task_id)
+                    for shard in self._shards_holding(job_id, in_flight=True)
+                    if shard is not home]
+        codes = {reply[0] for reply in replies}
         if 0 in codes:  # a carrier holds a copy: it will be delivered
-            return CancelOutcome.TOO_LATE
-        return CancelOutcome.CANCELLED if 1 in codes else CancelOutcome.UNKNOWN
+            outcome = CancelOutcome.TOO_LATE
+        else:
+            outcome = CancelOutcome.CANCELLED if 1 in codes else CancelOutcome.UNKNOWN
+        cancelled = next((reply for reply in replies if reply[1]), None)
+        return Cancelled(outcome, None if cancelled is None else cancelled[2] or job_id)
 
     def cancel_key(self, key: str, by: str = "") -> list[str]:
         """Cancel every pending job with this business key; returns their task ids."""
@@ -239,7 +251,7 @@ class Producing(StoreBase):
     def cancel_task(self, task_id: str, by: str = "") -> CancelOutcome:
         """Cancel the pending job of a Celery task id: the job of that id, else the job
         its task id index names (a job scheduled with an id of its own)."""
-        outcome = self.cancel(task_id, by=by)
+        outcome = self.cancel(task_id, by=by).outcome
         if outcome is not CancelOutcome.UNKNOWN:
             return outcome
         with self.unavailable():
@@ -248,7 +260,7 @@ class Producing(StoreBase):
                 pipe.get(self.keys.task_index(shard, pack_id(task_id)))
             job_ids = {unpack_id(stored) for stored in pipe.execute() if stored is not None}
         for job_id in job_ids:  # one, unless its job moved to another key's shard
-            outcome = self.cancel(job_id, by=by, task_id=task_id)
+            outcome = self.cancel(job_id, by=by, task_id=task_id).outcome
             if outcome is not CancelOutcome.UNKNOWN:
                 return outcome
         return CancelOutcome.UNKNOWN

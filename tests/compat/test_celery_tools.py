@@ -254,3 +254,14 @@ def test_opentelemetry_continues_the_producers_trace_across_the_delay(
     # the carrier's publish is no second apply_async
     spans = [json.loads(line)["name"] for line in spans_file.read_text().splitlines()]
     assert spans.count(f"apply_async/{proj.record.name}") == 1
+
+
+@pytest.mark.parametrize("own_id", [False, True], ids=["drawn id", "own id under a key"])
+def test_cancel_by_job_id_marks_the_cancelled_jobs_task_id_revoked(proj, delayq, own_id):
+    options = {"job_id": "order:5:close", "key": "order:5"} if own_id else {}
+    result = proj.record.apply_delayed(args=("doomed",), delay=3600, **options)
+    assert (result.id != result.job_id) is own_id
+
+    assert delayq.cancel(result.job_id) is True  # no key: found on its key's shard too
+    assert AsyncResult(result.id, app=proj.app).state == celery_states.REVOKED
+    assert delayq.cancel(result.job_id) is False
