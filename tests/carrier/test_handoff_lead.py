@@ -25,7 +25,11 @@ def lead_app(redis_server, **settings) -> Celery:
 
 
 def test_a_job_due_within_the_lead_is_handed_over_early_and_starts_on_time(
-        proj, redis_server, redis_client, worker):
+        proj, redis_server, redis_client, spawn):
+    # A worker of its own, in a process of its own: the session's in-process worker was
+    # found terminated here once (ci-local), and stopping an in-process worker stops all.
+    spawn("worker", "-Q", "celery", "-P", "solo", "--without-heartbeat", "--without-gossip",
+          "--without-mingle", "-l", "INFO")
     app = lead_app(redis_server, delayq_handoff_lead=2.0)
     delayq = DelayQ(app)
     due = datetime.now(timezone.utc) + timedelta(seconds=1.5)
