@@ -28,7 +28,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -80,47 +83,37 @@ def ceiling_arm(url: str, db: int, calls: int) -> dict:
     return _figures(client, calls, seconds, before)
 
 
-def delayq_arm(url: str, db: int, calls: int) -> dict:
+def app_arm(url: str, db: int, calls: int, *, write: Callable[[Any, range], None],
+            delayed: bool = True) -> dict:
+    """Time ``write(task, range(calls))`` after one warm-up call (connections and scripts
+    loaded), then check that every job is stored."""
     client = redis.Redis.from_url(f"{url}/{db}")
-    app, task = workload.standalone_app(url, db)
-    task.apply_delayed((-1,), delay=_DELAY)  # connections and scripts loaded
+    app, task = workload.standalone_app(url, db, delayed=delayed)
+    write(task, range(-1, 0))
     before = workload.used_memory(client)
     started = time.perf_counter()
-    for n in range(calls):
+    write(task, range(calls))
+    seconds = time.perf_counter() - started
+    _check_stored(sum(client.zcard(shard.due) for shard in DelayQ.of(app).store.keys)
+                  if delayed else client.llen("celery"), calls)
+    app.close()
+    return _figures(client, calls, seconds, before)
+
+
+def one_by_one(task, numbers: range) -> None:
+    for n in numbers:
         task.apply_delayed((n,), delay=_DELAY + n % 86_400)
-    seconds = time.perf_counter() - started
-    _check_stored(sum(client.zcard(shard.due) for shard in DelayQ.of(app).store.keys), calls)
-    app.close()
-    return _figures(client, calls, seconds, before)
 
 
-def delayq_batched_arm(url: str, db: int, calls: int) -> dict:
-    client = redis.Redis.from_url(f"{url}/{db}")
-    app, task = workload.standalone_app(url, db)
-    task.apply_delayed((-1,), delay=_DELAY)
-    before = workload.used_memory(client)
-    started = time.perf_counter()
-    for first in range(0, calls, _BATCH):
+def batched(task, numbers: range) -> None:
+    for first in range(numbers.start, numbers.stop, _BATCH):
         task.apply_delayed_many([{"args": (n,), "delay": _DELAY + n % 86_400}
-                                 for n in range(first, min(first + _BATCH, calls))])
-    seconds = time.perf_counter() - started
-    _check_stored(sum(client.zcard(shard.due) for shard in DelayQ.of(app).store.keys), calls)
-    app.close()
-    return _figures(client, calls, seconds, before)
+                                 for n in range(first, min(first + _BATCH, numbers.stop))])
 
 
-def native_arm(url: str, db: int, calls: int) -> dict:
-    client = redis.Redis.from_url(f"{url}/{db}")
-    app, task = workload.standalone_app(url, db, delayed=False)
-    task.apply_async((-1,), countdown=_DELAY)
-    before = workload.used_memory(client)
-    started = time.perf_counter()
-    for n in range(calls):
+def native(task, numbers: range) -> None:
+    for n in numbers:
         task.apply_async((n,), countdown=_DELAY)
-    seconds = time.perf_counter() - started
-    _check_stored(client.llen("celery"), calls)
-    app.close()
-    return _figures(client, calls, seconds, before)
 
 
 def bullmq_arm(url: str, db: int, calls: int, mode: str = "one") -> dict:
@@ -144,9 +137,14 @@ def _figures(client: redis.Redis, calls: int, seconds: float, before: int) -> di
             "bytes_per_job": (after - before) / calls}
 
 
-RUN = {"client ceiling": ceiling_arm, "delayq": delayq_arm, "native": native_arm,
-       "bullmq": bullmq_arm, "delayq batched": delayq_batched_arm,
-       "bullmq batched": lambda url, db, calls: bullmq_arm(url, db, calls, "bulk")}
+RUN: dict[str, Callable[[str, int, int], dict]] = {
+    "client ceiling": ceiling_arm,
+    "delayq": partial(app_arm, write=one_by_one),
+    "native": partial(app_arm, write=native, delayed=False),
+    "bullmq": bullmq_arm,
+    "delayq batched": partial(app_arm, write=batched),
+    "bullmq batched": partial(bullmq_arm, mode="bulk"),
+}
 
 
 def repetition(url: str, calls: int, arms: list[str], n: int) -> dict:

@@ -216,12 +216,16 @@ class Templates:
         self.app = app
         self._found: dict[tuple, Template] = {}
 
+    @cached_property
+    def _routers(self) -> bool:
+        """Whether ``task_routes`` has routers (fixed, as Celery's router is once made)."""
+        return routes_depend_on_arguments(self.app)
+
     def get(self, name: str, options: dict[str, Any], task_type=None, args=(),
             kwargs=None) -> Template:
         """What ``template`` would answer for this call."""
         key = _template_key(name, options, task_type)
-        if (key is None or self.app.current_worker_task is not None
-                or routes_depend_on_arguments(self.app)):
+        if key is None or self._routers or self.app.current_worker_task is not None:
             return template(self.app, name, options, task_type=task_type,
                             args=_check_args(args, kwargs), kwargs=kwargs)
         found = self._found.get(key)

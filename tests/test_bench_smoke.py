@@ -13,16 +13,21 @@ from bench.harness import ROOT
 pytestmark = pytest.mark.bench
 
 
-@pytest.mark.timeout(300)
-def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
-    out = tmp_path / "lateness.json"
+def run_quick(module: str, tmp_path) -> tuple[str, dict]:
+    """``python -m bench.<module> --quick``: its output, and the JSON it wrote."""
+    out = tmp_path / f"{module}.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.lateness", "--quick", "--out", str(out)],
+        [sys.executable, "-m", f"bench.{module}", "--quick", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "schedule, one call at a time" in done.stdout
+    return done.stdout, json.loads(out.read_text())
 
-    result = json.loads(out.read_text())
+
+@pytest.mark.timeout(300)
+def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
+    stdout, result = run_quick("lateness", tmp_path)
+    assert "schedule, one call at a time" in stdout
+
     rep = result["repetitions"][0]
     tasks = result["parameters"]["tasks"]
     for arm in ("delayq", "native", "delayq_lead"):
@@ -47,28 +52,20 @@ def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_quick_scheduling_bench_runs_and_writes_json(tmp_path):
-    out = tmp_path / "scheduling.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.scheduling", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=280)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "apply_delayed ÷ client ceiling" in done.stdout
+    stdout, result = run_quick("scheduling", tmp_path)
+    assert "apply_delayed ÷ client ceiling" in stdout
 
-    rep = json.loads(out.read_text())["repetitions"][0]
+    rep = result["repetitions"][0]
     for arm in ("client ceiling", "delayq", "native", "delayq batched"):
         assert rep[arm]["per_s"] > 0 and rep[arm]["bytes_per_job"] > 0, arm
 
 
 @pytest.mark.timeout(300)
 def test_quick_worker_events_bench_runs_and_writes_json(tmp_path):
-    out = tmp_path / "worker_events.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.worker_events", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=280)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _, result = run_quick("worker_events", tmp_path)
 
-    rep = json.loads(out.read_text())["repetitions"][0]
-    tasks = json.loads(out.read_text())["parameters"]["tasks"]
+    rep = result["repetitions"][0]
+    tasks = result["parameters"]["tasks"]
     assert rep["events on"]["started_events"] == rep["events on"]["succeeded_events"] == tasks
     assert rep["events off"]["started_events"] == 0
     assert rep["events on"]["duplicates"] == rep["events off"]["duplicates"] == 0
