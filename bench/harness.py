@@ -56,6 +56,7 @@ class Cluster:
         self.redis = RedisServer()
         self._logs = tempfile.TemporaryDirectory(prefix="delayq-bench-")
         self._processes: dict[str, subprocess.Popen] = {}
+        self._probes = 0
         self._old_sigterm = None
         self.app: ModuleType | None = None
 
@@ -84,6 +85,23 @@ class Cluster:
         """Start the Celery worker; its pid (the parent of the pool's children)."""
         self._spawn("worker", celery_argv(*self.worker.argv()))
         return self._processes["worker"].pid
+
+    def restart_worker(self) -> int:
+        """Stop the worker, start a fresh one and wait until it ran a task; its pid."""
+        self.stop("worker")
+        pid = self.start_worker()
+        self.wait_for_worker()
+        return pid
+
+    def wait_for_worker(self) -> None:
+        """Wait until the worker ran a native probe task (it is up, or still alive)."""
+        self._probes += 1
+        runs_key = f"bench:probe:{self._probes}"
+        self.app.native_probe.delay(runs_key)
+        client = self.app.delayq.store.client
+        wait_until(lambda: client.llen(runs_key) > 0, 60, "the worker to run a probe",
+                   self.check_alive)
+        client.delete(runs_key)
 
     def start_carrier(self, *options: str) -> None:
         """Start the carrier; ``options`` (e.g. ``--direct``) go to ``delayq carrier``."""

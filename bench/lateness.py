@@ -11,6 +11,9 @@ carrier``) serve every arm of the run. Per repetition:
 * **delayq, hand-off lead**: the delayq arm with the carrier restarted with
   ``--handoff-lead`` (default 1 s): jobs reach the worker ahead, eta = due time, and the
   worker's timer starts them, as native ETA does.
+* **native, paced**: the native arm's tasks each sent with ``countdown`` = the hand-off
+  lead, that long before it is due, in due order: native ETA at a steady rate, the worker
+  receiving while it starts tasks, as it does with a lead.
 * **promotion**: jobs all due at one instant (scheduled with ``apply_delayed_many``)
   into a queue no worker reads; jobs/s from due time to the last ``promoted`` event,
   once through kombu and once with the carrier restarted with ``--direct`` (the claim
@@ -40,6 +43,7 @@ from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
+import psutil
 from kombu.utils.uuid import uuid
 
 from . import workload
@@ -50,7 +54,7 @@ from .workload import Load
 
 RESULTS = ROOT / "bench" / "results"
 _WARMUP_TASKS = 300
-_LEAD_MARGIN = 1.0  # seconds between the expected end of scheduling and the first due job
+_START_MARGIN = 1.0  # seconds between the expected end of scheduling and the first due job
 _DRAIN_TIMEOUT = 300.0
 
 
@@ -61,9 +65,11 @@ class Bench:
     """The arms of one benchmark run against one :class:`Cluster`."""
 
     def __init__(self, cluster: Cluster, load: Load, promotion_tasks: int,
-                 sustained_rate: int = 0, handoff_lead: float = 1.0) -> None:
+                 sustained_rate: int = 0, handoff_lead: float = 1.0,
+                 fresh_worker: bool = False) -> None:
         self.cluster = cluster
         self.handoff_lead = handoff_lead
+        self.fresh_worker = fresh_worker
         self.ctx: ModuleType = cluster.app
         self.load = load
         self.promotion_tasks = promotion_tasks
@@ -75,60 +81,82 @@ class Bench:
         self._runs += 1
         return f"bench:runs:{arm}:{self._runs}"
 
-    def _lead(self, arm: str, tasks: int) -> float:
-        return tasks / self.rates[arm] * 1.5 + _LEAD_MARGIN
+    def _start_in(self, tasks: int) -> float:
+        """Seconds from an arm's first call to its first due time: the same in every arm
+        (so each worker has as long to take its messages in), time for the slower producer
+        to make all its calls."""
+        return tasks / min(self.rates.values()) * 1.5 + _START_MARGIN
 
     def warm_up(self) -> None:
-        """Start every process's connections and estimate schedule rates for the lead time."""
+        """Start every process's connections; measure the producers' rates (the start)."""
         warm = Load(min(_WARMUP_TASKS, self.load.tasks), window=0.5, seed=1)
         for arm in ("delayq", "native"):
-            self.rates[arm] = self._arm(arm, warm, lead=0.5)["schedule_per_s"]
+            self.rates[arm] = self._arm(arm, warm, start_in=0.5)["schedule_per_s"]
         say(f"warm-up done: delayq {self.rates['delayq']:,.0f}/s, "
             f"native {self.rates['native']:,.0f}/s scheduling")
 
     def delayq(self) -> dict:
-        return self._arm("delayq", self.load, self._lead("delayq", self.load.tasks))
+        return self._arm("delayq", self.load, self._start_in(self.load.tasks))
 
     def delayq_direct(self) -> dict:
         """The delayq arm with the carrier restarted with ``--direct``."""
         with self._carrier("--direct"):
-            return self._arm("delayq", self.load, self._lead("delayq", self.load.tasks),
+            return self._arm("delayq", self.load, self._start_in(self.load.tasks),
                              label="delayq, direct")
 
     def delayq_lead(self) -> dict:
         """The delayq arm with the carrier restarted with ``--handoff-lead``."""
         with self._carrier("--handoff-lead", str(self.handoff_lead)):
-            return self._arm("delayq", self.load, self._lead("delayq", self.load.tasks),
+            return self._arm("delayq", self.load, self._start_in(self.load.tasks),
                              label=f"delayq, hand-off lead {self.handoff_lead:g} s")
 
     def native(self) -> dict:
-        return self._arm("native", self.load, self._lead("native", self.load.tasks))
+        return self._arm("native", self.load, self._start_in(self.load.tasks))
 
-    def _arm(self, arm: str, load: Load, lead: float, label: str = "") -> dict:
+    def native_paced(self) -> dict:
+        """The native arm, each task sent with a countdown of the hand-off lead."""
+        return self._arm("native", self.load, self.handoff_lead, paced=True,
+                         label=f"native, paced {self.handoff_lead:g} s ahead")
+
+    def _arm(self, arm: str, load: Load, start_in: float, label: str = "",
+             paced: bool = False) -> dict:
         label = label or arm
+        # A fresh worker's RSS growth is the arm's own: the ETA messages it holds.
+        worker = psutil.Process(self.cluster.restart_worker()) if self.fresh_worker else None
+        rss = [worker.memory_info().rss] * 2 if worker else [0, 0]  # before, most seen since
         runs_key = self._runs_key(arm)
         marks = workload.journal_marks(self.ctx) if arm == "delayq" else None
         send = (workload.send_delayed if arm == "delayq" else workload.send_native)(
             self.ctx, runs_key)
         say(f"{label}: scheduling {load.tasks:,} tasks due over {load.window:g}s "
-            f"from {lead:.1f}s on")
-        scheduled = workload.schedule_one_by_one(load, lead, send)
+            f"from {start_in:.1f}s on")
+
+        def poll() -> None:
+            self.cluster.check_alive()
+            if worker is not None:
+                rss[1] = max(rss[1], worker.memory_info().rss)
+
+        scheduled = (workload.schedule_paced(load, start_in, send) if paced
+                     else workload.schedule_one_by_one(load, start_in, send))
         say(f"{label}: scheduled at {scheduled.per_s:,.0f}/s ({scheduled.overran} overran)")
-        workload.wait_for_runs(self.ctx, runs_key, load.tasks, lead + load.window
-                               + _DRAIN_TIMEOUT, self.cluster.check_alive, say)
+        workload.wait_for_runs(self.ctx, runs_key, load.tasks, start_in + load.window
+                               + _DRAIN_TIMEOUT, poll, say)
         records = workload.runs(self.ctx, runs_key)
         self.ctx.delayq.store.client.delete(runs_key)
-        lateness, duplicates = workload.worker_lateness(
-            records, None if arm == "delayq" else scheduled.due_ms)
+        due_ms = None if arm == "delayq" else scheduled.due_ms
+        lateness, duplicates = workload.worker_lateness(records, due_ms)
         result = {"tasks": load.tasks, "schedule_per_s": scheduled.per_s,
                   "schedule_overran": scheduled.overran, "duplicates": duplicates,
                   "worker_lateness_ms": lateness,
-                  "worker_start_per_s": workload.worker_rate(records)}
+                  "worker_start_per_s": workload.worker_rate(records),
+                  "worker_gc": workload.worker_gc_pauses(self.ctx, records, due_ms),
+                  "worker_rss_growth_mib": (rss[1] - rss[0]) / 2**20 if worker else None}
         if marks is not None:
             events = workload.promoted(self.ctx, marks, scheduled.job_ids)
             result["promotion_lateness_ms"] = workload.promotion_lateness(events)
         say(f"{label}: worker start - due p50 {lateness['p50']:.1f} ms, "
-            f"p99 {lateness['p99']:.1f} ms, max {lateness['max']:.1f} ms")
+            f"p99 {lateness['p99']:.1f} ms, max {lateness['max']:.1f} ms; worker GC "
+            f"longest {result['worker_gc']['max_ms']:.1f} ms")
         return result
 
     def promotion(self, direct: bool = False) -> dict:
@@ -225,8 +253,8 @@ class Bench:
 
 def repetition(bench: Bench, n: int) -> dict:
     """One repetition; the arms alternate order so drift over time favours neither."""
-    order = ("delayq", "native", "delayq_lead") if n % 2 == 0 else ("delayq_lead", "native",
-                                                                      "delayq")
+    order = ("delayq", "native", "delayq_lead", "native_paced")
+    order = order if n % 2 == 0 else order[::-1]
     result: dict = {"loadavg_1m_before": os.getloadavg()[0]}
     result.update({arm: getattr(bench, arm)() for arm in order})
     result["promotion"] = bench.promotion()
@@ -247,9 +275,11 @@ def ratios(rep: dict) -> dict:
            for name in ("schedule_per_s", "worker_start_per_s")}
     out["promotion_vs_celery_alone"] = (rep["promotion"]["promotion_per_s"]
                                         / rep["celery_alone"]["per_s"])
-    for arm, name in (("delayq", "worker_lateness"), ("delayq_lead", "lead_worker_lateness")):
+    for arm, name, native in (("delayq", "worker_lateness", "native"),
+                              ("delayq_lead", "lead_worker_lateness", "native"),
+                              ("delayq_lead", "lead_vs_paced_worker_lateness", "native_paced")):
         out[name] = {p: rep[arm]["worker_lateness_ms"][p]
-                     / max(theirs["worker_lateness_ms"][p], 1e-3)
+                     / max(rep[native]["worker_lateness_ms"][p], 1e-3)
                      for p in ("p50", "p95", "p99", "max")}
     return out
 
@@ -272,6 +302,10 @@ def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: in
         lat_row(f"delayq, lead {handoff_lead:g} s, worker start - due",
                 "delayq_lead.worker_lateness_ms"),
         lat_row(f"ratio delayq lead {handoff_lead:g} s ÷ native", "ratios.lead_worker_lateness"),
+        lat_row(f"native, paced {handoff_lead:g} s ahead, worker start - due",
+                "native_paced.worker_lateness_ms"),
+        lat_row(f"ratio delayq lead {handoff_lead:g} s ÷ native paced",
+                "ratios.lead_vs_paced_worker_lateness"),
         lat_row(f"publish - due at {sustained_rate:,} due/s, kombu",
                 "promotion.sustained.lateness_ms"),
         lat_row(f"publish - due at {sustained_rate:,} due/s, direct",
@@ -299,7 +333,16 @@ def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: in
          cell(summary.get("ratios.promotion_vs_celery_alone"), 2, many)],
     ]
     throughput = table(["jobs/s", "delayq", "native", "ratio"], rows)
-    return f"{lateness}\n\n{throughput}"
+    pauses = table(["worker main process", "GC >= 1 ms, first due to last start",
+                    "longest GC, ms", "sum, ms", "RSS growth, MiB"], [
+        [label, *(cell(summary.get(f"{arm}.{name}"), digits, many)
+                  for name, digits in (("worker_gc.count", 0), ("worker_gc.max_ms", 1),
+                                       ("worker_gc.total_ms", 1),
+                                       ("worker_rss_growth_mib", 1)))]
+        for arm, label in (("native", "native"), ("delayq", "delayq"),
+                           ("delayq_lead", f"delayq, lead {handoff_lead:g} s"),
+                           ("native_paced", f"native, paced {handoff_lead:g} s ahead"))])
+    return f"{lateness}\n\n{pauses}\n\n{throughput}"
 
 
 def machine(ctx: ModuleType, setup: WorkerSetup) -> dict:
@@ -335,6 +378,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="due jobs/s over --window in each promotion arm (0: skip)")
     parser.add_argument("--handoff-lead", type=float, default=1.0,
                         help="seconds of hand-off lead in the lead arm")
+    parser.add_argument("--fresh-worker", action="store_true",
+                        help="a fresh worker for each lateness arm, so each arm's worker RSS "
+                             "growth is its own (a worker keeps the heap an arm grew)")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 2,000 tasks, 1 repetition")
@@ -363,7 +409,7 @@ def run(opts: argparse.Namespace) -> dict:
         say(f"redis-server at {cluster.redis.url}; worker ({setup.pool}, "
             f"{setup.concurrency}) and carrier started")
         bench = Bench(cluster, load, opts.promotion_tasks, opts.sustained_rate,
-                      opts.handoff_lead)
+                      opts.handoff_lead, opts.fresh_worker)
         bench.warm_up()
         reps = []
         for n in range(opts.repeat):
@@ -377,6 +423,7 @@ def run(opts: argparse.Namespace) -> dict:
                        "promotion_tasks": opts.promotion_tasks,
                        "sustained_rate": opts.sustained_rate,
                        "handoff_lead_s": opts.handoff_lead,
+                       "fresh_worker": opts.fresh_worker,
                        "pool": setup.pool, "concurrency": setup.concurrency,
                        "worker_events": not opts.no_worker_events},
         "command": " ".join(["python -m bench.lateness", *sys.argv[1:]]),

@@ -3,10 +3,11 @@
 One redis-server, one ``celery worker -P prefork -c 2`` and one carrier serve every rate.
 Per repetition and rate R (due jobs/s), each arm schedules R * ``--window`` jobs one call at
 a time, due evenly over the window (the arms take turns going first). The arms: delayq
-through kombu, Celery native, and delayq with the carrier restarted with ``--direct``.
-Figures per rate: publish - due (journal ``promoted`` events) and worker start - due of
-both delayq arms, and native worker start - due, p50 and p99 (medians of the repetitions,
-[min..max]).
+through kombu, Celery native, delayq with the carrier restarted with ``--direct``, delayq
+with the carrier restarted with ``--handoff-lead`` and native with each task sent that long
+before it is due (bench.lateness's "native, paced"). Figures per rate: publish - due
+(journal ``promoted`` events) of the first two delayq arms, and worker start - due of every
+arm, p50 and p99 (medians of the repetitions, [min..max]).
 
 Writes ``bench/results/lateness_vs_load.json`` and ``docs/img/lateness_vs_load.png``
 (``pip install -e '.[bench]'`` for matplotlib). ``--plot-only`` redraws from the JSON.
@@ -34,8 +35,12 @@ SERIES = (  # (summary prefix, label, colour, line style)
     ("delayq_direct.worker_lateness_ms", "delayq worker start - due, direct", "tab:green",
      "-"),
     ("native.worker_lateness_ms", "Celery native worker start - due", "tab:red", "-"),
+    ("delayq_lead.worker_lateness_ms", "delayq worker start - due, hand-off lead",
+     "tab:purple", "-"),
+    ("native_paced.worker_lateness_ms", "Celery native worker start - due, sent lead ahead",
+     "tab:orange", "--"),
 )
-ARMS = ("delayq", "native", "delayq_direct")
+ARMS = ("delayq", "native", "delayq_direct", "delayq_lead", "native_paced")
 
 
 def run(opts: argparse.Namespace) -> dict:
@@ -43,7 +48,8 @@ def run(opts: argparse.Namespace) -> dict:
     per_rate: dict[str, list[dict]] = {str(rate): [] for rate in opts.rates}
     with Cluster(setup) as cluster:
         say(f"redis-server at {cluster.redis.url}; worker and carrier started")
-        bench = Bench(cluster, Load(max(opts.rates) * opts.window, opts.window), 0)
+        bench = Bench(cluster, Load(max(opts.rates) * opts.window, opts.window), 0,
+                      handoff_lead=opts.handoff_lead)
         bench.warm_up()
         for n in range(opts.repeat):
             for rate in opts.rates:
@@ -58,6 +64,7 @@ def run(opts: argparse.Namespace) -> dict:
     return {
         "benchmark": "lateness_vs_load", "machine": facts,
         "parameters": {"rates": opts.rates, "window_s": opts.window, "repeat": opts.repeat,
+                       "handoff_lead_s": opts.handoff_lead,
                        "pool": setup.pool, "concurrency": setup.concurrency},
         "command": " ".join(["python -m bench.lateness_load", *sys.argv[1:]]),
         "summary": {rate: summarise(reps) for rate, reps in per_rate.items()},
@@ -104,9 +111,11 @@ def plot(result: dict, path: Path) -> None:
     axes[0].set_ylabel("ms after due (log)")
     axes[0].legend(fontsize=8)
     facts, params = result["machine"], result["parameters"]
+    lead = params.get("handoff_lead_s")  # absent from runs before the lead arms
     fig.suptitle(f"celery-delayq vs Celery native ETA: {facts['nproc']} shared CPUs, "
                  f"Redis {facts['redis_server']}, worker prefork -c {params['concurrency']}, "
-                 f"median of {params['repeat']} [min..max]", fontsize=9)
+                 + (f"lead {lead:g} s, " if lead else "")
+                 + f"median of {params['repeat']} [min..max]", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -120,6 +129,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="due jobs per second")
     parser.add_argument("--window", type=float, default=3.0, help="seconds the due times span")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
+    parser.add_argument("--handoff-lead", type=float, default=1.0,
+                        help="seconds of hand-off lead in the lead arms")
     parser.add_argument("--quick", action="store_true", help="2 s windows, 1 repetition")
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out")
     parser.add_argument("--out", type=Path, default=None)

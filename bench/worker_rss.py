@@ -71,22 +71,14 @@ class Arms:
         self.ctx: ModuleType = cluster.app
         self.client = self.ctx.delayq.store.client
         self.jobs = jobs
-        self._probes = 0
 
     def fresh_worker(self) -> int:
         """Stop the worker, empty Redis, start a worker and wait until it ran a probe."""
         self.cluster.stop("worker")
         self.client.flushdb()
         pid = self.cluster.start_worker()
-        self.probe()
+        self.cluster.wait_for_worker()
         return pid
-
-    def probe(self) -> None:
-        self._probes += 1
-        runs_key = f"bench:rss:probe:{self._probes}"
-        self.ctx.native_probe.delay(runs_key)
-        wait_until(lambda: self.client.llen(runs_key) > 0, 60, "the worker to run a probe",
-                   self.cluster.check_alive)
 
     def run(self, arm: str) -> dict:
         pid = self.fresh_worker()
@@ -99,7 +91,7 @@ class Arms:
                     [{"args": ("bench:rss:never",), "delay": 3600}
                      for _ in range(first, min(first + _CHUNK, self.jobs))])
             fill_s = time.perf_counter() - started
-            self.probe()  # the worker is alive and served one task meanwhile
+            self.cluster.wait_for_worker()  # alive, and it served one task meanwhile
         else:
             workload.native_fill(self.ctx.app, self.ctx.native_probe, self.jobs,
                                  progress=lambda n: n and say(f"  native: {n:,} sent"))

@@ -45,14 +45,14 @@ class Scheduled:
     job_ids: list[str]
 
 
-def schedule_one_by_one(load: Load, lead: float,
+def schedule_one_by_one(load: Load, start_in: float,
                         send: Callable[[float], tuple[str, str]]) -> Scheduled:
     """Call ``send(delay_seconds) -> (task id, job id)`` once per job of ``load``.
 
-    Job ``i`` is due at ``start + lead + offsets[i]``; a call that comes after its due
+    Job ``i`` is due at ``start + start_in + offsets[i]``; a call that comes after its due
     time is sent with delay 0 and counted as overran.
     """
-    base = time.time() + lead
+    base = time.time() + start_in
     due_ms: dict[str, float] = {}
     job_ids, overran = [], 0
     started = time.perf_counter()
@@ -66,6 +66,27 @@ def schedule_one_by_one(load: Load, lead: float,
         job_ids.append(job_id)
     elapsed = time.perf_counter() - started
     return Scheduled(load.tasks / elapsed, overran, due_ms, job_ids)
+
+
+def schedule_paced(load: Load, ahead: float, send: Callable[[float], tuple[str, str]]
+                   ) -> Scheduled:
+    """Call ``send(ahead)`` for each job of ``load`` ``ahead`` seconds before it is due, in
+    due order, the first at once: a producer that keeps sending countdowns of ``ahead``,
+    as a carrier with that hand-off lead does."""
+    base = time.time() + ahead
+    due_ms: dict[str, float] = {}
+    job_ids = []
+    started = time.perf_counter()
+    for offset in sorted(load.offsets()):
+        wait = base + offset - ahead - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        now = time.time()
+        task_id, job_id = send(ahead)
+        due_ms[task_id] = (now + ahead) * 1000
+        job_ids.append(job_id)
+    elapsed = time.perf_counter() - started
+    return Scheduled(load.tasks / elapsed, 0, due_ms, job_ids)
 
 
 def send_delayed(ctx: ModuleType, runs_key: str) -> Callable[[float], tuple[str, str]]:
@@ -118,6 +139,19 @@ def worker_lateness(records: list[dict], due_ms: dict[str, float] | None = None
         due = due_ms[record["id"]] if due_ms is not None else record["due"]
         lateness.append(record["start"] - due)
     return distribution(lateness), duplicates
+
+
+def worker_gc_pauses(ctx: ModuleType, records: list[dict],
+                     due_ms: dict[str, float] | None = None) -> dict[str, float]:
+    """The worker main process's collections (``bench.app.GC_PAUSES``) that ended between
+    the first due time and the last start of ``records``: how many, the longest and their
+    sum (ms). Due times as in :func:`worker_lateness`."""
+    dues = due_ms.values() if due_ms is not None else (record["due"] for record in records)
+    first, last = min(dues), max(record["start"] for record in records)
+    pauses = [pause["ms"] for pause in map(json.loads, ctx.delayq.store.client.lrange(
+        ctx.GC_PAUSES, 0, -1)) if first <= pause["end"] <= last + pause["ms"]]
+    return {"count": len(pauses), "max_ms": max(pauses, default=0.0),
+            "total_ms": sum(pauses)}
 
 
 def worker_rate(records: list[dict]) -> float:

@@ -30,10 +30,12 @@ def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
 
     rep = result["repetitions"][0]
     tasks = result["parameters"]["tasks"]
-    for arm in ("delayq", "native", "delayq_lead"):
+    for arm in ("delayq", "native", "delayq_lead", "native_paced"):
         assert rep[arm]["worker_lateness_ms"]["n"] == tasks
         assert rep[arm]["duplicates"] == 0
         assert rep[arm]["schedule_per_s"] > 0
+        assert set(rep[arm]["worker_gc"]) == {"count", "max_ms", "total_ms"}
+        assert rep[arm]["worker_rss_growth_mib"] is None, "one worker serves every arm"
     assert rep["delayq"]["promotion_lateness_ms"]["n"] == tasks
     assert rep["delayq"]["promotion_lateness_ms"]["min"] >= 0, "promoted before due"
     assert rep["delayq"]["worker_lateness_ms"]["min"] >= 0, "ran before due"
