@@ -143,9 +143,9 @@ def worker_lateness(records: list[dict], due_ms: dict[str, float] | None = None
 
 def worker_gc_pauses(ctx: ModuleType, records: list[dict],
                      due_ms: dict[str, float] | None = None) -> dict[str, float]:
-    """The worker main process's collections (``bench.app.GC_PAUSES``) that ended between
-    the first due time and the last start of ``records``: how many, the longest and their
-    sum (ms). Due times as in :func:`worker_lateness`."""
+    """The worker main process's collections (``bench.app.GC_PAUSES``) that overlapped the
+    span from the first due time to the last start of ``records``: how many, the longest
+    and their sum (ms). Due times as in :func:`worker_lateness`."""
     dues = due_ms.values() if due_ms is not None else (record["due"] for record in records)
     first, last = min(dues), max(record["start"] for record in records)
     pauses = [pause["ms"] for pause in map(json.loads, ctx.delayq.store.client.lrange(
