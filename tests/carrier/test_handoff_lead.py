@@ -26,14 +26,17 @@ def lead_app(redis_server, **settings) -> Celery:
 
 def test_a_job_due_within_the_lead_is_handed_over_early_and_starts_on_time(
         proj, redis_server, redis_client, spawn):
-    # A worker of its own, in a process of its own: the session's in-process worker was
-    # found terminated here once (ci-local), and stopping an in-process worker stops all.
-    spawn("worker", "-Q", "celery", "-P", "solo", "--without-heartbeat", "--without-gossip",
-          "--without-mingle", "-l", "INFO")
+    # A worker of its own, in a process of its own, on a queue of its own. ci-local twice
+    # found the job handed over and never run (cause not found): with the session's
+    # in-process worker, seen "terminating", and then with this worker on the default queue,
+    # which that worker also reads when an earlier test of this process started it. Now no
+    # other worker reads the queue, and the worker's log is printed if the run never comes.
+    worker = spawn("worker", "-Q", "lead.near", "-P", "solo", "--without-heartbeat",
+                   "--without-gossip", "--without-mingle", "-l", "INFO")
     app = lead_app(redis_server, delayq_handoff_lead=2.0)
     delayq = DelayQ(app)
     due = datetime.now(timezone.utc) + timedelta(seconds=1.5)
-    delayq.schedule(proj.record.name, ("near",), eta=due, job_id="near")
+    delayq.schedule(proj.record.name, ("near",), eta=due, job_id="near", queue="lead.near")
     delayq.schedule(proj.record.name, ("far",), delay=30, job_id="far")
     carrier = Carrier(app)
     try:
@@ -44,7 +47,15 @@ def test_a_job_due_within_the_lead_is_handed_over_early_and_starts_on_time(
     assert handed_over < due.timestamp()
     assert delayq.get("near") is None and delayq.cancel("near") is False
 
-    run = wait_for(lambda: proj.runs(), timeout=30, what="the near job's run")[0]
+    def ran() -> list[dict]:
+        assert worker.poll() is None, f"the worker exited:\n{worker.log.read_text()[-3000:]}"
+        return proj.runs()
+
+    try:
+        run = wait_for(ran, timeout=30, what="the near job's run")[0]
+    except pytest.fail.Exception:
+        print(worker.log.read_text()[-3000:])  # shown with the failure
+        raise
     assert run["label"] == "near" and run["started_ms"] >= due.timestamp() * 1000
     assert delayq.get("far").state == "scheduled" and delayq.cancel("far") is True
 
