@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from dataclasses import dataclass
 from zlib import crc32
 
@@ -86,6 +87,7 @@ from zlib import crc32
 KEY_SEP = "\x00"
 #: First character of a stored job id that packs a UUID (see :func:`pack_id`).
 PACKED = "~"
+_PACKED_UUID = re.compile(r"~[A-Za-z0-9_-]{21}", re.ASCII)  # what pack_id makes of a UUID
 
 
 @dataclass(frozen=True)
@@ -223,10 +225,16 @@ def raw_id(stored: str) -> str | bytes:
 
 
 def unpack_id(stored: str) -> str:
-    """The job id :func:`pack_id` stored as ``stored``."""
+    """The job id :func:`pack_id` stored as ``stored``.
+
+    A damaged id that starts with one ``~`` but is not ``~`` and 21 base64url characters
+    (no id packs to it) comes back as it is, as the claim script reads it too.
+    """
     if not stored.startswith(PACKED):
         return stored
     if stored.startswith(PACKED * 2):
         return stored[1:]
+    if not _PACKED_UUID.fullmatch(stored):
+        return stored
     h = base64.urlsafe_b64decode(stored[1:] + "A==").hex()
     return f"{h[:8]}-{h[8:12]}-4{h[12:15]}-{h[15:19]}-{h[19:31]}"

@@ -231,10 +231,12 @@ for n = 1, 64 do
   HIGH[char], LOW[char] = HEX[math.floor(bits / 4)], HEX[bits % 16]
   LOW2[char], TOP2[char] = (bits % 4) * 4, math.floor(bits / 16)
 end
--- Returns whether it was a UUID, and the id.
+-- Returns whether it was a UUID, and the id: as keys.unpack_id, a damaged id that starts
+-- with one "~" but is not "~" and 21 base64url characters comes back as it is.
 local function unpack_id(stored)
   if string.byte(stored, 1) ~= 126 then return false, stored end  -- not "~"
   if string.byte(stored, 2) == 126 then return false, string.sub(stored, 2) end
+  if #stored ~= 22 or string.find(stored, '[^%w_%-]', 2) then return false, stored end
   -- two characters, 12 bits, make three hex digits: a b -> HIGH[a], HEX[LOW2[a] + TOP2[b]],
   -- LOW[b]; the last character's low 2 bits are padding. One concatenation, no tables.
   local a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q, r, s, t, u = string.byte(stored, 2, 22)

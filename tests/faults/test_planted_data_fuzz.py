@@ -25,6 +25,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from celery_delayq.keys import unpack_id
 from tests.conftest import CLUSTER, PROMOTIONS
 from tests.faults.test_carrier_faults import PARKED, carry_until_quiet, schedule_due_now
 from tests.unit.test_envelope_fuzz import (
@@ -76,7 +77,7 @@ class Planted:
     def visible_id(self) -> str | None:
         """The id messages and dead letters show, when the stored id is UTF-8."""
         try:
-            return self.job_id.decode()
+            return unpack_id(self.job_id.decode())
         except UnicodeDecodeError:
             return None
 
@@ -90,6 +91,12 @@ FOUND = {
     "kwargs-not-json": b'{"t":"tests.proj.record","q":"parked"}\n\n[1',
     "args-nan-kwargs-infinity": b'{"t":"tests.proj.record","q":"parked"}\nNaN\n-Infinity',
 }
+
+
+#: Stored ids that start with "~" as packed UUIDs do, but are none (and two that are).
+TILDE_IDS = [b"~", b"~ab", b"~" + b"!" * 21, b"~" + b"A" * 22, b"~" + b"A" * 20 + b"\xff",
+             b"~~!", b"~" + b"A" * 21, b"~" + b"_" * 21]
+PLAIN = b'{"t":"tests.proj.record","q":"parked"}\n[1]\n'
 
 
 def planted(n: int, suffix: str, envelope: bytes | None, score: bytes) -> Planted:
@@ -147,6 +154,13 @@ def carrier_handles(proj, jobs: list[Planted], waiting: list[Planted], direct: b
 def test_envelopes_found_by_fuzzing_are_dead_lettered_or_published(
         proj, redis_client, found, promotion):
     carrier_handles(proj, [planted(0, found, FOUND[found], b"0")], [],
+                    direct=promotion == "direct")
+
+
+@pytest.mark.parametrize("promotion", PROMOTIONS)
+def test_a_stored_id_that_only_looks_packed_is_published_as_it_is(proj, redis_client,
+                                                                  promotion):
+    carrier_handles(proj, [Planted(job_id, PLAIN, b"0") for job_id in TILDE_IDS], [],
                     direct=promotion == "direct")
 
 

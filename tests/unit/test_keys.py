@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from celery_delayq.keys import new_job_id, pack_id, unpack_id
+from celery_delayq.reading import job_id_of
 
 
 def test_a_uuid4_job_id_is_stored_in_22_characters():
@@ -35,3 +36,9 @@ def test_new_job_id_is_a_version_4_uuid_with_its_packed_form():
         parsed = uuid.UUID(job_id)
         assert (str(parsed), parsed.version, parsed.variant) == (job_id, 4, uuid.RFC_4122)
         assert (stored, unpack_id(stored)) == (pack_id(job_id), job_id)
+
+
+@pytest.mark.parametrize("stored", ["~", "~ab", "~" + "!" * 21, "~" + "A" * 22, "~é" + "A" * 20])
+def test_a_damaged_id_that_only_looks_packed_comes_back_as_it_is(stored):
+    assert unpack_id(stored) == stored
+    assert job_id_of(stored) is None  # no id packs to it
