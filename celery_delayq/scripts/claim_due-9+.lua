@@ -131,7 +131,6 @@ end
 
 -- What a job's first line says, when it is open to direct promotion: its fields and the
 -- parts of its message that depend on them alone; false when it is not.
-local origin = cjson.encode(ARGV[5])
 local function route(line)
   local fields = first_line(line)
   if not fields or type(fields['t']) ~= 'string' then return false end
@@ -250,11 +249,16 @@ end
 
 -- The eta header of a job due at ms, as message.eta_header writes it: the due time, UTC, to
 -- the millisecond; null outside years 1 to 9999 (days to a date: Hinnant's civil_from_days).
-local second_text = {}  -- second -> its date and time; a batch falls due in a few seconds
+-- Returned in parts that message() joins, so a job's eta makes no string of its own: the
+-- date and time to the second (the same for the jobs of a second), then its three digits
+-- of milliseconds.
+local second_text = {}  -- second -> '"<date>T<time>.'; a batch falls due in a few seconds
+local DIGIT = {}
+for n = 0, 9 do DIGIT[n] = tostring(n) end
 local function eta(due)
-  local ms = tonumber(due)
-  if ms < -62135596800000 or ms > 253402300799999 then return 'null' end
-  local second = math.floor(math.floor(ms) / 1000)
+  local ms = math.floor(tonumber(due))
+  if ms < -62135596800000 or ms > 253402300799999 then return 'null', '', '', '', '' end
+  local second = math.floor(ms / 1000)
   local text = second_text[second]
   if not text then
     local days = math.floor(second / 86400)
@@ -267,35 +271,48 @@ local function eta(due)
     local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
     local mp = math.floor((5 * doy + 2) / 153)
     local month = mp < 10 and mp + 3 or mp - 9
-    text = string.format('"%04d-%02d-%02dT%02d:%02d:%02d', yoe + era * 400
+    text = string.format('"%04d-%02d-%02dT%02d:%02d:%02d.', yoe + era * 400
       + (month <= 2 and 1 or 0), month, doy - math.floor((153 * mp + 2) / 5) + 1,
       math.floor(rest / 3600), math.floor(rest / 60) % 60, rest % 60)
     second_text[second] = text
   end
-  return text .. string.format('.%03d+00:00"', math.floor(ms) - second * 1000)
+  local milli = ms - second * 1000
+  return text, DIGIT[math.floor(milli / 100)], DIGIT[math.floor(milli / 10) % 10],
+    DIGIT[milli % 10], '+00:00"'
+end
+
+-- Text as the inside of a JSON string: as it is when nothing in it needs escaping (JSON of
+-- numbers, lists and objects; no quote, backslash or control character), else escaped.
+local function inside(text)
+  if not string.find(text, '[%c"\\]') then return text end
+  return string.sub(cjson.encode(text), 2, -2)
 end
 
 -- The kombu Redis transport's message for Celery's protocol 2, as apply_async sends it
--- (Celery's headers and properties; the body is JSON text, not base64).
+-- (Celery's headers and properties; the body is JSON text, not base64). One concatenation:
+-- the parts that are the same for every job of a call are constants or kept per route.
+local EMBED = [[,{\"callbacks\":null,\"errbacks\":null,\"chain\":null,\"chord\":null}]"]]
+  .. ',"content-encoding":"utf-8","content-type":"application/json","headers":{'
+  .. '"lang":"py","task":'
+local AFTER_KWARGSREPR = '","origin":' .. cjson.encode(ARGV[5]) .. ',"ignore_result":false,'
+  .. '"replaced_task_nesting":0,"stamped_headers":null,"stamps":{},"delayq_job":"'
+local AFTER_JOB = '","delayq_shard":' .. ARGV[4] .. ',"delayq_due":'
 local function message(stored, due, r, args, kwargs)
   local uuid, job_id = unpack_id(stored)
-  local job = uuid and ('"' .. job_id .. '"') or cjson.encode(job_id)
-  local id = r.id or job
+  local job = uuid and job_id or inside(job_id)  -- inside its JSON string
+  local id = r.id or ('"' .. job .. '"')
   if args == '' then args = '[]' end
   if kwargs == '' then kwargs = '{}' end
-  return '{"body":' .. cjson.encode('[' .. args .. ',' .. kwargs
-      .. ',{"callbacks":null,"errbacks":null,"chain":null,"chord":null}]')
-    .. ',"content-encoding":"utf-8","content-type":"application/json","headers":{'
-    .. '"lang":"py","task":' .. r.task .. ',"id":' .. id
-    .. ',"shadow":null,"eta":' .. eta(due) .. ',"expires":null,"group":null,"group_index":null,'
-    .. '"retries":0,"timelimit":[null,null],"root_id":' .. id .. ',"parent_id":null,'
-    .. '"argsrepr":' .. cjson.encode(repr(args)) .. ',"kwargsrepr":'
-    .. (kwargs == '{}' and '"{}"' or cjson.encode(repr(kwargs))) .. ',"origin":' .. origin
-    .. ',"ignore_result":false,'
-    .. '"replaced_task_nesting":0,"stamped_headers":null,"stamps":{},"delayq_job":' .. job
-    .. ',"delayq_shard":' .. ARGV[4] .. ',"delayq_due":' .. due .. r.key
-    .. '},"properties":{"correlation_id":' .. id .. r.properties
-    .. string.sub(job, 1, -2) .. '@' .. now_us .. '"}}'
+  local a, k = inside(args), inside(kwargs)
+  local eta1, eta2, eta3, eta4, eta5 = eta(due)
+  return '{"body":"[' .. a .. ',' .. k .. EMBED .. r.task .. ',"id":' .. id
+    .. ',"shadow":null,"eta":' .. eta1 .. eta2 .. eta3 .. eta4 .. eta5
+    .. ',"expires":null,"group":null,"group_index":null,"retries":0,'
+    .. '"timelimit":[null,null],"root_id":' .. id .. ',"parent_id":null,"argsrepr":"'
+    .. (#args <= repr_max and a or inside(repr(args))) .. '","kwargsrepr":"'
+    .. (#kwargs <= repr_max and k or inside(repr(kwargs))) .. AFTER_KWARGSREPR .. job
+    .. AFTER_JOB .. due .. r.key .. '},"properties":{"correlation_id":' .. id
+    .. r.properties .. '"' .. job .. '@' .. now_us .. '"}}'
 end
 
 -- Runs redis.call(command, key, ...) with many values, a thousand at a time; the replies

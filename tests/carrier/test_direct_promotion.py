@@ -73,6 +73,21 @@ def test_direct_message_is_the_message_kombu_publishes(proj, app, redis_client, 
     assert [json.loads(text) for text in reprs] == [list(args), kwargs or {}]
 
 
+@pytest.mark.parametrize("due", [
+    DUE.replace(microsecond=1000), DUE.replace(microsecond=70_000),
+    datetime(2026, 2, 28, 23, 59, 59, 999_000, tzinfo=timezone.utc),
+    datetime(2024, 2, 29, 12, 0, 0, 120_000, tzinfo=timezone.utc),
+])
+def test_direct_message_carries_the_eta_kombu_would_to_the_millisecond(proj, app,
+                                                                       redis_client, due):
+    etas = []
+    for direct in (False, True):
+        proj.record.apply_delayed(eta=due, queue=PARKED, job_id="same")
+        promote_once(app, direct=direct)
+        etas.append(parked(redis_client)[-1]["headers"]["eta"])
+    assert etas[0] == etas[1] == due.isoformat(timespec="milliseconds")
+
+
 def test_direct_promotion_forgets_each_job_once_and_journals_it(
         proj, app, delayq, redis_client):
     for i in range(300):
