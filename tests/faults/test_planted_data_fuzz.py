@@ -99,11 +99,14 @@ TILDE_IDS = [b"~", b"~ab", b"~" + b"!" * 21, b"~" + b"A" * 22, b"~" + b"A" * 20 
 PLAIN = b'{"t":"tests.proj.record","q":"parked"}\n[1]\n'
 
 
-def planted(n: int, suffix: str, envelope: bytes | None, score: bytes) -> Planted:
-    return Planted(f"planted-{n}-{suffix}".encode("utf-8", "surrogatepass"), envelope, score)
+def planted(n: int, suffix: str, envelope: bytes | None, score: bytes,
+            start: str = "planted-") -> Planted:
+    return Planted(f"{start}{n}-{suffix}".encode("utf-8", "surrogatepass"), envelope, score)
 
 
-PLANTED = st.lists(st.tuples(TEXT, STORED, DUE_SCORES), min_size=1, max_size=6).map(
+#: Ids start with "~" too, as packed ids do (keys.pack_id).
+PLANTED = st.lists(st.tuples(TEXT, STORED, DUE_SCORES, st.sampled_from(["planted-", "~"])),
+                   min_size=1, max_size=6).map(
     lambda jobs: [planted(n, *job) for n, job in enumerate(jobs)])
 
 
