@@ -14,6 +14,10 @@ carrier``) serve every arm of the run. Per repetition:
 * **native, paced**: the native arm's tasks each sent with ``countdown`` = the hand-off
   lead, that long before it is due, in due order: native ETA at a steady rate, the worker
   receiving while it starts tasks, as it does with a lead.
+* **BullMQ** (when Node and npm are there; ``bench.scheduling`` installs it): the same
+  load added one ``await queue.add`` at a time by a Node process whose Worker (concurrency
+  50) starts the jobs (``bench/bullmq/lateness.mjs``), on the same Redis server; worker
+  start lateness against the due time the producer computed.
 * **promotion**: jobs all due at one instant (scheduled with ``apply_delayed_many``)
   into a queue no worker reads; jobs/s from due time to the last ``promoted`` event,
   once through kombu and once with the carrier restarted with ``--direct`` (the claim
@@ -49,13 +53,16 @@ from kombu.utils.uuid import uuid
 from . import workload
 from .harness import ROOT, Cluster, WorkerSetup
 from .output import say, write_result
-from .stats import PERCENTILES, cell, summarise, table
+from .scheduling import bullmq_ready, node_json
+from .stats import PERCENTILES, cell, distribution, summarise, table
 from .workload import Load
 
 RESULTS = ROOT / "bench" / "results"
 _WARMUP_TASKS = 300
 _START_MARGIN = 1.0  # seconds between the expected end of scheduling and the first due job
 _DRAIN_TIMEOUT = 300.0
+_BULLMQ_CONCURRENCY = 50
+_BULLMQ_DB = 15  # BullMQ's keys apart from the bench app's
 
 
 
@@ -117,6 +124,23 @@ class Bench:
         """The native arm, each task sent with a countdown of the hand-off lead."""
         return self._arm("native", self.load, self.handoff_lead, paced=True,
                          label=f"native, paced {self.handoff_lead:g} s ahead")
+
+    def bullmq(self) -> dict:
+        """BullMQ's delivery of the same load, in one Node process that adds the jobs and
+        runs a Worker (``bench/bullmq/lateness.mjs``), on the same Redis server."""
+        load, start_in = self.load, self._start_in(self.load.tasks)
+        say(f"bullmq: adding {load.tasks:,} jobs due over {load.window:g}s from "
+            f"{start_in:.1f}s on (Node, Worker concurrency {_BULLMQ_CONCURRENCY})")
+        out = node_json("lateness.mjs", f"{self.cluster.redis.url}/{_BULLMQ_DB}", load.tasks,
+                        load.window, start_in, _BULLMQ_CONCURRENCY,
+                        timeout=start_in + load.window + _DRAIN_TIMEOUT)
+        lateness = distribution(out["lateness_ms"])
+        say(f"bullmq: added at {out['schedule_per_s']:,.0f}/s ({out['overran']} overran); "
+            f"worker start - due p50 {lateness['p50']:.1f} ms, p99 {lateness['p99']:.1f} ms")
+        return {"tasks": load.tasks, "schedule_per_s": out["schedule_per_s"],
+                "schedule_overran": out["overran"], "worker_lateness_ms": lateness,
+                "worker_start_per_s": workload.worker_rate(
+                    [{"start": start} for start in out["start_ms"]])}
 
     def _arm(self, arm: str, load: Load, start_in: float, label: str = "",
              paced: bool = False) -> dict:
@@ -251,9 +275,9 @@ class Bench:
                 "promotion_per_s": len(events) / span_s, "lateness_ms": lateness}
 
 
-def repetition(bench: Bench, n: int) -> dict:
-    """One repetition; the arms alternate order so drift over time favours neither."""
-    order = ("delayq", "native", "delayq_lead", "native_paced")
+def repetition(bench: Bench, n: int, bullmq: bool = False) -> dict:
+    """One repetition; the arms alternate order so drift over time favours none."""
+    order = ("delayq", "native", "delayq_lead", "native_paced", *(("bullmq",) if bullmq else ()))
     order = order if n % 2 == 0 else order[::-1]
     result: dict = {"loadavg_1m_before": os.getloadavg()[0]}
     result.update({arm: getattr(bench, arm)() for arm in order})
@@ -277,7 +301,10 @@ def ratios(rep: dict) -> dict:
                                         / rep["celery_alone"]["per_s"])
     for arm, name, native in (("delayq", "worker_lateness", "native"),
                               ("delayq_lead", "lead_worker_lateness", "native"),
-                              ("delayq_lead", "lead_vs_paced_worker_lateness", "native_paced")):
+                              ("delayq_lead", "lead_vs_paced_worker_lateness", "native_paced"),
+                              ("delayq", "bullmq_worker_lateness", "bullmq")):
+        if native not in rep:  # no BullMQ arm
+            continue
         out[name] = {p: rep[arm]["worker_lateness_ms"][p]
                      / max(rep[native]["worker_lateness_ms"][p], 1e-3)
                      for p in ("p50", "p95", "p99", "max")}
@@ -292,7 +319,8 @@ def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: in
     pcts = [name for name, _ in PERCENTILES] + ["max"]
 
     def lat_row(label: str, prefix: str) -> list[str]:
-        return [label, *(cell(summary.get(f"{prefix}.{p}"), 1, many) for p in pcts)]
+        digits = 2 if prefix.startswith("ratios.") else 1
+        return [label, *(cell(summary.get(f"{prefix}.{p}"), digits, many) for p in pcts)]
 
     lateness = table(["lateness, ms", *pcts], [
         lat_row("delayq publish - due (journal)", "delayq.promotion_lateness_ms"),
@@ -306,6 +334,9 @@ def report(summary: dict, repeats: int, promotion_tasks: int, sustained_rate: in
                 "native_paced.worker_lateness_ms"),
         lat_row(f"ratio delayq lead {handoff_lead:g} s ÷ native paced",
                 "ratios.lead_vs_paced_worker_lateness"),
+        lat_row(f"BullMQ worker start - due (Node, concurrency {_BULLMQ_CONCURRENCY})",
+                "bullmq.worker_lateness_ms"),
+        lat_row("ratio delayq ÷ BullMQ (worker start)", "ratios.bullmq_worker_lateness"),
         lat_row(f"publish - due at {sustained_rate:,} due/s, kombu",
                 "promotion.sustained.lateness_ms"),
         lat_row(f"publish - due at {sustained_rate:,} due/s, direct",
@@ -411,10 +442,13 @@ def run(opts: argparse.Namespace) -> dict:
         bench = Bench(cluster, load, opts.promotion_tasks, opts.sustained_rate,
                       opts.handoff_lead, opts.fresh_worker)
         bench.warm_up()
+        skipped = bullmq_ready()
+        if skipped is not None:
+            say(f"BullMQ arm skipped: {skipped}")
         reps = []
         for n in range(opts.repeat):
             say(f"-- repetition {n + 1}/{opts.repeat} --")
-            reps.append(repetition(bench, n))
+            reps.append(repetition(bench, n, bullmq=skipped is None))
         facts = machine(cluster.app, setup)
     summary = summarise(reps)
     return {
@@ -425,7 +459,8 @@ def run(opts: argparse.Namespace) -> dict:
                        "handoff_lead_s": opts.handoff_lead,
                        "fresh_worker": opts.fresh_worker,
                        "pool": setup.pool, "concurrency": setup.concurrency,
-                       "worker_events": not opts.no_worker_events},
+                       "worker_events": not opts.no_worker_events,
+                       "bullmq_skipped": skipped},
         "command": " ".join(["python -m bench.lateness", *sys.argv[1:]]),
         "summary": summary, "repetitions": reps,
     }

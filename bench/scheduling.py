@@ -117,10 +117,15 @@ def native(task, numbers: range) -> None:
 
 
 def bullmq_arm(url: str, db: int, calls: int, mode: str = "one") -> dict:
-    done = subprocess.run(["node", "add.mjs", f"{url}/{db}", str(calls), mode], cwd=BULLMQ,
-                          capture_output=True, text=True, check=False)
+    return node_json("add.mjs", f"{url}/{db}", calls, mode)
+
+
+def node_json(script: str, *args: object, timeout: float | None = None) -> dict:
+    """Run ``bench/bullmq/<script>`` with ``args`` in Node; the JSON its last line prints."""
+    done = subprocess.run(["node", script, *map(str, args)], cwd=BULLMQ, capture_output=True,
+                          text=True, timeout=timeout, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"bench/bullmq/add.mjs failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"bench/bullmq/{script} failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

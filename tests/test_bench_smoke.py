@@ -41,6 +41,9 @@ def test_quick_lateness_bench_runs_and_writes_json(tmp_path):
     assert rep["delayq"]["worker_lateness_ms"]["min"] >= 0, "ran before due"
     assert rep["delayq_lead"]["worker_lateness_ms"]["min"] >= 0, "a lead job ran before due"
     assert rep["worker_drain"]["worker_start_per_s"] > 0
+    if result["parameters"]["bullmq_skipped"] is None:  # Node and npm are there
+        assert rep["bullmq"]["worker_lateness_ms"]["n"] == tasks
+        assert rep["bullmq"]["worker_lateness_ms"]["min"] >= 0, "BullMQ ran a job before due"
     for arm in ("promotion", "promotion_direct"):
         assert rep[arm]["promoted"] == result["parameters"]["promotion_tasks"], arm
         assert rep[arm]["lateness_ms"]["min"] >= 0, f"{arm}: promoted before due"
