@@ -38,7 +38,7 @@ import redis
 from .held import RANGES, split_score
 from .keys import ShardKeys, unpack_id
 from .ratelimit import in_force
-from .reading import MIN_MS
+from .reading import MIN_MS, count_of
 from .scripts import SCRIPTS, execute
 from .store import Store
 
@@ -112,10 +112,13 @@ class _ShardCheck:
             self.report.counts_checked = False
             return
         counts = cast("dict[str, str]", self.client.hgetall(self.shard.counts))  # decoded
-        stored = {task: int(n) for task, n in counts.items() if task != ""}
-        diffs = {task: tasks.get(task, 0) - stored.get(task, 0)
+        # a damaged count (not an integer) is wrong whatever it should be; the repair's
+        # add_count sets it to the difference from 0
+        stored = {task: count_of(n) for task, n in counts.items() if task != ""}
+        diffs = {task: tasks.get(task, 0) - (stored.get(task) or 0)
                  for task in set(tasks) | set(stored) if task != ""}
-        wrong = sorted(task for task, diff in diffs.items() if diff)
+        wrong = sorted(task for task, diff in diffs.items()
+                       if diff or (task in stored and stored[task] is None))
         self._found("counts", wrong, [("count", task, diffs[task]) for task in wrong])
 
     def _members(self, kind: str, key: str) -> None:

@@ -10,6 +10,7 @@ what a reader skipped and logs it once per run.
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timedelta, timezone
 
 from .keys import pack_id, unpack_id
@@ -19,6 +20,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MIN_MS = -62_135_596_800_000
 MAX_MS = 253_402_300_799_999
 _EXAMPLES = 3  # unreadable entries named in the log line
+_COUNT = re.compile(r"-?[0-9]{1,19}")  # what HINCRBY adds to (within int64, checked below)
 
 
 def datetime_of_ms(ms: float | int | str | None) -> datetime | None:
@@ -47,6 +49,15 @@ def is_text(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def count_of(text: str) -> int | None:
+    """A count as Redis keeps it (``HINCRBY``'s 64-bit integer); None when Redis could not
+    add to it (the scripts' ``add_count`` then sets it afresh)."""
+    if not _COUNT.fullmatch(text):
+        return None
+    n = int(text)
+    return n if -2**63 <= n < 2**63 else None
 
 
 def job_id_of(stored: str) -> str | None:

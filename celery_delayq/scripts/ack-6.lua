@@ -18,6 +18,7 @@ Returns the number of jobs acknowledged.
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
+-- include: counts.lua
 -- include: damaged.lua
 -- include: journal.lua
 local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream', 6, 'hash'})
@@ -39,6 +40,6 @@ for i = 2, #ARGV, 6 do
                 'due', ARGV[i + 4])
   n = n + 1
 end
-for name, forgotten in pairs(per_task) do redis.call('HINCRBY', KEYS[6], name, -forgotten) end
+for name, forgotten in pairs(per_task) do add_count(6, name, -forgotten) end
 trim_journal(5)
 return n

@@ -25,6 +25,7 @@ task id ("" when it is the job id) and its job id.
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
+-- include: counts.lua
 -- include: damaged.lua
 -- include: first_line.lua
 -- include: journal.lua
@@ -57,9 +58,9 @@ for _, job_id in ipairs(ids) do
     reply[#reply + 1] = job_id
     if (moving or not redis.call('ZSCORE', KEYS[3], job_id))
         and redis.call('HDEL', KEYS[2], job_id) == 1 and task ~= '' then
-      redis.call('HINCRBY', KEYS[6], task, -1)
+      add_count(6, task, -1)
     end
-    if kind ~= 'move' then redis.call('HINCRBY', KEYS[6], '', 1) end
+    if kind ~= 'move' then add_count(6, '', 1) end
     if key ~= '' then redis.call('ZREM', KEYS[4], key .. '\0' .. job_id) end
     journal(5, kind == 'move' and 'moved' or 'cancelled',
             'job', job_id, 'task', task, 'key', key, 'by', ARGV[4])

@@ -56,6 +56,7 @@ replaced since, so whose score is not RATE_BASE + its due any more, is dropped).
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
+-- include: counts.lua
 -- include: damaged.lua
 -- include: held.lua
 -- include: journal.lua
@@ -407,7 +408,7 @@ end
 for index, messages in pairs(pushed) do each_chunk('LPUSH', KEYS[index], messages) end
 each_chunk('HDEL', KEYS[3], forgotten)
 each_chunk('ZREM', KEYS[4], unkeyed)
-for task, n in pairs(per_task) do redis.call('HINCRBY', KEYS[6], task, -n) end
+for task, n in pairs(per_task) do add_count(6, task, -n) end
 if #direct > 0 then trim_journal(5) end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local next_due = head[2] and tonumber(head[2])

@@ -22,6 +22,7 @@ here) only loses the lease: the new copy stays.
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
+-- include: counts.lua
 -- include: damaged.lua
 -- include: first_line.lua
 -- include: journal.lua
@@ -44,7 +45,7 @@ local fields = first_line(env)
 if fields then
   if type(fields['t']) == 'string' then
     task = fields['t']
-    redis.call('HINCRBY', KEYS[6], task, -1)
+    add_count(6, task, -1)
   end
   if member == '' and type(fields['y']) == 'string' then
     member = fields['y'] .. '\0' .. job_id

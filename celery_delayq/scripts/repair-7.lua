@@ -25,6 +25,7 @@ ARGV[4] the reason ("orphan"), the difference ("count"), the score seen ("held")
 
 Returns 1 when repaired, 0 when there was nothing (left) to repair.
 ]]
+-- include: counts.lua
 -- include: first_line.lua
 -- include: held.lua
 -- include: journal.lua
@@ -50,7 +51,7 @@ if what == 'held' then
   return 1
 end
 if what == 'count' then
-  redis.call('HINCRBY', KEYS[6], value, extra)
+  add_count(6, value, extra)
   return 1
 end
 -- orphan
@@ -63,7 +64,7 @@ redis.call('HSET', KEYS[5], value, cjson.encode({reason = extra, envelope = env,
 redis.call('HDEL', KEYS[3], value)
 local fields = first_line(env) or {}
 local task = type(fields['t']) == 'string' and fields['t'] or ''
-if task ~= '' then redis.call('HINCRBY', KEYS[6], task, -1) end
+if task ~= '' then add_count(6, task, -1) end
 if type(fields['y']) == 'string' then redis.call('ZREM', KEYS[4], fields['y'] .. '\0' .. value) end
 journal(7, 'dead', 'job', value, 'task', task, 'reason', extra)
 return 1

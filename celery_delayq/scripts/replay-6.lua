@@ -18,6 +18,7 @@ Returns 1 when replayed, 0 when no dead job has this id, -1 when a live job has 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
+-- include: counts.lua
 -- include: damaged.lua
 -- include: first_line.lua
 -- include: journal.lua
@@ -42,7 +43,7 @@ if fields then
   end
   if type(fields['t']) == 'string' then
     task = fields['t']
-    redis.call('HINCRBY', KEYS[6], task, 1)
+    add_count(6, task, 1)
   end
 end
 journal(5, 'replayed', 'job', job_id, 'task', task, 'due', now)

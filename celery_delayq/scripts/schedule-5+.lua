@@ -34,6 +34,7 @@ Returns three values per job: code, due ms, the existing envelope (or nil). Code
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
+-- include: counts.lua
 -- include: damaged.lua
 -- include: first_line.lua
 -- include: journal.lua
@@ -105,7 +106,7 @@ for i = 7, #ARGV, outcome and 9 or 8 do
   end
 end
 for task, n in pairs(per_task) do
-  if n ~= 0 then redis.call('HINCRBY', KEYS[5], task, n) end
+  if n ~= 0 then add_count(5, task, n) end
 end
 trim_journal(4)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)

@@ -15,7 +15,16 @@ from ..envelope import canonical_json
 from ..held import NOT_HELD, RANGES, split_score
 from ..job import Job
 from ..keys import KEY_TYPES, ShardKeys, pack_id, raw_id
-from ..reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
+from ..reading import (
+    MAX_MS,
+    MIN_MS,
+    Unreadable,
+    count_of,
+    datetime_of_ms,
+    is_text,
+    job_id_of,
+    printable,
+)
 from .base import SCAN_CHUNK, StoreBase
 
 _logger = logging.getLogger(__package__)  # celery_delayq.store
@@ -261,11 +270,12 @@ class Listing(StoreBase):
             if isinstance(counts, Exception):  # a damaged shard (stats() says which key)
                 skipped.add(f"counts of shard {shard.shard}", str(counts))
                 continue
-            for task, n in counts.items():
-                if is_text(task) and n.lstrip("-").isdecimal():
-                    tasks[task] += int(n)
+            for task, text in counts.items():
+                n = count_of(text)
+                if is_text(task) and n is not None:
+                    tasks[task] += n
                 else:
-                    skipped.add(f"count {task!r} on shard {shard.shard}", f"holds {n!r}")
+                    skipped.add(f"count {task!r} on shard {shard.shard}", f"holds {text!r}")
         skipped.log()
         cancelled = tasks.pop("", 0)
         return {task: n for task, n in tasks.items() if n}, cancelled

@@ -16,9 +16,10 @@ from prometheus_client import generate_latest
 
 from celery_delayq import envelope
 from celery_delayq.carrier import Carrier
+from celery_delayq.check import check
 from celery_delayq.errors import DamagedShard
 from celery_delayq.metrics import CarrierMetrics
-from celery_delayq.reading import printable
+from celery_delayq.reading import count_of, printable
 from tests.conftest import PROMOTIONS, finish, wait_for
 from tests.faults.test_carrier_faults import (
     PARKED,
@@ -122,6 +123,33 @@ def test_damaged_key_stops_only_its_shard_and_removes_nothing(
     assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy
     print(f"\n{promotion}: healthy={len(healthy)} delivered-while-damaged="
           f"{len(delivered)} waited-on-damaged-shard={len(stranded)}, all after repair")
+
+
+@pytest.mark.parametrize("promotion", PROMOTIONS)
+@pytest.mark.parametrize("count", ["abc", "1.5", "--5", "9223372036854775807"])
+def test_a_count_redis_cannot_add_to_fails_no_write_and_heals(proj, delayq, redis_client,
+                                                                promotion, count):
+    """Each script that stores, forgets or cancels a job counts it (keys.py, 6.); a count
+    it cannot add to (damaged, or at the int64 limit) is set afresh instead of failing the
+    script after its writes: before, the schedule call raised for a job it had stored, and
+    ack raised on every batch of that task."""
+    shards = delayq.store.keys.shards
+    for shard in delayq.store.keys:
+        redis_client.hset(shard.counts, proj.record.name, count)
+    readable = count_of(count)  # at the limit it is a count; damaged ones are skipped
+    assert delayq.store.counts()[0] == ({} if readable is None
+                                        else {proj.record.name: shards * readable})
+    assert sum(r.found["counts"] for r in check(delayq.store)) == shards
+
+    healthy = schedule_due_now(proj, 40, prefix="ok")
+    later = proj.record.apply_delayed(args=("later",), delay=3600, queue=PARKED)
+    carry_until_quiet(proj.app, direct=promotion == "direct")
+
+    assert sorted(h["delayq_job"] for h in parked_messages(redis_client)) == sorted(healthy)
+    assert delayq.store.counts()[0] == {proj.record.name: 1}
+    assert later.cancel()
+    assert delayq.store.counts() == ({}, 1)
+    assert sum(sum(r.found.values()) for r in check(delayq.store)) == 0
 
 
 def _key_on(delayq, shard: int) -> str:

@@ -12,6 +12,7 @@ from celery_delayq.scripts import SCRIPTS, SHARD_KEYS
 
 #: A call of include/journal.lua's helpers, which take the journal's KEYS index.
 _JOURNAL_CALL = r"\b(?:journal|journal_batch|trim_journal)\((\d+)"
+_COUNT_CALL = r"\badd_count\((\d+)"  # include/counts.lua: the counts HASH KEYS[n]
 
 EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead", "own",
             "replay", "exists", "repair", "reserve", "pause", "limit"}
@@ -32,7 +33,7 @@ def test_header_documents_each_key_and_argument(name):
     assert script.variadic or len(documented) == script.numkeys
     body = script.source.split("]]", 1)[1]
     used = {int(n) for n in [*re.findall(r"KEYS\[(\d+)\]", body),
-                             *re.findall(_JOURNAL_CALL, body)]}
+                             *re.findall(_JOURNAL_CALL, body), *re.findall(_COUNT_CALL, body)]}
     if "#KEYS" in body:  # it loops over all its keys
         assert used <= set(documented), "no key it does not declare"
     else:
@@ -91,6 +92,9 @@ def test_header_names_the_shard_keys_in_the_order_the_script_uses_them(name):
             uses += 1
     for index in re.findall(_JOURNAL_CALL, body):
         assert type_of(index) == "stream", ("journal", index)
+        uses += 1
+    for index in re.findall(_COUNT_CALL, body):
+        assert type_of(index) == "hash", ("add_count", index)
         uses += 1
     assert uses, "no use of its keys was checked"
 
