@@ -20,7 +20,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MIN_MS = -62_135_596_800_000
 MAX_MS = 253_402_300_799_999
 _EXAMPLES = 3  # unreadable entries named in the log line
-_COUNT = re.compile(r"-?[0-9]{1,19}")  # what HINCRBY adds to (within int64, checked below)
+_COUNT = re.compile(r"0|-?[1-9][0-9]{0,18}")  # what HINCRBY adds to (int64: checked below)
 
 
 def datetime_of_ms(ms: float | int | str | None) -> datetime | None:

@@ -126,7 +126,7 @@ def test_damaged_key_stops_only_its_shard_and_removes_nothing(
 
 
 @pytest.mark.parametrize("promotion", PROMOTIONS)
-@pytest.mark.parametrize("count", ["abc", "1.5", "--5", "9223372036854775807"])
+@pytest.mark.parametrize("count", ["abc", "1.5", "--5", "007", "9223372036854775807"])
 def test_a_count_redis_cannot_add_to_fails_no_write_and_heals(proj, delayq, redis_client,
                                                                 promotion, count):
     """Each script that stores, forgets or cancels a job counts it (keys.py, 6.); a count

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_delayq.reading import counted, elapsed
+from celery_delayq.reading import count_of, counted, elapsed
 
 
 @pytest.mark.parametrize(("ms", "text"), [
@@ -21,3 +21,13 @@ def test_a_duration_is_worded_in_the_unit_that_reads_best(ms, text):
 def test_counts_are_singular_for_one():
     assert (counted(1, "job"), counted(2, "job"), counted(0, "job")) == ("1 job", "2 jobs",
                                                                           "0 jobs")
+
+
+@pytest.mark.parametrize(("text", "count"), [
+    ("0", 0), ("42", 42), ("-7", -7), ("9223372036854775807", 2**63 - 1),
+    ("-9223372036854775808", -2**63), ("9223372036854775808", None), ("007", None),
+    ("-0", None), ("+5", None), ("--5", None), ("1.5", None), (" 5", None), ("٣", None),
+    ("", None), ("abc", None),
+])
+def test_a_count_reads_as_redis_adds_to_it(text, count):
+    assert count_of(text) == count
