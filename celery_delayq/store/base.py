@@ -18,6 +18,7 @@ from ..connection import connect, redact
 from ..errors import ConfigurationError, DamagedShard, DelayQError, StoreFull, StoreUnavailable
 from ..keys import Keyspace
 from ..memory import Headroom, Memory
+from ..reading import count_of, printable
 
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
 _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wrong type
@@ -54,10 +55,18 @@ class StoreBase:
                     raise
                 return
             stored = client.hget(self.keys.meta, "shards")
-        if stored is not None and int(stored) != self.keys.shards:
+        if stored is None:
+            return
+        shards = count_of(stored)
+        if shards is None:
+            raise ConfigurationError(
+                f"{self.keys.meta} field 'shards' holds {printable(stored)!r}, not a shard "
+                "count; it records the delayq_shards the store was made with: set it back "
+                f"(HSET {self.keys.meta} shards N) before using the store")
+        if shards != self.keys.shards:
             raise ConfigurationError(
                 f"the store under prefix {self.keys.prefix!r} was created with "
-                f"delayq_shards={int(stored)}, this app says {self.keys.shards}; use the same "
+                f"delayq_shards={shards}, this app says {self.keys.shards}; use the same "
                 "value (or a new delayq_prefix) so every job can be found"
             )
 

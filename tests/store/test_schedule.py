@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -103,6 +104,11 @@ def test_a_different_shard_count_on_existing_data_is_refused(proj, redis_client)
     assert delayq_with(4).pending() == []
     with pytest.raises(ConfigurationError, match="delayq_shards=4"):
         delayq_with(5).pending()
+    meta = delayq_with(4).store.keys.meta
+    redis_client.hset(meta, "shards", "four")  # a damaged record says how to set it back
+    with pytest.raises(ConfigurationError, match=rf"holds 'four', not a shard count.*"
+                                                 rf"HSET {re.escape(meta)} shards N"):
+        delayq_with(4).pending()
 
 
 def test_naive_eta_on_apply_async_follows_celery_timezone_rules(proj, delayq):
