@@ -11,8 +11,10 @@ from datetime import datetime, timezone
 import pytest
 
 from celery_delayq.carrier import Carrier
+from celery_delayq.check import check
 from celery_delayq.errors import ConfigurationError, InvalidOption
 from tests.conftest import PROMOTIONS, store_keys, wait_for
+from tests.faults.test_carrier_faults import carry_until_quiet
 
 LIMITED, FREE = "parked.limited", "parked.free"  # no worker consumes them
 
@@ -200,3 +202,26 @@ def test_a_damaged_limit_or_bucket_never_stops_a_queue_for_good(proj, app, delay
                  timeout=10, what="every job promoted")
     finally:
         carrier.close()
+
+
+@pytest.mark.parametrize("promotion", PROMOTIONS)
+def test_a_damaged_waiting_member_is_dropped_and_loses_no_job(proj, app, delayq, promotion):
+    """The claim takes a queue's waiting jobs off the due set as it reads their members;
+    a member whose due time is not a number stopped the script midway, so the jobs taken
+    before it were in no set any more (orphans, never promoted)."""
+    delayq.set_rate_limit(LIMITED, "1/m")
+    proj.record.apply_delayed_many([{"args": (n,), "delay": 0, "job_id": f"lim-{n}"}
+                                    for n in range(20)], queue=LIMITED)
+    carry_until_quiet(app, direct=promotion == "direct")
+    assert len(promotions(delayq)) == delayq.store.keys.shards  # one token per shard
+    for shard in delayq.store.keys:  # sorted after the real members: read last
+        delayq.store.client.zadd(shard.waiting, {f"{LIMITED}\0zzz\0bad": 0,
+                                                 f"{LIMITED}\0\0empty": 0})
+    delayq.set_rate_limit(LIMITED, "100000/s")
+    time.sleep(0.05)  # a whole token for every waiting job
+
+    carry_until_quiet(app, direct=promotion == "direct")
+
+    assert sorted(promotions(delayq)) == sorted(f"lim-{n}" for n in range(20))
+    assert sum(sum(report.found.values()) for report in check(delayq.store)) == 0
+    assert sum(delayq.store.client.zcard(shard.waiting) for shard in delayq.store.keys) == 0

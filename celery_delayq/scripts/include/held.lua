@@ -19,11 +19,14 @@ local function held_by(paused, task, queue)
 end
 -- A job a rate limit holds, as a member of the waiting set: its queue, due time and id,
 -- so that ZRANGEBYLEX over "<queue>\0" lists the queue's jobs oldest first (the due time
--- as fixed-width text of its distance from MIN_DUE); waiting_job reads one back.
+-- as fixed-width text of its distance from MIN_DUE); waiting_job reads one back: its due
+-- time and job id, or nil when the member is not one (damaged: dropped, never an error).
 local function waiting_member(queue, due, job_id)
   return queue .. '\0' .. string.format('%019.3f', tonumber(due) - MIN_DUE) .. '\0' .. job_id
 end
 local function waiting_job(member)
   local due, job_id = string.match(member, '^[^%z]*%z([^%z]*)%z(.*)$')
-  return due and tonumber(due) + MIN_DUE, job_id
+  due = tonumber(due)
+  if not due then return nil end
+  return due + MIN_DUE, job_id
 end
