@@ -46,7 +46,7 @@ class StoreBase:
     def _check_shard_count(self, client: redis.Redis | RedisCluster) -> None:
         """Refuse a shard count other than the store's; a read unless the store is new, so
         a full Redis does not stop a start (the first write records it then)."""
-        stored = client.hget(self.keys.meta, "shards")
+        stored = cast("str | None", client.hget(self.keys.meta, "shards"))  # decoded
         if stored is None:
             try:
                 client.hsetnx(self.keys.meta, "shards", self.keys.shards)
@@ -54,7 +54,7 @@ class StoreBase:
                 if not refused_for_memory(exc):
                     raise
                 return
-            stored = client.hget(self.keys.meta, "shards")
+            stored = cast("str | None", client.hget(self.keys.meta, "shards"))
         if stored is None:
             return
         shards = count_of(stored)
