@@ -140,9 +140,8 @@ def _record(task, task_id: str | None, event: Event) -> None:
     delayq = _delayq_of(task.app) if _delayq_of is not None else None
     if delayq is None or not delayq.config.worker_events:
         return
-    try:
-        shard = int(request.get(HEADER_SHARD))
-    except (TypeError, ValueError):
+    shard = _shard_number(request.get(HEADER_SHARD), delayq.store.keys.shards)
+    if shard is None:  # (a message of another store, or made by hand)
         logger.warning("delayed job %s has no valid %s header; %s not journaled",
                        printable(job_id), HEADER_SHARD, event)
         return
@@ -151,6 +150,16 @@ def _record(task, task_id: str | None, event: Event) -> None:
         "task_id": task_id or "", "retries": request.retries or 0,
         "due": request.get(HEADER_DUE) or "",
     })
+
+
+def _shard_number(header: Any, shards: int) -> int | None:
+    """The shard a message's header names, or None when it names none of the store's:
+    one such event must not fail the write of the others in its flush."""
+    try:
+        shard = int(header)
+    except (TypeError, ValueError):
+        return None
+    return shard if 0 <= shard < shards else None
 
 
 def record_event(delayq, shard: int, event: str, fields: dict[str, Any]) -> None:

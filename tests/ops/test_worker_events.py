@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from celery import signals
+
 from celery_delayq import journal
 from tests.conftest import wait_for
 
@@ -34,3 +36,19 @@ def test_flush_returns_only_once_the_events_the_thread_is_writing_are_written(
     journal.flush()  # what a test's cleanup calls before it deletes the store's keys
     assert time.monotonic() - paused >= 0.45, "flush returned while the thread still wrote"
     assert redis_client.xlen(shard.journal) == 1
+
+
+def test_an_event_whose_shard_header_names_no_shard_is_skipped_and_the_others_written(
+        proj, delayq, redis_client, caplog):
+    task, shards = proj.record, delayq.store.keys.shards
+    for n, header in enumerate([shards, 10**9, -1, "x", None, "good"]):
+        task.push_request(delayq_job=f"job-{n}", delayq_shard=0 if header == "good" else header,
+                          retries=0)
+        signals.task_prerun.send(sender=task, task_id=f"t-{n}", task=task)
+        task.pop_request()
+    journal.flush()
+
+    written = [fields["job"] for shard in delayq.store.keys
+               for _, fields in redis_client.xrange(shard.journal)]
+    assert written == ["job-5"]
+    assert caplog.text.count("has no valid delayq_shard header; started not journaled") == 5
