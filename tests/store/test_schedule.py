@@ -104,8 +104,9 @@ def test_a_different_shard_count_on_existing_data_is_refused(proj, redis_client)
     assert delayq_with(4).pending() == []
     with pytest.raises(ConfigurationError, match="delayq_shards=4"):
         delayq_with(5).pending()
-    meta = delayq_with(4).store.keys.meta
-    redis_client.hset(meta, "shards", "four")  # a damaged record says how to set it back
+    store = delayq_with(4).store  # (a cluster in the cluster pass)
+    meta = store.keys.meta
+    store.client.hset(meta, "shards", "four")  # a damaged record says how to set it back
     with pytest.raises(ConfigurationError, match=rf"holds 'four', not a shard count.*"
                                                  rf"HSET {re.escape(meta)} shards N"):
         delayq_with(4).pending()
