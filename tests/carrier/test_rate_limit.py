@@ -214,7 +214,7 @@ def test_a_damaged_waiting_member_is_dropped_and_loses_no_job(proj, app, delayq,
                                     for n in range(20)], queue=LIMITED)
     carry_until_quiet(app, direct=promotion == "direct")
     assert len(promotions(delayq)) == delayq.store.keys.shards  # one token per shard
-    for shard in delayq.store.keys:  # sorted after the real members: read last
+    for shard in delayq.store.keys:  # read after the real members, and before them
         delayq.store.client.zadd(shard.waiting, {f"{LIMITED}\0zzz\0bad": 0,
                                                  f"{LIMITED}\0\0empty": 0})
     delayq.set_rate_limit(LIMITED, "100000/s")
