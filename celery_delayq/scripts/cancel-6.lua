@@ -52,9 +52,9 @@ for _, job_id in ipairs(ids) do
   -- envelope, so ack / recover / dead only end that lease and never bring the old copy back
   local moving = kind == 'move' and redis.call('HEXISTS', KEYS[2], job_id) == 1
   if pending or moving then
-    local fields = first_line(redis.call('HGET', KEYS[2], job_id)) or {}
-    local task, key = fields['t'] or '', fields['y'] or ''
-    reply[#reply + 1] = type(fields['i']) == 'string' and fields['i'] or ''
+    local fields = first_line(redis.call('HGET', KEYS[2], job_id))
+    local task, key = text_field(fields, 't'), text_field(fields, 'y')
+    reply[#reply + 1] = text_field(fields, 'i')
     reply[#reply + 1] = job_id
     if (moving or not redis.call('ZSCORE', KEYS[3], job_id))
         and redis.call('HDEL', KEYS[2], job_id) == 1 and task ~= '' then

@@ -42,11 +42,10 @@ for _, job_id in ipairs(ids) do
   if env then  -- none: the job moved to another shard while in flight; its lease just ends
     recovered = recovered + 1
     redis.call('ZADD', KEYS[2], 'NX', now, job_id)
-    local fields = first_line(env) or {}
-    if type(fields['y']) == 'string' then
-      redis.call('ZADD', KEYS[5], 0, fields['y'] .. '\0' .. job_id)
-    end
-    journal(3, 'recovered', 'job', job_id, 'task', fields['t'] or '', 'due', now)
+    local fields = first_line(env)
+    local key = text_field(fields, 'y')
+    if key ~= '' then redis.call('ZADD', KEYS[5], 0, key .. '\0' .. job_id) end
+    journal(3, 'recovered', 'job', job_id, 'task', text_field(fields, 't'), 'due', now)
   end
 end
 return recovered

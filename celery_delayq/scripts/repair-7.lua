@@ -62,9 +62,9 @@ if not env or redis.call('ZSCORE', KEYS[1], value) or redis.call('ZSCORE', KEYS[
 end
 redis.call('HSET', KEYS[5], value, cjson.encode({reason = extra, envelope = env, at = now_ms()}))
 redis.call('HDEL', KEYS[3], value)
-local fields = first_line(env) or {}
-local task = type(fields['t']) == 'string' and fields['t'] or ''
+local fields = first_line(env)
+local task, key = text_field(fields, 't'), text_field(fields, 'y')
 if task ~= '' then add_count(6, task, -1) end
-if type(fields['y']) == 'string' then redis.call('ZREM', KEYS[4], fields['y'] .. '\0' .. value) end
+if key ~= '' then redis.call('ZREM', KEYS[4], key .. '\0' .. value) end
 journal(7, 'dead', 'job', value, 'task', task, 'reason', extra)
 return 1

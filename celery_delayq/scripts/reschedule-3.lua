@@ -29,10 +29,10 @@ if not redis.call('ZSCORE', KEYS[1], job_id) then return {0, -1, ''} end
 local due = now_ms() + tonumber(ARGV[4])
 if ARGV[3] ~= '' then due = tonumber(ARGV[3]) end
 redis.call('ZADD', KEYS[1], 'XX', due, job_id)
-local fields = first_line(redis.call('HGET', KEYS[2], job_id)) or {}
-local task_id = type(fields['i']) == 'string' and fields['i'] or ''
-journal(3, 'rescheduled', 'job', job_id, 'task', fields['t'] or '', 'key', fields['y'] or '',
-        'due', due)
+local fields = first_line(redis.call('HGET', KEYS[2], job_id))
+local task_id = text_field(fields, 'i')
+journal(3, 'rescheduled', 'job', job_id, 'task', text_field(fields, 't'), 'key',
+        text_field(fields, 'y'), 'due', due)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)
 if head[1] == job_id then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return {1, due, task_id}

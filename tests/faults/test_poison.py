@@ -18,6 +18,7 @@ from celery_delayq import envelope
 from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.errors import DamagedShard
+from celery_delayq.keys import ShardKeys
 from celery_delayq.metrics import CarrierMetrics
 from celery_delayq.reading import count_of, printable
 from tests.conftest import PROMOTIONS, finish, wait_for
@@ -185,3 +186,31 @@ def test_a_journal_write_redis_refuses_leaves_later_worker_events_journaled(
     journal._outbox.put(delayq, (0, "succeeded", {**event, "job": "order:2:close"}))
     wait_for(lambda: redis_client.xlen(shard.journal) == 1, timeout=5,
              what="the flush thread to write the next event")
+
+
+@pytest.mark.parametrize("value", [True, 5, [1], {"a": 1}, None], ids=repr)
+def test_an_envelope_whose_names_are_not_text_never_fails_cancel_reschedule_or_recover(
+        proj, delayq, redis_client, value):
+    """A damaged envelope's task name, key and task id may be a number, list or object.
+    The scripts that read them for the journal and the key index do what they are asked;
+    before, they failed after their first write: a job cancelled or rescheduled reported
+    an error, and recover stopped at the job, leaving the jobs after it leased."""
+    store = delayq.store
+    damaged = json.dumps({"t": value, "y": value, "i": value}) + "\n[1]\n"
+    healthy = envelope.encode({"t": proj.record.name, "a": [1]})
+
+    def plant(job: str, raw: str, where: str) -> ShardKeys:
+        shard = store.keys.shard_for(job)
+        redis_client.hset(shard.jobs, job, raw)
+        redis_client.zadd(getattr(shard, where), {job: 1 if where == "inflight" else 4e12})
+        return shard
+
+    plant("to-cancel", damaged, "due")
+    plant("to-reschedule", damaged, "due")
+    assert delayq.cancel("to-cancel")
+    assert delayq.reschedule("to-reschedule", delay=60) is not None
+    shard = plant("leased-damaged", damaged, "inflight")
+    redis_client.hset(shard.jobs, "leased-ok", healthy)  # after it in the lease order
+    redis_client.zadd(shard.inflight, {"leased-ok": 2})
+    assert store.recover([shard], 100) == (2, {})
+    assert redis_client.zscore(shard.due, "leased-ok") is not None

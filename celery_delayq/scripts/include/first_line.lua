@@ -6,3 +6,9 @@ local function first_line(text)
   if ok and type(fields) == 'table' then return fields end
   return nil
 end
+-- text_field(fields, name): that field when it is text, else '' (in a damaged envelope it
+-- may be a number, list or object: no name, and no argument a Redis command takes).
+local function text_field(fields, name)
+  local value = fields and fields[name]
+  return type(value) == 'string' and value or ''
+end
