@@ -25,7 +25,10 @@ _seen: dict[int, int] = {}  # task attempt id -> rows it has seen (in this Pytho
 
 def main(redis_url: str) -> None:
     local_dir = tempfile.mkdtemp(prefix="delayq-stage-retry-")  # the shuffle files' place
-    spark, app = session("stage-retry", redis_url, **{"spark.local.dir": local_dir})
+    # Each partition's first attempt fails the write stage once; when they fall in separate
+    # attempts, that is 4 in a row, Spark's default limit before it aborts the job.
+    spark, app = session("stage-retry", redis_url, **{
+        "spark.local.dir": local_dir, "spark.stage.maxConsecutiveAttempts": "8"})
 
     @F.udf("long")
     def shuffle_lost_once(n: int) -> int:
