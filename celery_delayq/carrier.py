@@ -302,8 +302,7 @@ class Carrier:
 
     def _subscribe(self) -> PubSub:
         if self._pubsub is None:
-            self._pubsub = self.store.pubsub()
-            self._pubsub.subscribe(self.store.keys.wake_channel)
+            self._pubsub = self.store.subscribe(self.store.keys.wake_channel)
         return self._pubsub
 
     def _reset_connections(self) -> None:

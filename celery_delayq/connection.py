@@ -15,6 +15,7 @@ redis-py's ``ssl_*`` keyword arguments, as kombu passes ``broker_use_ssl`` to a 
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import RedisCluster
 from redis.connection import SSLConnection, parse_url
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, ResponseError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
@@ -69,6 +70,16 @@ def connect(config: DelayQConfig) -> redis.Redis | RedisCluster:
     if tls is not None:
         options.update(connection_class=SSLConnection, **tls)
     return redis.Redis.from_url(url, **options)
+
+
+def follow_cluster(client: redis.Redis | RedisCluster | None) -> None:
+    """After a call failed on a Redis Cluster, ask it again which node serves which slots:
+    a replica may have taken over a master that died. redis-py does it for its own
+    commands; the store's pipelines per node and pub/sub connections need it done. Best
+    effort: when no node answers yet, the map stays as it was until the next failure."""
+    if isinstance(client, RedisCluster):
+        with contextlib.suppress(redis.RedisError, RedisClusterException):
+            client.nodes_manager.initialize()
 
 
 class SentinelMaster(redis.Redis):

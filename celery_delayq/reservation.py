@@ -52,8 +52,15 @@ class Reservation:
         return self
 
     def __exit__(self, *_: object) -> None:
-        with contextlib.suppress(redis.RedisError):
-            self.release_after([])
+        """Release what may still be held (after a failed call, or a move); on a cluster
+        each shard's on its own, so a node that cannot be reached does not keep the others'
+        until they end by themselves (its own producer's retry would wait for them)."""
+        if self._held:
+            self._held = False
+            releases = self._calls("release", self._groups)
+            for calls in [releases] if self._ordered else [[call] for call in releases]:
+                with contextlib.suppress(redis.RedisError):
+                    self.run(calls)
 
     def take_then(self, calls: Calls) -> list[Any]:
         """Take the reservations, waiting for other producers', then run ``calls``;
@@ -62,10 +69,10 @@ class Reservation:
         while self._groups:
             takes = self._calls("take", self._groups)
             along = calls if self._ordered else []
+            self._held = True  # some may be, from here on (the release is the token's only)
             replies = execute(self._client, takes + along, raise_errors=False)
             taken = replies[:len(takes)]
             if all(reply == 1 for reply in taken):
-                self._held = True
                 if self._ordered:
                     return replies[len(takes):]
                 break

@@ -23,8 +23,9 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import MovedError, NoScriptError, ResponseError
 
+from ..connection import follow_cluster
 from ..keys import ShardKeys
 
 #: What a pool's ``get_connection`` is given: redis-py before 5.3 needs a command name,
@@ -133,7 +134,9 @@ def execute(client, calls: list[tuple[Script, list[str], list[Any]]], *,
     """Run script calls in one pipeline round trip (one per node on a cluster).
 
     Calls that failed with ``NOSCRIPT`` did not run: their scripts are loaded and those
-    calls alone are sent again. Any other error of a call is raised, or with
+    calls alone are sent again. So did calls a cluster node answered with ``MOVED`` (its
+    slots went to another node, e.g. a replica that took over): they are sent again once,
+    to the node that serves them now. Any other error of a call is raised, or with
     ``raise_errors=False`` returned in its place.
     """
     return _finish(client, calls, _send(client, calls), raise_errors)
@@ -185,8 +188,14 @@ class Deferred:
 
 
 def _finish(client, calls, results: list[Any], raise_errors: bool) -> list[Any]:
-    """Rerun the calls that met ``NOSCRIPT`` after loading their scripts; raise any error
-    (with ``raise_errors``)."""
+    """Rerun the calls that met ``MOVED`` on the node serving their slot now, then those
+    that met ``NOSCRIPT`` after loading their scripts; raise any error (with
+    ``raise_errors``)."""
+    moved = [i for i, r in enumerate(results) if isinstance(r, MovedError)]
+    if moved:
+        follow_cluster(client)
+        for i, result in zip(moved, _send(client, [calls[i] for i in moved]), strict=True):
+            results[i] = result
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if missing:
         for script in {calls[i][0] for i in missing}:

