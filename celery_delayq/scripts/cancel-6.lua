@@ -14,13 +14,17 @@ ARGV[2] "id", "key", or "move": an id whose job is replaced under a business key
 ARGV[3] the job id, or the business key
 ARGV[4] who cancelled / why (journal), may be ""
 ARGV[5] for "id": the Celery task id the job must have, or "" for any. A job of that id
-        with another task id (a later call replaced it) is left alone: answered -1
+        with another task id (a later call replaced it) is left alone: answered -1.
+        For "key": the key's index member to go on after ("" to start at the first)
+ARGV[6] for "key": the most index members to look at in this call, so that a key with very
+        many jobs is cancelled in many short calls, not one that blocks Redis for seconds
 
 Returns {code, number cancelled, ...}. For "id" (and "move"), code is 1 cancelled, 0 too
 late (a carrier holds it, or an earlier copy of it: that is delivered), -1 unknown, then
 the cancelled job's Celery task id ("" when it is the job id, or when nothing was
-cancelled). For "key", code is 1, followed by two values per job cancelled: its Celery
-task id ("" when it is the job id) and its job id.
+cancelled). For "key", code is the last index member looked at when it looked at ARGV[6]
+of them (more may follow: call again with it as ARGV[5]), else "", followed by two values
+per job cancelled: its Celery task id ("" when it is the job id) and its job id.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -33,10 +37,14 @@ local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream'
 if problem then return redis.error_reply(problem) end
 local kind, value = ARGV[2], ARGV[3]
 local ids
+local more = ''  -- for "key": where the next call goes on, "" when this one reached the end
 if kind == 'key' then
-  local members = redis.call('ZRANGEBYLEX', KEYS[4], '[' .. value .. '\0', '(' .. value .. '\1')
+  local first = ARGV[5] == '' and '[' .. value .. '\0' or '(' .. ARGV[5]
+  local members = redis.call('ZRANGEBYLEX', KEYS[4], first, '(' .. value .. '\1', 'LIMIT', 0,
+                             tonumber(ARGV[6]))
   ids = {}
   for i, member in ipairs(members) do ids[i] = string.sub(member, #value + 2) end
+  if #members == tonumber(ARGV[6]) then more = members[#members] end
 else
   ids = {value}
   if ARGV[5] ~= '' then
@@ -45,7 +53,7 @@ else
   end
 end
 local cancelled = 0
-local reply = {1, 0}  -- for "key": the code, the count, then task id and job id of each
+local reply = {more, 0}  -- for "key": where to go on, the count, then task and job id of each
 for _, job_id in ipairs(ids) do
   local pending = redis.call('ZREM', KEYS[1], job_id) == 1
   -- a moved job leaves even while a carrier holds it: then its lease stays, without an

@@ -23,6 +23,8 @@ from .base import StoreBase, refused_for_memory
 _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 #: How long a run's outcome (``RunRows``) is kept after its last write, unless forgotten.
 OUTCOME_MS = 24 * 3600 * 1000
+#: Jobs of a business key one cancel script call looks at (``cancel_key``): ~12 ms of Redis.
+CANCEL_KEY_CHUNK = 1000
 #: How long a job's task id index (keys.py) outlives its due time: a job pending that much
 #: past due (no carrier running) is no longer found by its task id, only by its job id.
 TASK_INDEX_GRACE_MS = 24 * 3600 * 1000
@@ -145,7 +147,7 @@ class Producing(StoreBase):
                 due_ms = cast("float", split_score(score)[0])  # a number: -1 when none
                 results[index] = Scheduled(_CODES[code], int(due_ms), existing)
         for index, found in moved.items():  # the new copy is stored: the old one goes
-            self._cancel(found, "move", items[index][0].job_id, "replaced under another key")
+            self._cancel(found, "move", items[index][0].job_id, "replaced under another key", "")
         return cast("list[Scheduled]", results)  # every item has its outcome now
 
     def forget_run(self, run: str) -> None:
@@ -243,10 +245,21 @@ class Producing(StoreBase):
         return Cancelled(outcome, None if cancelled is None else cancelled[2] or job_id)
 
     def cancel_key(self, key: str, by: str = "") -> list[str]:
-        """Cancel every pending job with this business key; returns their task ids."""
-        reply = self._cancel(self.keys.shard_for("", key), "key", key, by)
-        return [task_id or unpack_id(job_id) for task_id, job_id in zip(
-            reply[2::2], reply[3::2], strict=True)]
+        """Cancel every pending job with this business key; returns their task ids.
+
+        One script call per :data:`CANCEL_KEY_CHUNK` jobs of the key, each atomic against
+        the carrier: a key with very many jobs never blocks Redis for long (one call for
+        200,000 jobs held it for 2.5 s). A job scheduled with the key while the calls run
+        may be cancelled too, or not.
+        """
+        shard, after, task_ids = self.keys.shard_for("", key), "", []
+        while True:
+            reply = self._cancel(shard, "key", key, by, after, CANCEL_KEY_CHUNK)
+            task_ids += [task_id or unpack_id(job_id) for task_id, job_id in zip(
+                reply[2::2], reply[3::2], strict=True)]
+            after = reply[0]
+            if not after:
+                return task_ids
 
     def cancel_task(self, task_id: str, by: str = "") -> CancelOutcome:
         """Cancel the pending job of a Celery task id: the job of that id, else the job
@@ -266,11 +279,12 @@ class Producing(StoreBase):
         return CancelOutcome.UNKNOWN
 
     def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str,
-                task_id: str = "") -> list[Any]:
+                *more: str | int) -> list[Any]:
+        """One call of the cancel script; ``more``: its ARGV past the fourth."""
         with self.unavailable():
             return SCRIPTS["cancel"].call(
                 self.client, SCRIPTS["cancel"].keys_for(shard),
-                [self._maxlen, kind, value if kind == "key" else pack_id(value), by, task_id])
+                [self._maxlen, kind, value if kind == "key" else pack_id(value), by, *more])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
         """Move a pending job to a new due time; returns it (ms) or None if not pending."""

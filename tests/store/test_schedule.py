@@ -6,10 +6,11 @@ import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from redis.cluster import RedisCluster
 
 from celery_delayq import DelayQ, JobExists
 from celery_delayq.errors import ConfigurationError
-from celery_delayq.store import Promoted
+from celery_delayq.store import Promoted, producing
 
 
 def test_relative_delay_is_counted_from_redis_time(proj, redis_client):
@@ -132,6 +133,33 @@ def test_counts_follow_jobs_per_task_through_schedule_cancel_and_promotion(proj,
     delayq.store.ack({c.shard: [Promoted(j.job_id, proj.record.name, None, j.due_ms)
                                 for j in c.jobs] for c in claims if c.jobs})
     assert delayq.store.counts() == ({proj.record.name: 3}, 2)
+
+
+def script_calls(store) -> int:
+    """EVALSHA calls the store's Redis ran so far (every primary's, on a cluster)."""
+    client = store.client
+    infos = (client.info("commandstats", target_nodes=RedisCluster.PRIMARIES).values()
+             if isinstance(client, RedisCluster) else [client.info("commandstats")])
+    return sum(info.get("cmdstat_evalsha", {}).get("calls", 0) for info in infos)
+
+
+def test_a_key_with_more_jobs_than_one_call_takes_is_cancelled_call_by_call(
+        proj, delayq, monkeypatch):
+    """cancel_key looks at CANCEL_KEY_CHUNK jobs of the key per script call, so a key with
+    very many jobs never blocks Redis for seconds; the jobs a carrier holds are passed over
+    (they stay in the key's index until acked), never looked at again and again."""
+    monkeypatch.setattr(producing, "CANCEL_KEY_CHUNK", 7)
+    pending = proj.record.apply_delayed_many([{"args": (i,), "delay": 60, "key": "tenant:1"}
+                                              for i in range(25)])
+    proj.record.apply_delayed_many([{"args": (i,), "delay": 0, "key": "tenant:1"}
+                                    for i in range(5)])
+    claims = delayq.store.claim(list(delayq.store.keys), batch=100, lease_ms=30_000)
+    assert sum(len(claim.jobs) for claim in claims) == 5
+    delayq.store.cancel_key("no-such-key")  # the script loaded (a NOSCRIPT call counts)
+    before = script_calls(delayq.store)
+    assert sorted(delayq.store.cancel_key("tenant:1")) == sorted(r.id for r in pending)
+    assert script_calls(delayq.store) - before == 5  # 30 index members, 7 per call
+    assert delayq.pending(key="tenant:1") == []
 
 
 def test_a_listing_limit_on_one_key_takes_its_earliest_due_jobs(proj, delayq):
