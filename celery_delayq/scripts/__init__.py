@@ -191,11 +191,7 @@ def _finish(client, calls, results: list[Any], raise_errors: bool) -> list[Any]:
     """Rerun the calls that met ``MOVED`` on the node serving their slot now, then those
     that met ``NOSCRIPT`` after loading their scripts; raise any error (with
     ``raise_errors``)."""
-    moved = [i for i, r in enumerate(results) if isinstance(r, MovedError)]
-    if moved:
-        follow_cluster(client)
-        for i, result in zip(moved, _send(client, [calls[i] for i in moved]), strict=True):
-            results[i] = result
+    _follow_moved(client, calls, results)
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if missing:
         for script in {calls[i][0] for i in missing}:
@@ -206,6 +202,27 @@ def _finish(client, calls, results: list[Any], raise_errors: bool) -> list[Any]:
         if raise_errors and isinstance(result, Exception):
             raise result
     return results
+
+
+def _follow_moved(client, calls, results: list[Any]) -> None:
+    """Send the calls a cluster node answered ``MOVED`` (they did not run) to the node the
+    answer names, and read the slot map again for later calls. The answer is followed,
+    not the map: the node asked for the map may not know of the move yet."""
+    moved = [i for i, r in enumerate(results) if isinstance(r, MovedError)]
+    if not moved:
+        return
+    follow_cluster(client)
+    by_node: dict[str, list[int]] = defaultdict(list)
+    clients = {}
+    for i in moved:
+        node = client.get_node(host=results[i].host, port=results[i].port)
+        if node is not None:  # (else its error stays, and the next call finds the node)
+            by_node[node.name].append(i)
+            clients[node.name] = client.get_redis_connection(node)
+    for name, indexes in by_node.items():
+        replies = _pipeline(clients[name], [calls[i] for i in indexes])
+        for index, reply in zip(indexes, replies, strict=True):
+            results[index] = reply
 
 
 def _by_node(client, calls) -> list[tuple[Any, list[int]]]:

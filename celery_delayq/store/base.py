@@ -72,8 +72,9 @@ class StoreBase:
 
     @contextlib.contextmanager
     def unavailable(self) -> Iterator[None]:
-        """Turn Redis network errors into :class:`StoreUnavailable` with a safe URL, and a
-        write refused for memory into :class:`StoreFull`."""
+        """Turn Redis network errors into :class:`StoreUnavailable` with a safe URL, a write
+        refused for memory into :class:`StoreFull`, and a refusal that needs the operator (a
+        read-only replica, a command the ACL user lacks) into an error that says what to do."""
         try:
             yield
         except _NETWORK_ERRORS as exc:
@@ -96,6 +97,17 @@ class StoreBase:
                 self.headroom.refused()
                 raise StoreFull(f"Redis at {redact(self.config.redis_url)} refused a write: "
                                 "it is at its maxmemory") from exc
+            if isinstance(exc, redis.exceptions.ReadOnlyError) or "-READONLY " in str(exc):
+                raise StoreUnavailable(
+                    f"Redis at {redact(self.config.redis_url)} is a read-only replica and "
+                    f"refused a write ({exc}); point delayq_redis_url at its master (a "
+                    "failover may have demoted it: a sentinel:// URL follows the master)"
+                ) from exc
+            if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM " in str(exc):
+                raise ConfigurationError(
+                    f"Redis at {redact(self.config.redis_url)} refused the store's user a "
+                    f"command ({exc}); give that user the commands docs/operations.md lists "
+                    "under 'Redis ACL users'") from exc
             raise
 
     def now_ms(self) -> int:
@@ -138,8 +150,8 @@ class StoreBase:
     def eviction_policies(self) -> list[str]:
         """``maxmemory-policy`` of the store's Redis (each primary): CONFIG GET, or INFO
         memory where CONFIG is refused (renamed, ACL); "" where neither says."""
-        try:
-            with self.unavailable():
+        with self.unavailable():
+            try:
                 if isinstance(self.client, RedisCluster):
                     replies = cast(  # one reply per node (redis-py types one node's)
                         "dict[str, dict[str, str]]",
@@ -147,8 +159,9 @@ class StoreBase:
                                                target_nodes=RedisCluster.PRIMARIES))
                     return [reply.get("maxmemory-policy", "") for reply in replies.values()]
                 return [self.client.config_get("maxmemory-policy").get("maxmemory-policy") or ""]
-        except redis.ResponseError:
-            return [memory.policy for memory in self.memory()]
+            except redis.ResponseError:  # CONFIG renamed, or not granted to the store's user
+                pass
+        return [memory.policy for memory in self.memory()]
 
 
 def refused_for_memory(exc: redis.ResponseError) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import redis
 from celery import Celery
 from django.core.management import call_command
 from django.db import transaction
@@ -93,6 +94,25 @@ def test_redis_down_at_commit_leaves_the_row_unstored_until_reconcile_pushes_it(
     row.refresh_from_db()
     assert row.stored is True and row.store_error == ""
     assert reconcile(delayq).pushed == [], "nothing left to push"
+
+
+def test_a_store_refusing_writes_at_commit_leaves_every_row_unstored_never_raises(
+        lone_store):
+    """The store's Redis became a read-only replica (a failover demoted it): the commit
+    stands, no on-commit write raises (one that raised kept the later ones from running
+    and failed the request after its commit), each row records why, reconcile pushes them."""
+    server, delayq, remind = lone_store
+    admin = redis.Redis(port=server.port)
+    admin.replicaof("127.0.0.1", 1)
+    with transaction.atomic():
+        for n in (1, 2):
+            remind.apply_delayed(args=(n,), delay=60, job_id=f"remind:{n}")
+    rows = Row.objects.order_by("job_id")
+    assert [(row.stored, "read-only replica" in row.store_error) for row in rows] == [
+        (False, True), (False, True)]
+    admin.replicaof("no", "one")
+    assert sorted(reconcile(delayq).pushed) == ["remind:1", "remind:2"]
+    admin.close()
 
 
 def test_reconcile_missing_restores_pending_jobs_after_redis_lost_its_data(lone_store):

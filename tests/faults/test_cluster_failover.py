@@ -157,10 +157,13 @@ def test_a_master_handing_over_to_its_replica_is_followed_at_once(cluster, broke
     delayq = cluster_app(cluster, redis_server)
     store = delayq.store
     schedule(delayq, 0, 60, delay=3600)  # the producer has met every master
-    replica = cluster.replica_of(master_of(delayq, store.keys.shard(0).due))
+    master = master_of(delayq, store.keys.shard(0).due)
+    replica = cluster.replica_of(master)
     redis.Redis(port=replica.port).execute_command("CLUSTER", "FAILOVER")
-    wait_for(lambda: redis.Redis(port=replica.port).info("replication")["role"] == "master",
-             what="the replica to take over")
+    # the replica takes over; the old master holds its clients' calls until it is a replica
+    for port, role in ((replica.port, "master"), (master, "slave")):
+        wait_for(lambda: redis.Redis(port=port).info("replication")["role"] == role,  # noqa: B023
+                 what=f"node {port} to become a {role}")
     # every call meets the moved slots first: redis-py follows its own commands there, the
     # store's script calls must too (the old master answers MOVED, and ran nothing)
     assert len(schedule(delayq, 60, 60, delay=3600)) == 60

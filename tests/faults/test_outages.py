@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+import pytest
+import redis
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
@@ -195,3 +197,34 @@ def test_worker_killed_mid_task_with_acks_late_runs_it_again(proj, delayq, redis
     print(f"\nruns={len(starts)} journal={events}")
     assert len(starts) == 2 and {r["task_id"] for r in starts} == {result.id}
     assert events.count("started") == 2 and events.count("succeeded") == 1
+
+
+def test_a_read_only_replica_refuses_every_write_with_an_error_that_names_the_fix():
+    """A store URL that names a replica (a master a failover demoted, without Sentinel):
+    every write is refused with ``StoreUnavailable`` saying to point the URL at the master,
+    not a raw ``ReadOnlyError``; the password stays out of it."""
+    password = "ro-test-password"
+    with RedisServer(extra=("--requirepass", password)) as server:
+        admin = redis.Redis(port=server.port, password=password)
+        admin.replicaof("127.0.0.1", 1)  # a master that never answers: writes are refused
+        app, noop = make_app("readonly", f"{server.url}/0",
+                             f"redis://:{password}@127.0.0.1:{server.port}/0")
+        delayq = DelayQ.of(app)
+        writes = {
+            "apply_delayed": lambda: noop.apply_delayed(args=(1,), delay=60),
+            "own job id": lambda: noop.apply_delayed(args=(1,), delay=60, job_id="j"),
+            "apply_delayed_many": lambda: noop.apply_delayed_many(
+                [{"args": (n,), "delay": 60} for n in range(20)]),
+            "cancel": lambda: delayq.cancel("j"),
+            "cancel_key": lambda: delayq.cancel_key("order:1"),
+            "pause": lambda: delayq.pause(task=noop.name),
+        }
+        for name, write in writes.items():
+            with pytest.raises(StoreUnavailable) as refused:
+                write()
+            message = str(refused.value)
+            assert "read-only replica" in message and "delayq_redis_url" in message, name
+            assert password not in message and ":***@" in message, name
+        admin.replicaof("no", "one")
+        assert noop.apply_delayed(args=(1,), delay=60).job_id
+        delayq.store.close()

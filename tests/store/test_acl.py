@@ -20,7 +20,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ
+from celery_delayq import ConfigurationError, DelayedTask, DelayQ
 from celery_delayq.carrier import Carrier
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import CLUSTER, ROOT, celery_cli, wait_for
@@ -107,3 +107,23 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
     assert sum(row["pending"] for row in json.loads(outputs["stats"])) == 1
     assert "later" in outputs["ls"] and "later: cancelled" in outputs["cancel"]
     assert outputs["paused"] == "queue elsewhere\n"
+
+
+def test_a_user_refused_a_store_command_gets_an_error_that_names_the_acl_section(
+        redis_server):
+    """A producer user the docs' line was not given (no EVALSHA): ``ConfigurationError``
+    pointing at docs/operations.md, not a raw ``NoPermissionError``; nothing written."""
+    with RedisServer() as server:
+        admin = redis.Redis(port=server.port, decode_responses=True)
+        rules = [rule for rule in documented_acl()["delayq-producer"] if rule != "+evalsha"]
+        admin.execute_command("ACL", "SETUSER", "delayq-producer", *rules)
+        app = Celery("acl", broker=f"{redis_server.url}/8", set_as_current=False)
+        app.conf.update(delayq_redis_url=f"redis://delayq-producer:{PASSWORD}@127.0.0.1:"
+                                         f"{server.port}/0")
+        delayq = DelayQ(app)
+        with pytest.raises(ConfigurationError, match="Redis ACL users") as refused:
+            delayq.schedule("acl.noop", [1], delay=60)
+        assert PASSWORD not in str(refused.value)
+        assert admin.dbsize() == 1  # the store's meta record, written at its first use
+        delayq.store.close()
+        admin.close()

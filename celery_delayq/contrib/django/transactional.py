@@ -14,6 +14,7 @@ import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
 from django.db import router, transaction
 from django.utils import timezone as dj_timezone
@@ -75,7 +76,7 @@ def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str) -> No
     rows = DelayedTask.objects.filter(pk=pk)
     try:
         result = delayq.submit([(call, due)], if_exists)[0]
-    except DelayQError as exc:
+    except (DelayQError, redis.RedisError) as exc:  # raised, it would skip later on_commits
         logger.warning("delayed job %s is committed but not in Redis yet (%s); "
                        "manage.py delayq_reconcile will push it", call.job_id, exc)
         rows.update(store_error=str(exc))
