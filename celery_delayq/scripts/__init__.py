@@ -136,7 +136,7 @@ def execute(client, calls: list[tuple[Script, list[str], list[Any]]], *,
     Calls that failed with ``NOSCRIPT`` did not run: their scripts are loaded and those
     calls alone are sent again. So did calls a cluster node answered with ``MOVED`` (its
     slots went to another node, e.g. a replica that took over): they are sent again once,
-    to the node that serves them now. Any other error of a call is raised, or with
+    to the node the answer names. Any other error of a call is raised, or with
     ``raise_errors=False`` returned in its place.
     """
     return _finish(client, calls, _send(client, calls), raise_errors)
@@ -188,9 +188,8 @@ class Deferred:
 
 
 def _finish(client, calls, results: list[Any], raise_errors: bool) -> list[Any]:
-    """Rerun the calls that met ``MOVED`` on the node serving their slot now, then those
-    that met ``NOSCRIPT`` after loading their scripts; raise any error (with
-    ``raise_errors``)."""
+    """Rerun the calls that met ``MOVED`` on the node the answer names, then those that met
+    ``NOSCRIPT`` after loading their scripts; raise any error (with ``raise_errors``)."""
     _follow_moved(client, calls, results)
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if missing:

@@ -243,7 +243,8 @@ class RedisClusterServer:
             client = redis.Redis(port=node.port, decode_responses=True)
             while not self._ready(client):
                 if time.monotonic() > deadline:
-                    raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+                    raise RuntimeError("the Redis Cluster did not get ready (cluster_state:ok, "
+                                       "every replica in sync and known to its master)")
                 time.sleep(0.1)
             client.close()
         return self
