@@ -3,7 +3,8 @@
 A real redis-server with three ACL users defined by the ``ACL SETUSER`` lines of the
 docs (producer, carrier, CLI): a producer schedules, the CLI pauses another queue and
 rate-limits this one, a carrier promotes (the broker is another Redis), the CLI runs
-``stats``, ``ls``, ``cancel``, lifts the limit and resumes. Nothing is refused.
+``stats``, ``ls``, ``cancel``, lifts the limit and resumes. Nothing is refused. On a Redis
+Cluster the producer's line and the cluster commands the docs add are enough too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from celery import Celery
 
 from celery_delayq import ConfigurationError, DelayedTask, DelayQ
 from celery_delayq.carrier import Carrier
-from celery_delayq.testing.redis_server import RedisServer
+from celery_delayq.testing.redis_server import RedisClusterServer, RedisServer
 from tests.conftest import CLUSTER, ROOT, celery_cli, wait_for
 
 OPERATIONS = Path(ROOT) / "docs" / "operations.md"
@@ -127,3 +128,23 @@ def test_a_user_refused_a_store_command_gets_an_error_that_names_the_acl_section
         assert admin.dbsize() == 1  # the store's meta record, written at its first use
         delayq.store.close()
         admin.close()
+
+
+def test_on_a_cluster_the_documented_lines_and_cluster_commands_are_enough(redis_server):
+    """docs/operations.md: on a Redis Cluster every user also needs the commands redis-py's
+    cluster client reads the slot map and the command table with."""
+    extra = shlex.split(re.search(r"On a Redis Cluster, add `([^`]+)` to every user",
+                                  OPERATIONS.read_text())[1])
+    with RedisClusterServer() as cluster:
+        for node in cluster.nodes:
+            with redis.Redis(port=node.port) as admin:
+                admin.execute_command("ACL", "SETUSER", "delayq-producer",
+                                      *documented_acl()["delayq-producer"], *extra)
+        app = Celery("acl", broker=f"{redis_server.url}/8", set_as_current=False)
+        app.conf.update(delayq_redis_url=cluster.url.replace(
+            "//", f"//delayq-producer:{PASSWORD}@"))
+        delayq = DelayQ(app)
+        delayq.schedule("acl.noop", [1], delay=60, job_id="j", key="order:1")
+        assert [job.job_id for job in delayq.pending(key="order:1")] == ["j"]
+        assert delayq.cancel("j")
+        delayq.store.close()
