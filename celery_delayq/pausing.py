@@ -3,9 +3,9 @@ promoted: pending, listed, cancellable and reschedulable, never claimed.
 
 What is paused lives on every shard (the ``paused`` hash, fields ``task:<name>`` and
 ``queue:<name>``), so each claim script reads it in its own call and every carrier obeys a
-pause from its next claim round, on Redis Cluster too. Resume (``pause-4.lua``) puts the
-jobs of what is no longer paused back at their due times: already due, the carrier
-promotes them oldest first.
+pause from its next claim round, on Redis Cluster too. Resume (``pause-2.lua``) unmarks it, and
+the store puts the jobs nothing holds any more back at their due times, a chunk per
+script call (``release-5.lua``): already due, the carrier promotes them oldest first.
 """
 
 from __future__ import annotations

@@ -101,6 +101,14 @@ def redis_client(redis_server):
     client.close()
 
 
+def script_calls(store) -> int:
+    """EVALSHA calls the store's Redis ran so far (every primary's, on a cluster)."""
+    client = store.client
+    infos = (client.info("commandstats", target_nodes=RedisCluster.PRIMARIES).values()
+             if isinstance(client, RedisCluster) else [client.info("commandstats")])
+    return sum(info.get("cmdstat_evalsha", {}).get("calls", 0) for info in infos)
+
+
 def store_keys(delayq) -> list[str]:
     """Every key of the delay store, on a single Redis or a cluster."""
     return sorted(delayq.store.client.scan_iter(f"{delayq.store.keys.prefix}:*"))

@@ -15,6 +15,7 @@ from ..envelope import Call
 from ..errors import InvalidOption, JobExists, StoreFull
 from ..held import split_score
 from ..keys import ShardKeys, bykey_member, pack_id, unpack_id
+from ..ratelimit import OFF
 from ..reservation import Reservation, reserving
 from ..scripts import SCRIPTS, Script, execute
 from ..validation import Due
@@ -25,6 +26,9 @@ _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 OUTCOME_MS = 24 * 3600 * 1000
 #: Jobs of a business key one cancel script call looks at (``cancel_key``): ~12 ms of Redis.
 CANCEL_KEY_CHUNK = 1000
+#: Held jobs one release script call looks at (a resume, a rate limit's removal): ~7 ms of
+#: Redis.
+RELEASE_CHUNK = 1000
 #: How long a job's task id index (keys.py) outlives its due time: a job pending that much
 #: past due (no carrier running) is no longer found by its task id, only by its job id.
 TASK_INDEX_GRACE_MS = 24 * 3600 * 1000
@@ -352,26 +356,43 @@ class Producing(StoreBase):
 
     def pause(self, field: str, by: str) -> None:
         """Hold the due jobs of a task or queue (a ``pausing.field``) on every shard."""
-        self._pause_script("pause", field, by)
+        self._on_every_shard(SCRIPTS["pause"], ["pause", field, by])
 
     def resume(self, field: str, by: str) -> int:
         """End a pause on every shard; returns how many held jobs were given back."""
-        return sum(self._pause_script("resume", field, by))
-
-    def _pause_script(self, action: str, field: str, by: str) -> list[int]:
-        return self._on_every_shard(SCRIPTS["pause"], [action, field, by])
+        self._on_every_shard(SCRIPTS["pause"], ["resume", field, by])
+        return self._release("paused", "")
 
     def set_rate_limit(self, queue: str, limit: str, by: str) -> int:
         """Set a queue's rate limit on every shard (``ratelimit.bucket``), or remove it with
         ``ratelimit.OFF``; returns how many held jobs a removal gave back."""
-        return sum(self._on_every_shard(SCRIPTS["limit"], [queue, limit, by]))
+        self._on_every_shard(SCRIPTS["limit"], [queue, limit, by])
+        return self._release("rate", queue) if limit == OFF else 0
 
-    def _on_every_shard(self, script: Script, args: list[Any]) -> list[Any]:
+    def _release(self, kind: str, queue: str) -> int:
+        """Give back the jobs held ``kind`` ("paused", or "rate" for ``queue``) that nothing
+        holds any more: :data:`RELEASE_CHUNK` per shard and script call, each round's calls
+        in one round trip, until every shard is done. A 200,000-job shard held Redis for
+        1.4 s in one call. Stopped part way, the rest stay held by nothing: ``delayq
+        check`` finds them stranded; running the same resume or removal again gives them
+        back."""
+        script = SCRIPTS["release"]
+        left, released = [(shard, "") for shard in self.keys], 0
+        while left:
+            calls = [(script, script.keys_for(shard),
+                      [kind, queue, where, RELEASE_CHUNK, self.config.default_queue,
+                       self.keys.wake_channel, shard.shard]) for shard, where in left]
+            with self.unavailable():
+                replies = execute(self.client, calls)
+            released += sum(reply[0] for reply in replies)
+            left = [(shard, reply[2]) for (shard, _), reply in zip(left, replies, strict=True)
+                    if reply[1]]
+        return released
+
+    def _on_every_shard(self, script: Script, args: list[Any]) -> None:
         """Run a pause / limit script on every shard; it journals on shard 0 only."""
-        calls = [(script, script.keys_for(s), [self._maxlen if s.shard == 0 else 0, *args,
-                                                self.config.default_queue,
-                                                self.keys.wake_channel, s.shard])
+        calls = [(script, script.keys_for(s), [self._maxlen if s.shard == 0 else 0, *args])
                  for s in self.keys]
         with self.unavailable():
-            return execute(self.client, calls)
+            execute(self.client, calls)
 

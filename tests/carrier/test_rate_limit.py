@@ -13,7 +13,8 @@ import pytest
 from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.errors import ConfigurationError, InvalidOption
-from tests.conftest import PROMOTIONS, store_keys, wait_for
+from celery_delayq.store import producing
+from tests.conftest import PROMOTIONS, script_calls, store_keys, wait_for
 from tests.faults.test_carrier_faults import carry_until_quiet
 
 LIMITED, FREE = "parked.limited", "parked.free"  # no worker consumes them
@@ -117,6 +118,33 @@ def test_held_jobs_stay_pending_cancellable_and_go_at_once_when_the_limit_is_rem
               if fields["event"] == "rate_limit"]
     assert [(e["queue"], e["rate"], e["by"]) for e in events] == [
         (LIMITED, "1/h", "test"), (LIMITED, "off", "test")]
+
+
+def test_removing_a_limit_gives_back_its_held_jobs_call_by_call(proj, delayq, monkeypatch):
+    """The removal looks at RELEASE_CHUNK of the queue's held jobs per script call (one
+    call for 200,000 held jobs took 1.6 s); another queue's limit keeps holding its own."""
+    monkeypatch.setattr(producing, "RELEASE_CHUNK", 4)
+    for queue in (LIMITED, FREE):
+        delayq.set_rate_limit(queue, "1/h")
+    for queue, jobs in ((LIMITED, 14), (FREE, 7)):
+        proj.record.apply_delayed_many([{"args": (n,), "delay": 0, "key": "tenant:1"}
+                                        for n in range(jobs)], queue=queue)
+    delayq.store.claim(list(delayq.store.keys), 100, 60_000)
+    held = {queue: {job.job_id for job in delayq.pending(limit=100)
+                    if job.held == "rate limit" and job.queue == queue}
+            for queue in (LIMITED, FREE)}
+    assert len(held[LIMITED]) >= 12 and len(held[FREE]) >= 5
+
+    delayq.set_rate_limit("parked.other", None)  # the scripts loaded (NOSCRIPT calls count)
+    before = script_calls(delayq.store)
+    assert delayq.set_rate_limit(LIMITED, None) == len(held[LIMITED])
+    shards = delayq.config.shards
+    # the removal on every shard, then calls of 4 of the queue's waiting jobs on theirs
+    # (the last one short), one call on each other shard
+    assert script_calls(delayq.store) - before == (
+        shards + len(held[LIMITED]) // 4 + 1 + shards - 1)
+    assert {job.job_id for job in delayq.pending(limit=100)
+            if job.held == "rate limit"} == held[FREE]
 
 
 @contextlib.contextmanager

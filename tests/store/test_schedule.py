@@ -6,11 +6,11 @@ import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from redis.cluster import RedisCluster
 
 from celery_delayq import DelayQ, JobExists
 from celery_delayq.errors import ConfigurationError
 from celery_delayq.store import Promoted, producing
+from tests.conftest import script_calls
 
 
 def test_relative_delay_is_counted_from_redis_time(proj, redis_client):
@@ -133,14 +133,6 @@ def test_counts_follow_jobs_per_task_through_schedule_cancel_and_promotion(proj,
     delayq.store.ack({c.shard: [Promoted(j.job_id, proj.record.name, None, j.due_ms)
                                 for j in c.jobs] for c in claims if c.jobs})
     assert delayq.store.counts() == ({proj.record.name: 3}, 2)
-
-
-def script_calls(store) -> int:
-    """EVALSHA calls the store's Redis ran so far (every primary's, on a cluster)."""
-    client = store.client
-    infos = (client.info("commandstats", target_nodes=RedisCluster.PRIMARIES).values()
-             if isinstance(client, RedisCluster) else [client.info("commandstats")])
-    return sum(info.get("cmdstat_evalsha", {}).get("calls", 0) for info in infos)
 
 
 def test_a_key_with_more_jobs_than_one_call_takes_is_cancelled_call_by_call(

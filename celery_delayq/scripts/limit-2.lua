@@ -1,0 +1,27 @@
+--[[ limit: set or remove the promotion rate limit of a queue on one shard (ratelimit.py).
+
+KEYS[1] limits    HASH  "rate:<queue>" -> "<capacity> <refill per ms> <spec>" or "off",
+                        "bucket:<queue>" -> "<tokens> <ms>"
+KEYS[2] journal   STREAM
+
+ARGV[1] journal maxlen (0: not journaled on this shard; the store journals on shard 0)
+ARGV[2] the queue
+ARGV[3] its limit, "<capacity> <refill per ms> <spec>", or "off" to remove it
+ARGV[4] who did it (journaled)
+
+A new or changed limit applies from the next claim (a bucket keeps its tokens, up to the
+new capacity). Removing it also drops the bucket; the store then gives back the jobs the
+limit held (release-5.lua, call by call).
+
+Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
+its keys holds the wrong type of value.
+]]
+-- include: damaged.lua
+-- include: journal.lua
+local problem = damaged({1, 'hash', 2, 'stream'})
+if problem then return redis.error_reply(problem) end
+local queue, limit = ARGV[2], ARGV[3]
+journal(2, 'rate_limit', 'queue', queue, 'rate', string.match(limit, '(%S+)$'), 'by', ARGV[4])
+redis.call('HSET', KEYS[1], 'rate:' .. queue, limit)
+if limit == 'off' then redis.call('HDEL', KEYS[1], 'bucket:' .. queue) end
+return 0
