@@ -11,7 +11,7 @@ from typing import cast
 import redis
 from redis.client import PubSub
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError
+from redis.exceptions import ClusterDownError, RedisClusterException
 
 from ..conf import DelayQConfig
 from ..connection import connect, follow_cluster, redact
@@ -22,6 +22,8 @@ from ..reading import count_of, printable
 
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
 _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wrong type
+#: How Redis 6.2 and 7 word the ACL's refusal of a command a script calls (no NOPERM).
+_SCRIPT_REFUSED = "The user executing the script can't run this command"
 SCAN_CHUNK = 500  # members / fields read per command when a reader scans a key
 
 
@@ -77,6 +79,8 @@ class StoreBase:
         read-only replica, a command the ACL user lacks) into an error that says what to do."""
         try:
             yield
+        except RedisClusterException as exc:  # not a RedisError; from the cluster client
+            raise self._cluster_error(exc) from exc
         except _NETWORK_ERRORS as exc:
             follow_cluster(self.__dict__.get("client"))  # (None while it is being made)
             raise StoreUnavailable(
@@ -103,12 +107,36 @@ class StoreBase:
                     f"refused a write ({exc}); point delayq_redis_url at its master (a "
                     "failover may have demoted it: a sentinel:// URL follows the master)"
                 ) from exc
-            if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM " in str(exc):
+            if refused_by_acl(exc):
                 raise ConfigurationError(
                     f"Redis at {redact(self.config.redis_url)} refused the store's user a "
                     f"command ({exc}); give that user the commands docs/operations.md lists "
                     "under 'Redis ACL users'") from exc
             raise
+
+    def _cluster_error(self, exc: RedisClusterException) -> DelayQError:
+        """What a cluster client that could not read the slot map met, as ours: a command
+        the ACL refused, a node not in cluster mode, else no node to ask (unavailable)."""
+        url = redact(self.config.redis_url)
+        causes = []
+        cause: BaseException | None = exc
+        while cause is not None:
+            causes.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if any(refused_by_acl(c) for c in causes):
+            return ConfigurationError(
+                f"Redis Cluster at {url} refused the store's user a command its cluster "
+                f"client needs ({causes[-1]}); on a cluster every user also needs "
+                "+cluster|slots +command, besides its line in docs/operations.md under "
+                "'Redis ACL users'")
+        if any(str(c) == "Cluster mode is not enabled on this node" for c in causes):
+            return ConfigurationError(
+                f"delayq_redis_url {url} names a Redis Cluster, but the server there is "
+                "not a cluster node; for one Redis server use a redis:// (or rediss://) "
+                "URL, without +cluster")
+        return StoreUnavailable(
+            f"Redis Cluster at {url} is unavailable ({exc}); check that its nodes run and "
+            "that delayq_redis_url names one of them")
 
     def now_ms(self) -> int:
         """Redis's clock, in ms: the clock every due time follows."""
@@ -169,6 +197,13 @@ def refused_for_memory(exc: redis.ResponseError) -> bool:
     ("Error running script ... -OOM command not allowed ...")."""
     return isinstance(exc, redis.exceptions.OutOfMemoryError) or \
         "command not allowed when used memory > 'maxmemory'" in str(exc)
+
+
+def refused_by_acl(exc: BaseException) -> bool:
+    """True for the ACL's refusal of a command: NoPermissionError (NOPERM), or of a command
+    a script calls ("The user executing the script can't run this command")."""
+    return isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM " in str(exc) \
+        or _SCRIPT_REFUSED in str(exc)
 
 
 def shard_error(exc: Exception) -> DelayQError:
