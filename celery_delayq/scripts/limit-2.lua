@@ -11,7 +11,7 @@ ARGV[4] who did it (journaled)
 
 A new or changed limit applies from the next claim (a bucket keeps its tokens, up to the
 new capacity). Removing it also drops the bucket; the store then gives back the jobs the
-limit held (release-5.lua, call by call).
+limit held (release-5.lua, call by call). Returns 0.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.

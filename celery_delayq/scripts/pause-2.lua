@@ -10,7 +10,7 @@ ARGV[4] who did it (journaled)
 
 Pause marks the field; the claim script holds each job of it as it falls due. Resume
 unmarks it; the store then gives back the jobs no pause holds any more (release-5.lua,
-call by call).
+call by call). Returns 0.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.

@@ -29,8 +29,14 @@ damaged store) is left to `delayq check`, which finds it stranded.
 
 Returns {jobs given back, 1 if there may be more else 0, where to go on}; publishes the
 shard on the wake channel when it gave any back.
+
+Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
+its keys holds the wrong type of value.
 ]]
+-- include: damaged.lua
 -- include: held.lua
+local problem = damaged({1, 'hash', 2, 'hash', 3, 'zset', 4, 'hash', 5, 'zset'})
+if problem then return redis.error_reply(problem) end
 local kind, queue, limit = ARGV[1], ARGV[2], tonumber(ARGV[4])
 local released, more, cursor = 0, 0, ARGV[3]
 

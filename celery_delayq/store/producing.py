@@ -373,20 +373,26 @@ class Producing(StoreBase):
         """Give back the jobs held ``kind`` ("paused", or "rate" for ``queue``) that nothing
         holds any more: :data:`RELEASE_CHUNK` per shard and script call, each round's calls
         in one round trip, until every shard is done. A 200,000-job shard held Redis for
-        1.4 s in one call. Stopped part way, the rest stay held by nothing: ``delayq
-        check`` finds them stranded; running the same resume or removal again gives them
+        1.4 s in one call. A shard whose call fails (a damaged key) stops, the others go
+        on, then its error is raised. Stopped part way, the rest stay held by nothing:
+        ``delayq check`` finds them stranded; the same resume or removal again gives them
         back."""
         script = SCRIPTS["release"]
-        left, released = [(shard, "") for shard in self.keys], 0
+        left, released, failed = [(shard, "") for shard in self.keys], 0, []
         while left:
             calls = [(script, script.keys_for(shard),
                       [kind, queue, where, RELEASE_CHUNK, self.config.default_queue,
                        self.keys.wake_channel, shard.shard]) for shard, where in left]
             with self.unavailable():
-                replies = execute(self.client, calls)
-            released += sum(reply[0] for reply in replies)
+                replies = execute(self.client, calls, raise_errors=False)
+            failed += [reply for reply in replies if isinstance(reply, Exception)]
+            done = [reply for reply in replies if not isinstance(reply, Exception)]
+            released += sum(reply[0] for reply in done)
             left = [(shard, reply[2]) for (shard, _), reply in zip(left, replies, strict=True)
-                    if reply[1]]
+                    if not isinstance(reply, Exception) and reply[1]]
+        if failed:
+            with self.unavailable():
+                raise failed[0]
         return released
 
     def _on_every_shard(self, script: Script, args: list[Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from datetime import datetime, timedelta, timezone
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
-from celery_delayq.errors import InvalidOption
+from celery_delayq.errors import DamagedShard, InvalidOption
 from celery_delayq.store import producing
 from tests.conftest import CLUSTER, PROMOTIONS, script_calls, store_keys, wait_for
 
@@ -278,3 +279,22 @@ def test_a_resume_cut_short_leaves_jobs_a_second_resume_or_check_gives_back(
     assert delayq.resume(queue=PARKED) == 4
     assert stranded(delayq) == 0
     assert not [job for job in delayq.pending(limit=100) if job.paused]
+
+
+def test_a_damaged_shard_stops_its_own_part_of_a_resume_and_no_other(proj, delayq,
+                                                                      monkeypatch):
+    monkeypatch.setattr(producing, "RELEASE_CHUNK", 2)
+    delayq.pause(queue=PARKED)
+    for n in range(24):  # ids spread over every shard
+        delayq.schedule(proj.record.name, (n,), eta=PAST, queue=PARKED, job_id=f"job-{n}")
+    delayq.store.claim(list(delayq.store.keys), 1000, 60_000)
+    damaged = delayq.store.keys.shard_for("job-0")
+    delayq.store.client.set(damaged.limits, "not a hash")
+    on_it = {f"job-{n}" for n in range(24)
+             if delayq.store.keys.shard_for(f"job-{n}") == damaged}
+
+    with pytest.raises(DamagedShard, match=re.escape(damaged.limits)):
+        delayq.resume(queue=PARKED)
+    assert {job.job_id for job in delayq.pending(limit=100) if job.paused} == on_it
+    delayq.store.client.delete(damaged.limits)
+    assert delayq.resume(queue=PARKED) == len(on_it)
