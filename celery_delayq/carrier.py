@@ -28,7 +28,7 @@ import redis
 from kombu.exceptions import KombuError
 from redis.client import PubSub
 
-from .conf import check_handoff_lead
+from .conf import check_handoff_lead, password_shown
 from .connection import redact
 from .direct import DirectRouter, broker_is_store_server
 from .errors import ConfigurationError, DamagedShard, DelayQError, StoreUnavailable
@@ -257,6 +257,10 @@ class Carrier:
         self._install_signal_handlers()
         logger.info("carrier started: %d shards, batch %d, lease %.0fs",
                     self.store.keys.shards, self.batch, self.lease_ms / 1000)
+        if password_shown(self.app):
+            logger.warning("delayq_redis_url holds a password, which `celery report` and "
+                           "`celery inspect conf` print as it is: set delayq_redis_password "
+                           "(CELERY_DELAYQ_REDIS_PASSWORD in Django settings) instead")
         failures = 0
         while not self._stopping.requested:
             try:

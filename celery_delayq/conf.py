@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
 from . import pausing, ratelimit
-from .connection import CLUSTER_SUFFIX, SENTINEL_OPTIONS, check_settings
+from .connection import CLUSTER_SUFFIX, SENTINEL_OPTIONS, check_settings, holds_password
 from .connection import redact as redact
 from .errors import ConfigurationError, InvalidOption
 
@@ -38,6 +38,11 @@ class TlsOptions(dict):
 SETTINGS: tuple[Setting, ...] = (
     Setting("redis_url", None, str,
             "Redis URL of the delay store. Default: the broker URL when the broker is Redis."),
+    Setting("redis_password", None, str,
+            "Password of the store's Redis user (with Sentinel, of the master), kept out of "
+            "delayq_redis_url: `celery report`, `celery inspect conf` and Django's error "
+            "pages hide settings named like this one, and the broker URL, but print "
+            "delayq_redis_url as it is. Default: what the URL says."),
     Setting("prefix", "delayq", str, "Prefix of every Redis key the store uses."),
     Setting("shards", 8, int,
             "Number of shards (each a set of keys in one cluster slot). Fixed once data exists."),
@@ -213,6 +218,7 @@ class DelayQConfig:
     http_timeout: float
     #: Celery's task_default_queue: the queue of a job whose envelope names none.
     default_queue: str = "celery"
+    redis_password: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_app(cls, app) -> DelayQConfig:
@@ -274,6 +280,14 @@ class DelayQConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def password_shown(app) -> bool:
+    """True when ``delayq_redis_url`` holds a password that Celery's ``celery report`` and
+    ``celery inspect conf`` (and Django's error pages) print: they hide only settings named
+    like *PASS*, *KEY*, *SECRET* or *TOKEN*, and the broker URL (the store's default)."""
+    url = app.conf.get("delayq_redis_url")
+    return isinstance(url, str) and holds_password(url)
 
 
 def check_handoff_lead(app, seconds: float) -> float:

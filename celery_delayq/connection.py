@@ -57,6 +57,8 @@ def connect(config: DelayQConfig) -> redis.Redis | RedisCluster:
         "socket_connect_timeout": config.redis_socket_timeout,
         "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), config.redis_retries),
     }
+    if config.redis_password:
+        options["password"] = config.redis_password
     tls = ssl_options(config.redis_ssl)
     url = config.redis_url
     scheme = urlsplit(url).scheme
@@ -170,6 +172,11 @@ def check_settings(config: DelayQConfig) -> None:
             "redis+cluster:// / rediss+cluster:// for a Redis Cluster, or "
             "sentinel://host:26379;sentinel://host2:26379/0 for Redis Sentinel; got "
             f"{redact(config.redis_url)!r}")
+    if config.redis_password and holds_password(config.redis_url):
+        raise ConfigurationError(
+            f"delayq_redis_password is set and the store's URL {redact(config.redis_url)!r} "
+            "holds a password too (the URL's would win): keep it in delayq_redis_password "
+            "only")
     ssl_options(config.redis_ssl)
 
 
@@ -212,6 +219,18 @@ def redact(url: object) -> str:
     if isinstance(url, (list, tuple)):
         url = ";".join(map(str, url))
     return ";".join(_redact_one(part) for part in _parts(str(url)))
+
+
+def holds_password(url: str) -> bool:
+    """True when the URL (or one of its ``;``-separated URLs) holds a password: after the
+    user name of its userinfo, or in a query parameter such as ``?password=``."""
+    for part in _parts(url):
+        match = _USERINFO.match(part)
+        if match is not None and match["userinfo"].partition(":")[2]:
+            return True
+        if any(found[0].partition("=")[2] for found in _SECRET_PARAM.finditer(part)):
+            return True
+    return False
 
 
 def _redact_one(url: str) -> str:

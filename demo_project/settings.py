@@ -83,7 +83,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_DELAYQ_REDIS_URL = REDIS_URL
+# The delay store is on the broker's Redis (its default): no CELERY_DELAYQ_REDIS_URL, so a
+# password in REDIS_URL stays masked where Celery shows the broker URL. A store elsewhere:
+# CELERY_DELAYQ_REDIS_URL without the password, and CELERY_DELAYQ_REDIS_PASSWORD.
 CELERY_DELAYQ_SHARDS = 4
 CELERY_DELAYQ_IDLE_TIMEOUT = 2.0
 DELAYQ_CELERY_APP = "demo_project.celery_app:app"

@@ -16,3 +16,16 @@ def test_the_system_check_warns_when_redis_may_evict_stored_jobs(shop_delayq, sh
         shop_redis.config_set("maxmemory-policy", "noeviction")
     assert [message.id for message in found] == ["delayq.W001"]
     assert "allkeys-lru" in found[0].msg
+
+
+def test_the_deployment_check_warns_when_the_store_url_holds_a_password(shop_app):
+    conf = shop_app.conf  # set as the shop_app fixture sets it, under the CELERY namespace
+    before = conf.get("delayq_redis_url")
+    conf.update(CELERY_DELAYQ_REDIS_URL="redis://:hunter2@127.0.0.1:1/0")
+    try:
+        found = checks.run_checks(tags=["delayq"], include_deployment_checks=True)
+    finally:
+        conf.update(CELERY_DELAYQ_REDIS_URL=before)
+    assert "delayq.W003" in [message.id for message in found]
+    assert "hunter2" not in " ".join(f"{m.msg} {m.hint}" for m in found)
+    assert "CELERY_DELAYQ_REDIS_PASSWORD" in found[-1].hint

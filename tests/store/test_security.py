@@ -14,12 +14,15 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
 import urllib.request
 
 import pytest
+import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
+from celery_delayq import ConfigurationError, DelayedTask, DelayQ, StoreUnavailable
+from celery_delayq.carrier import Carrier
 from celery_delayq.keys import pack_id
 from celery_delayq.testing.redis_server import RedisServer, SentinelSet, free_port
 from tests.conftest import CLUSTER, ROOT, celery_cli, store_keys, wait_for
@@ -142,6 +145,55 @@ def test_store_works_with_a_password_protected_redis():
         app, noop = app_with_store(f"redis://:{password}@127.0.0.1:{server.port}/0")
         result = noop.apply_delayed(delay=60, key="order:1")
         assert DelayQ.of(app).get(result.job_id).key == "order:1"
+
+
+def shown(app) -> str:
+    """What Celery shows of an app's settings to whoever asks: ``celery report`` (pasted
+    into bug reports) and ``celery inspect conf`` (any client of the broker)."""
+    return app.bugreport() + repr(app.conf.table(with_defaults=True))
+
+
+@pytest.mark.parametrize("user", ["", "delayq"])
+def test_delayq_redis_password_authenticates_and_celery_reports_hide_it(user):
+    password = secret()
+    with RedisServer(extra=("--requirepass", password)) as server:
+        redis.Redis(port=server.port, password=password).acl_setuser(
+            "delayq", enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"],
+            commands=["+@all"])
+        userinfo = f"{user}@" if user else ""
+        app, noop = app_with_store(f"redis://{userinfo}127.0.0.1:{server.port}/0",
+                                   delayq_redis_password=password)
+        result = noop.apply_delayed(delay=60, key="order:1")
+        assert DelayQ.of(app).get(result.job_id).key == "order:1"
+        assert password not in shown(app) + repr(DelayQ.of(app).config)
+        DelayQ.of(app).store.close()
+
+
+def test_a_password_in_delayq_redis_url_is_shown_by_celery_so_the_carrier_warns(caplog):
+    password = secret()
+    with RedisServer(extra=("--requirepass", password)) as server:
+        app, _ = app_with_store(f"redis://:{password}@127.0.0.1:{server.port}/0")
+        assert password in shown(app)  # Celery hides settings by name, not a URL of ours
+        carrier = Carrier(app)
+        thread = threading.Thread(target=carrier.run, daemon=True)
+        with caplog.at_level(logging.WARNING, logger="celery_delayq"):
+            thread.start()
+            wait_for(lambda: "set delayq_redis_password" in caplog.text,
+                     what="the carrier's warning")
+            carrier.stop()
+            thread.join(10)
+    assert password not in caplog.text
+
+
+@pytest.mark.parametrize("url", ["redis://:{pw}@127.0.0.1:{port}/0",
+                                 "redis://127.0.0.1:{port}/0?password={pw}"])
+def test_a_password_in_the_url_and_in_delayq_redis_password_is_refused(url):
+    password, other = secret(), secret()
+    _, noop = app_with_store(url.format(pw=password, port=free_port()),
+                             delayq_redis_password=other)
+    with pytest.raises(ConfigurationError, match="keep it in delayq_redis_password") as refused:
+        noop.apply_delayed(delay=5)
+    assert password not in str(refused.value) and other not in str(refused.value)
 
 
 @pytest.mark.skipif(CLUSTER, reason="counts keys of the single store")

@@ -1,10 +1,10 @@
 """Django system checks of the delay store: ``delayq.W001`` warns when its Redis may evict
 keys (a ``maxmemory-policy`` other than ``noeviction``), ``delayq.W002`` when that cannot
-be read.
+be read, ``delayq.W003`` when ``CELERY_DELAYQ_REDIS_URL`` holds a password.
 
-They ask Redis, so they are deployment checks (``manage.py check --deploy``): every other
-``manage.py`` command, and Celery's worker start (which runs Django's checks), stays free
-of a Redis round trip and of its timeouts during an outage.
+They are deployment checks (``manage.py check --deploy``): the first two ask Redis, and
+every other ``manage.py`` command, and Celery's worker start (which runs Django's checks),
+stays free of a Redis round trip and of its timeouts during an outage.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 from django.core.checks import Warning, register
 
 from celery_delayq import DelayQError
+from celery_delayq.conf import password_shown
 from celery_delayq.memory import eviction_problem
 
-from .runtime import delayq
+from .runtime import celery_app, delayq
 
 
 @register("delayq", deploy=True)
@@ -29,3 +30,14 @@ def check_eviction_policy(app_configs=None, **kwargs) -> list[Warning]:
     return [Warning(problem, hint="Run `CONFIG SET maxmemory-policy noeviction` on the store's "
                     "Redis and set it in redis.conf.", id="delayq.W001")
             for problem in sorted({p for p in map(eviction_problem, policies) if p})]
+
+
+@register("delayq", deploy=True)
+def check_password_shown(app_configs=None, **kwargs) -> list[Warning]:
+    """Warn when the store's URL setting holds a password that error pages and reports show."""
+    if not password_shown(celery_app()):
+        return []
+    return [Warning("CELERY_DELAYQ_REDIS_URL holds a password, which Django's error pages "
+                    "(DEBUG), `celery report` and `celery inspect conf` show as it is.",
+                    hint="Set CELERY_DELAYQ_REDIS_PASSWORD (they hide it) and leave the "
+                    "password out of the URL.", id="delayq.W003")]
