@@ -206,22 +206,36 @@ def _finish(client, calls, results: list[Any], raise_errors: bool) -> list[Any]:
 def _follow_moved(client, calls, results: list[Any]) -> None:
     """Send the calls a cluster node answered ``MOVED`` (they did not run) to the node the
     answer names, and read the slot map again for later calls. The answer is followed,
-    not the map: the node asked for the map may not know of the move yet."""
+    not the map: the node asked for the map may not know of the move yet. A script that
+    node lacks (a replica that took over: Redis 7 does not copy scripts to replicas) is
+    loaded there, and its calls sent there again."""
     moved = [i for i, r in enumerate(results) if isinstance(r, MovedError)]
     if not moved:
         return
     follow_cluster(client)
-    by_node: dict[str, list[int]] = defaultdict(list)
-    clients = {}
+    by_node: dict[tuple[str, int], list[int]] = defaultdict(list)
     for i in moved:
-        node = client.get_node(host=results[i].host, port=results[i].port)
-        if node is not None:  # (else its error stays, and the next call finds the node)
-            by_node[node.name].append(i)
-            clients[node.name] = client.get_redis_connection(node)
-    for name, indexes in by_node.items():
-        replies = _pipeline(clients[name], [calls[i] for i in indexes])
-        for index, reply in zip(indexes, replies, strict=True):
-            results[index] = reply
+        by_node[results[i].host, results[i].port].append(i)
+    for (host, port), indexes in by_node.items():
+        node = client.get_node(host=host, port=port)
+        # a node the map does not know (a replica that took over: redis-py keeps no
+        # replicas in it) gets a client of its own for these calls
+        node_client = (client.get_redis_connection(node) if node is not None else
+                       client.nodes_manager.create_redis_node(
+                           host, port, **client.nodes_manager.connection_kwargs))
+        try:
+            for attempt in range(2):
+                replies = _pipeline(node_client, [calls[i] for i in indexes])
+                for index, reply in zip(indexes, replies, strict=True):
+                    results[index] = reply
+                indexes = [i for i in indexes if isinstance(results[i], NoScriptError)]
+                if not indexes or attempt:
+                    break
+                for script in {calls[i][0] for i in indexes}:
+                    node_client.script_load(script.source)
+        finally:
+            if node is None:
+                node_client.close()
 
 
 def _by_node(client, calls) -> list[tuple[Any, list[int]]]:
