@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import MovedError, NoScriptError, ResponseError
+from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
 from ..connection import follow_cluster
 from ..keys import ShardKeys
@@ -135,9 +135,9 @@ def execute(client, calls: list[tuple[Script, list[str], list[Any]]], *,
 
     Calls that failed with ``NOSCRIPT`` did not run: their scripts are loaded and those
     calls alone are sent again. So did calls a cluster node answered with ``MOVED`` (its
-    slots went to another node, e.g. a replica that took over): they are sent again once,
-    to the node the answer names. Any other error of a call is raised, or with
-    ``raise_errors=False`` returned in its place.
+    slots went to another node, e.g. a replica that took over) or ``ASK`` (a slot being
+    moved): they are sent again once, to the node the answer names. Any other error of a
+    call is raised, or with ``raise_errors=False`` returned in its place.
     """
     return _finish(client, calls, _send(client, calls), raise_errors)
 
@@ -188,9 +188,10 @@ class Deferred:
 
 
 def _finish(client, calls, results: list[Any], raise_errors: bool) -> list[Any]:
-    """Rerun the calls that met ``MOVED`` on the node the answer names, then those that met
-    ``NOSCRIPT`` after loading their scripts; raise any error (with ``raise_errors``)."""
-    _follow_moved(client, calls, results)
+    """Rerun the calls that met ``MOVED`` or ``ASK`` on the node the answer names, then
+    those that met ``NOSCRIPT`` after loading their scripts; raise any error (with
+    ``raise_errors``)."""
+    _follow_redirections(client, calls, results)
     missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
     if missing:
         for script in {calls[i][0] for i in missing}:
@@ -203,29 +204,32 @@ def _finish(client, calls, results: list[Any], raise_errors: bool) -> list[Any]:
     return results
 
 
-def _follow_moved(client, calls, results: list[Any]) -> None:
-    """Send the calls a cluster node answered ``MOVED`` (they did not run) to the node the
-    answer names, and read the slot map again for later calls. The answer is followed,
-    not the map: the node asked for the map may not know of the move yet. A script that
-    node lacks (a replica that took over: Redis 7 does not copy scripts to replicas) is
-    loaded there, and its calls sent there again."""
-    moved = [i for i, r in enumerate(results) if isinstance(r, MovedError)]
-    if not moved:
+def _follow_redirections(client, calls, results: list[Any]) -> None:
+    """Send the calls a cluster node redirected (they did not run) to the node the answer
+    names: ``MOVED`` (its slots moved for good: a replica took over, or a move ended; the
+    slot map is read again for later calls) or ``ASK`` (its slot is moving and the keys
+    are there already: the call goes there after ``ASKING``). The answer is followed, not
+    the map: the node asked for the map may not know of the move yet, and redis-py keeps
+    no replicas in it (such a node gets a client of its own for these calls). A script
+    that node lacks (Redis 7 does not copy scripts to replicas) is loaded there, and its
+    calls sent there again."""
+    redirected = [i for i, r in enumerate(results) if isinstance(r, AskError)]
+    if not redirected:
         return
-    follow_cluster(client)
-    by_node: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for i in moved:
-        by_node[results[i].host, results[i].port].append(i)
-    for (host, port), indexes in by_node.items():
+    if any(isinstance(results[i], MovedError) for i in redirected):
+        follow_cluster(client)
+    by_node: dict[tuple[str, int, bool], list[int]] = defaultdict(list)
+    for i in redirected:
+        answer = results[i]  # (MovedError is an AskError)
+        by_node[answer.host, answer.port, not isinstance(answer, MovedError)].append(i)
+    for (host, port, asking), indexes in by_node.items():
         node = client.get_node(host=host, port=port)
-        # a node the map does not know (a replica that took over: redis-py keeps no
-        # replicas in it) gets a client of its own for these calls
         node_client = (client.get_redis_connection(node) if node is not None else
                        client.nodes_manager.create_redis_node(
                            host, port, **client.nodes_manager.connection_kwargs))
         try:
             for attempt in range(2):
-                replies = _pipeline(node_client, [calls[i] for i in indexes])
+                replies = _pipeline(node_client, [calls[i] for i in indexes], asking)
                 for index, reply in zip(indexes, replies, strict=True):
                     results[index] = reply
                 indexes = [i for i in indexes if isinstance(results[i], NoScriptError)]
@@ -262,8 +266,13 @@ def _send(client, calls) -> list[Any]:
     return results
 
 
-def _pipeline(client, calls) -> list[Any]:
+def _pipeline(client, calls, asking: bool = False) -> list[Any]:
+    """The calls' replies from one node; ``asking``: each after ``ASKING`` (a slot the node
+    is importing), whose replies are left out."""
     pipe = client.pipeline(transaction=False)
     for script, keys, args in calls:
+        if asking:
+            pipe.execute_command("ASKING")
         script.queue(pipe, keys, args)
-    return pipe.execute(raise_on_error=False)
+    replies = pipe.execute(raise_on_error=False)
+    return replies[1::2] if asking else replies

@@ -11,7 +11,7 @@ from typing import cast
 import redis
 from redis.client import PubSub
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, RedisClusterException
+from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, TryAgainError
 
 from ..conf import DelayQConfig
 from ..connection import connect, follow_cluster, redact
@@ -81,6 +81,11 @@ class StoreBase:
             yield
         except RedisClusterException as exc:  # not a RedisError; from the cluster client
             raise self._cluster_error(exc) from exc
+        except ClusterError as exc:  # redis-py's cluster client gave up ("TTL exhausted")
+            raise StoreUnavailable(
+                f"Redis Cluster at {redact(self.config.redis_url)} kept refusing the call "
+                f"({exc}): a slot of the store may be moving to another node (resharding) "
+                "or failing over; retry") from exc
         except _NETWORK_ERRORS as exc:
             follow_cluster(self.__dict__.get("client"))  # (None while it is being made)
             raise StoreUnavailable(
@@ -91,6 +96,11 @@ class StoreBase:
         except redis.ResponseError as exc:
             if str(exc).startswith(_DAMAGED):
                 raise DamagedShard(str(exc)) from exc
+            if moving_slot(exc):
+                raise StoreUnavailable(
+                    f"Redis Cluster at {redact(self.config.redis_url)} is moving a slot of the "
+                    f"store to another node (resharding) and refused a call on it ({exc}); "
+                    "nothing was written: retry") from exc
             if str(exc).startswith("DB index is out of range"):
                 raise ConfigurationError(
                     f"Redis at {redact(self.config.redis_url)} has no such database (the "
@@ -206,8 +216,18 @@ def refused_by_acl(exc: BaseException) -> bool:
         or _SCRIPT_REFUSED in str(exc)
 
 
+def moving_slot(exc: Exception) -> bool:
+    """True for a cluster node's ``TRYAGAIN``: the call's keys are split between two nodes
+    while their slot moves (resharding); it did not run."""
+    return isinstance(exc, TryAgainError) or str(exc).startswith(
+        "Multiple keys request during rehashing")
+
+
 def shard_error(exc: Exception) -> DelayQError:
     """What a failed script call on one shard means to its caller."""
     if str(exc).startswith(_DAMAGED):
         return DamagedShard(str(exc))
+    if moving_slot(exc):
+        return StoreUnavailable(f"the shard's slot is moving to another node (resharding): "
+                                f"{exc}; served again once it has moved")
     return DelayQError(f"Redis refused the call: {exc}")
