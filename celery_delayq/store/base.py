@@ -118,10 +118,7 @@ class StoreBase:
                     "failover may have demoted it: a sentinel:// URL follows the master)"
                 ) from exc
             if refused_by_acl(exc):
-                raise ConfigurationError(
-                    f"Redis at {redact(self.config.redis_url)} refused the store's user a "
-                    f"command ({exc}); give that user the commands docs/operations.md lists "
-                    "under 'Redis ACL users'") from exc
+                raise acl_refusal(exc, redact(self.config.redis_url)) from exc
             raise
 
     def _cluster_error(self, exc: RedisClusterException) -> DelayQError:
@@ -223,10 +220,19 @@ def moving_slot(exc: Exception) -> bool:
         "Multiple keys request during rehashing")
 
 
+def acl_refusal(exc: Exception, url: str = "") -> ConfigurationError:
+    """The error of a command the ACL refused the store's user (``url``: redacted)."""
+    return ConfigurationError(
+        f"Redis{f' at {url}' if url else ''} refused the store's user a command ({exc}); "
+        "give that user the commands docs/operations.md lists under 'Redis ACL users'")
+
+
 def shard_error(exc: Exception) -> DelayQError:
     """What a failed script call on one shard means to its caller."""
     if str(exc).startswith(_DAMAGED):
         return DamagedShard(str(exc))
+    if refused_by_acl(exc):
+        return acl_refusal(exc)
     if moving_slot(exc):
         return StoreUnavailable(f"the shard's slot is moving to another node (resharding): "
                                 f"{exc}; served again once it has moved")

@@ -172,3 +172,33 @@ def test_on_a_cluster_the_documented_lines_and_cluster_commands_are_enough(redis
         with pytest.raises(ConfigurationError, match=r"\+cluster\|slots \+command") as refused:
             delayq_as("no-cluster-commands").schedule("acl.noop", [1], delay=60)
         assert PASSWORD not in str(refused.value)
+
+
+def test_a_carrier_user_refused_a_command_its_claim_calls_is_told_which_section(
+        redis_server):
+    """The claim script of a shard with a rate limit calls ZLEXCOUNT: a carrier user
+    without it gets each shard's refusal as ``ConfigurationError`` naming the ACL section
+    (the carrier logs it), not "Redis refused the call"."""
+    with RedisServer() as server:
+        admin = redis.Redis(port=server.port, decode_responses=True)
+        rules = [rule for rule in documented_acl()["delayq-carrier"] if rule != "+zlexcount"]
+        admin.execute_command("ACL", "SETUSER", "delayq-carrier", *rules)
+
+        def delayq_as(userinfo: str) -> DelayQ:
+            app = Celery("acl", broker=f"{redis_server.url}/8", set_as_current=False)
+            app.conf.update(delayq_redis_url=f"redis://{userinfo}127.0.0.1:{server.port}/0",
+                            delayq_shards=4)
+            return DelayQ(app)
+
+        owner = delayq_as("")
+        owner.set_rate_limit("limited", "10/s")
+        owner.schedule_many("acl.noop", [{"args": [n], "delay": 0} for n in range(8)],
+                            queue="limited")
+        carrier = delayq_as(f"delayq-carrier:{PASSWORD}@")
+        claims = carrier.store.claim(list(carrier.store.keys), 10, 3000)
+        assert [type(claim.error) for claim in claims] == [ConfigurationError] * 4
+        assert "Redis ACL users" in str(claims[0].error)
+        assert PASSWORD not in str(claims[0].error)
+        for delayq in (owner, carrier):
+            delayq.store.close()
+        admin.close()
