@@ -28,7 +28,7 @@ import redis
 from kombu.exceptions import KombuError
 from redis.client import PubSub
 
-from .conf import check_handoff_lead, password_shown
+from .conf import check_claim_batch, check_handoff_lead, password_shown
 from .connection import redact
 from .direct import DirectRouter, broker_is_store_server
 from .errors import ConfigurationError, DamagedShard, DelayQError, StoreUnavailable
@@ -70,7 +70,7 @@ class Carrier:
         self.delayq = DelayQ.of(app)
         config = self.delayq.config
         self.store = self.delayq.store
-        self.batch = batch or config.claim_batch
+        self.batch = config.claim_batch if batch is None else check_claim_batch(batch)
         self.publisher = Publisher(app, self.store, batch=self.batch)
         self.router = DirectRouter(app, self.store, self.publisher.queue)
         self.lease_ms = int((lease or config.lease_seconds) * 1000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
+from celery_delayq.carrier import Carrier
 from celery_delayq.conf import SETTINGS, DelayQConfig, redact
 from celery_delayq.errors import ConfigurationError
 
@@ -33,7 +34,8 @@ def test_non_redis_broker_without_store_url_says_how_to_fix():
 
 
 @pytest.mark.parametrize(("setting", "value"), [("shards", 0), ("lease_seconds", 0),
-                                                ("claim_batch", "many")])
+                                                ("claim_batch", "many"), ("claim_batch", 0),
+                                                ("claim_batch", 10_001)])
 def test_invalid_setting_is_refused(setting, value):
     app = make_app(celery={"broker": "redis://h"}, **{f"delayq_{setting}": value})
     with pytest.raises(ConfigurationError, match=f"delayq_{setting}"):
@@ -56,3 +58,11 @@ def test_a_setting_set_to_none_takes_its_default():
     config = DelayQConfig.from_app(make_app(celery={"broker": "redis://h"}, delayq_prefix=None,
                                             delayq_shards=None))
     assert (config.prefix, config.shards) == ("delayq", 8)
+
+
+def test_a_carrier_batch_that_would_hold_redis_long_is_refused():
+    """One claim of 50,000 jobs held Redis for 286 ms; --batch takes at most 10,000."""
+    app = make_app(celery={"broker": "redis://h"})
+    with pytest.raises(ConfigurationError, match="--batch"):
+        Carrier(app, batch=50_000)
+    assert Carrier(app, batch=10_000).batch == 10_000
