@@ -101,12 +101,12 @@ def redis_client(redis_server):
     client.close()
 
 
-def script_calls(store) -> int:
-    """EVALSHA calls the store's Redis ran so far (every primary's, on a cluster)."""
+def command_calls(store, command: str = "evalsha") -> int:
+    """Calls of a command the store's Redis ran so far (every primary's, on a cluster)."""
     client = store.client
     infos = (client.info("commandstats", target_nodes=RedisCluster.PRIMARIES).values()
              if isinstance(client, RedisCluster) else [client.info("commandstats")])
-    return sum(info.get("cmdstat_evalsha", {}).get("calls", 0) for info in infos)
+    return sum(info.get(f"cmdstat_{command}", {}).get("calls", 0) for info in infos)
 
 
 def store_keys(delayq) -> list[str]:

@@ -4,6 +4,7 @@ pipelined across shards; values that may be odd are read through :mod:`reading`.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import math
@@ -44,6 +45,17 @@ class _Wanted:
             return True
         return any(_canonical(value) == self.args_contains
                    for value in (*job.args, *job.kwargs.values()))
+
+
+def _due_ms(score: float) -> float:
+    """The due time of a ``due`` score, held or not (held.py)."""
+    due = split_score(score)[0]
+    return math.inf if due is None else due
+
+
+def _by_due(job: Job) -> float:
+    """A job's place in due order (one with no readable due time last)."""
+    return job.due.timestamp() if job.due else math.inf
 
 
 def _canonical(value: Any) -> str | None:
@@ -104,20 +116,12 @@ class Listing(StoreBase):
             for shard in shards:
                 jobs.extend(self._pending_in(shard, wanted, key, limit, skipped))
         skipped.log()
-        jobs.sort(key=lambda job: job.due.timestamp() if job.due else math.inf)
-        return jobs[:limit]
+        return heapq.nsmallest(limit, jobs, key=_by_due)
 
     def _pending_in(self, shard: ShardKeys, wanted: _Wanted, key: str | None,
                     limit: int, skipped: Unreadable) -> list[Job]:
         if key:
-            members = cast("list[str]", self.client.zrangebylex(  # decode_responses
-                shard.bykey, f"[{key}\x00", f"({key}\x01"))
-            ids = [m.partition("\x00")[2] for m in members]
-            pipe = self.client.pipeline(transaction=False)
-            for stored in ids:
-                pipe.zscore(shard.due, raw_id(stored))
-            scored = [(i, s) for i, s in zip(ids, pipe.execute(), strict=True) if s is not None]
-            return self._jobs_of(shard, scored, wanted, skipped)  # in id order: pending() sorts
+            return self._pending_of_key(shard, key, wanted, limit, skipped)
         # each score range in due order, at most ``limit`` matches of each (pending()
         # merges them): the jobs held by a pause, by a rate limit (held.py), the others
         found: list[Job] = []
@@ -134,6 +138,37 @@ class Listing(StoreBase):
                 start += SCAN_CHUNK
             found += matched[:limit]
         return found
+
+    def _pending_of_key(self, shard: ShardKeys, key: str, wanted: _Wanted, limit: int,
+                        skipped: Unreadable) -> list[Job]:
+        """The ``limit`` earliest due pending jobs of a business key that ``wanted`` takes.
+        Its index is read :data:`SCAN_CHUNK` members at a time (in job id order), so a key
+        of very many jobs never holds Redis for long (one read of 200,000 took 170 ms);
+        without a filter only the earliest ``limit`` jobs' envelopes are read."""
+        filtered = wanted.task is not None or wanted.args_contains is not None
+        low, high = f"[{key}\x00", f"({key}\x01"
+        earliest: list[tuple[str, float]] = []
+        found: list[Job] = []
+        while True:
+            members = cast("list[str]", self.client.zrangebylex(  # decode_responses
+                shard.bykey, low, high, start=0, num=SCAN_CHUNK))
+            if not members:
+                break
+            low = f"({members[-1]}"
+            ids = [m.partition("\x00")[2] for m in members]
+            pipe = self.client.pipeline(transaction=False)
+            for stored in ids:
+                pipe.zscore(shard.due, raw_id(stored))
+            scored = [(i, s) for i, s in zip(ids, pipe.execute(), strict=True) if s is not None]
+            if filtered:
+                found = heapq.nsmallest(limit, found + self._jobs_of(
+                    shard, scored, wanted, skipped), key=_by_due)
+            else:
+                earliest = heapq.nsmallest(limit, earliest + scored,
+                                           key=lambda pair: _due_ms(pair[1]))
+            if len(members) < SCAN_CHUNK:
+                break
+        return found if filtered else self._jobs_of(shard, earliest, wanted, skipped)
 
     def _jobs_of(self, shard: ShardKeys, scored: list[tuple[str, float]],
                  wanted: _Wanted, skipped: Unreadable) -> list[Job]:

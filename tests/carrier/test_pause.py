@@ -15,7 +15,7 @@ from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.errors import DamagedShard, InvalidOption
 from celery_delayq.store import producing
-from tests.conftest import CLUSTER, PROMOTIONS, script_calls, store_keys, wait_for
+from tests.conftest import CLUSTER, PROMOTIONS, command_calls, store_keys, wait_for
 
 PAST = datetime(2026, 1, 1, tzinfo=timezone.utc)
 PARKED = "parked.pause"  # no worker consumes it
@@ -217,12 +217,12 @@ def test_a_resume_gives_back_a_shards_held_jobs_call_by_call(proj, delayq, monke
     hold(delayq, [(proj.flaky.name if n % 4 == 1 else proj.record.name, PARKED, n // 3)
                   for n in range(26)])
     delayq.resume(queue="parked.other")  # the scripts loaded (NOSCRIPT calls count)
-    before = script_calls(delayq.store)
+    before = command_calls(delayq.store)
     assert delayq.resume(queue=PARKED) == 19
     shards = delayq.config.shards
     # the resume itself on every shard, then the release: 26 held jobs, 7 of them kept, in
     # calls of 4 on their shard (the last one short), one call on each other shard
-    assert script_calls(delayq.store) - before == shards + 7 + (shards - 1)
+    assert command_calls(delayq.store) - before == shards + 7 + (shards - 1)
     assert {job.job_id for job in delayq.pending(limit=100) if job.paused} == {
         f"job-{n}" for n in range(26) if n % 4 == 1}
 

@@ -14,7 +14,7 @@ from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.errors import ConfigurationError, InvalidOption
 from celery_delayq.store import producing
-from tests.conftest import PROMOTIONS, script_calls, store_keys, wait_for
+from tests.conftest import PROMOTIONS, command_calls, store_keys, wait_for
 from tests.faults.test_carrier_faults import carry_until_quiet
 
 LIMITED, FREE = "parked.limited", "parked.free"  # no worker consumes them
@@ -136,12 +136,12 @@ def test_removing_a_limit_gives_back_its_held_jobs_call_by_call(proj, delayq, mo
     assert len(held[LIMITED]) >= 12 and len(held[FREE]) >= 5
 
     delayq.set_rate_limit("parked.other", None)  # the scripts loaded (NOSCRIPT calls count)
-    before = script_calls(delayq.store)
+    before = command_calls(delayq.store)
     assert delayq.set_rate_limit(LIMITED, None) == len(held[LIMITED])
     shards = delayq.config.shards
     # the removal on every shard, then calls of 4 of the queue's waiting jobs on theirs
     # (the last one short), one call on each other shard
-    assert script_calls(delayq.store) - before == (
+    assert command_calls(delayq.store) - before == (
         shards + len(held[LIMITED]) // 4 + 1 + shards - 1)
     assert {job.job_id for job in delayq.pending(limit=100)
             if job.held == "rate limit"} == held[FREE]
