@@ -130,10 +130,11 @@ class StoreBase:
         while cause is not None:
             causes.append(cause)
             cause = cause.__cause__ or cause.__context__
-        if any(refused_by_acl(c) for c in causes):
+        refusal = next((c for c in causes if refused_by_acl(c)), None)
+        if refusal is not None:
             return ConfigurationError(
                 f"Redis Cluster at {url} refused the store's user a command its cluster "
-                f"client needs ({causes[-1]}); on a cluster every user also needs "
+                f"client needs ({refusal}); on a cluster every user also needs "
                 "+cluster|slots +command, besides its line in docs/operations.md under "
                 "'Redis ACL users'")
         if any(str(c) == "Cluster mode is not enabled on this node" for c in causes):
