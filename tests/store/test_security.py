@@ -169,6 +169,21 @@ def test_delayq_redis_password_authenticates_and_celery_reports_hide_it(user):
         DelayQ.of(app).store.close()
 
 
+@pytest.mark.skipif(CLUSTER, reason="Sentinel runs beside a single Redis")
+def test_delayq_redis_password_is_the_sentinel_masters():
+    password = secret()
+    with SentinelSet(password=password) as sentinels:
+        nodes = ";".join(f"sentinel://127.0.0.1:{s.port}" for s in sentinels.sentinels)
+        app, noop = app_with_store(f"{nodes}/0", delayq_redis_password=password,
+                                   delayq_redis_transport_options={
+                                       "master_name": sentinels.name,
+                                       "sentinel_kwargs": {"password": password}})
+        result = noop.apply_delayed(delay=60, key="order:1")
+        assert DelayQ.of(app).get(result.job_id).key == "order:1"
+        assert password not in shown(app)
+        DelayQ.of(app).store.close()
+
+
 def test_a_password_in_delayq_redis_url_is_shown_by_celery_so_the_carrier_warns(caplog):
     password = secret()
     with RedisServer(extra=("--requirepass", password)) as server:
