@@ -14,7 +14,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import pausing, ratelimit
-from .connection import CLUSTER_SUFFIX, SENTINEL_OPTIONS, check_settings, holds_password
+from .connection import (
+    CLUSTER_SUFFIX,
+    KOMBU_SOCKET,
+    SENTINEL_OPTIONS,
+    check_settings,
+    holds_password,
+    redis_py_url,
+)
 from .connection import redact as redact
 from .errors import ConfigurationError, InvalidOption
 
@@ -177,7 +184,7 @@ SETTINGS += (
 )
 
 #: Broker URL schemes a store can share (kombu's Redis and Redis Sentinel transports).
-_REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", KOMBU_SOCKET)
 
 
 #: Deepest ``delayq_max_nesting``: Python decodes ~990 levels, carriers and workers need room.
@@ -236,6 +243,7 @@ class DelayQConfig:
             values[setting.name] = _coerce(setting, raw)
         if not values["redis_url"]:
             _connect_as_broker(app, values)
+        values["redis_url"] = redis_py_url(values["redis_url"])
         config = cls(**values, default_queue=conf.task_default_queue)
         config.validate()
         check_handoff_lead(app, config.handoff_lead)

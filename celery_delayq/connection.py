@@ -19,7 +19,7 @@ import contextlib
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
@@ -149,6 +149,22 @@ def sentinel_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
                 raise ConfigurationError(
                     f"the parts of delayq_redis_url give two values of {name!r}; give it once")
     return nodes, master
+
+
+#: kombu's scheme of a Redis server on a Unix socket: redis+socket:///path?virtual_host=N.
+KOMBU_SOCKET = "redis+socket"
+
+
+def redis_py_url(url: str) -> str:
+    """The URL as redis-py reads it: kombu's ``redis+socket:///path?virtual_host=N`` (a
+    broker URL Celery's docs give for a Unix socket) as ``unix:///path?db=N``; any other
+    URL as it is."""
+    parts = urlsplit(url)
+    if parts.scheme != KOMBU_SOCKET:
+        return url
+    query = urlencode([("db" if name == "virtual_host" else name, value)
+                       for name, value in parse_qsl(parts.query, keep_blank_values=True)])
+    return f"unix://{parts.netloc}{parts.path}{'?' if query else ''}{query}"
 
 
 def check_settings(config: DelayQConfig) -> None:

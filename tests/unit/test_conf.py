@@ -66,3 +66,14 @@ def test_a_carrier_batch_that_would_hold_redis_long_is_refused():
     with pytest.raises(ConfigurationError, match="--batch"):
         Carrier(app, batch=50_000)
     assert Carrier(app, batch=10_000).batch == 10_000
+
+
+@pytest.mark.parametrize(("broker", "store"), [
+    ("redis+socket:///run/redis.sock", "unix:///run/redis.sock"),
+    ("redis+socket:///run/redis.sock?virtual_host=3", "unix:///run/redis.sock?db=3"),
+    ("redis+socket://:pw@/run/redis.sock?virtual_host=2&socket_timeout=5",
+     "unix://:pw@/run/redis.sock?db=2&socket_timeout=5"),
+    ("redis://h:6379/4", "redis://h:6379/4"),
+])
+def test_a_store_on_the_broker_reads_kombus_socket_url_as_redis_py_does(broker, store):
+    assert DelayQConfig.from_app(make_app(celery={"broker": broker})).redis_url == store
