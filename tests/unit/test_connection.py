@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ssl
+from urllib.parse import quote
 
 import pytest
 from celery import Celery
+from hypothesis import given
+from hypothesis import strategies as st
 
 from celery_delayq.conf import DelayQConfig
-from celery_delayq.connection import redact, sentinel_nodes, ssl_options
+from celery_delayq.connection import holds_password, redact, sentinel_nodes, ssl_options
 from celery_delayq.errors import ConfigurationError
 
 
@@ -27,6 +30,25 @@ from celery_delayq.errors import ConfigurationError
 ])
 def test_redact_hides_every_password_form(url, shown):
     assert redact(url) == shown and "s3cret" not in redact(url)
+
+
+@pytest.mark.parametrize(("url", "holds"), [
+    ("redis://:s3cret@h/0", True), ("redis://user:s3cret@h/0", True),
+    ("redis://h/0?password=s3cret", True), ("sentinel://a:1;sentinel://:s3cret@b:2/0", True),
+    ("redis://user@h/0", False),  # a user name alone (redis-py sends no AUTH)
+    ("redis://:@h/0", False), ("redis://h/0?password=", False), ("redis://h/0", False),
+])
+def test_holds_password_finds_one_in_the_userinfo_or_the_query(url, holds):
+    assert holds_password(url) is holds
+
+
+@given(password=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1),
+       form=st.sampled_from(["redis://user:{pw}@h:6379/0", "redis://h:6379/0?password={pw}",
+                             "sentinel://:{pw}@a:26379;sentinel://b:26379/0"]))
+def test_any_password_quoted_into_a_url_is_found_and_never_printed(password, form):
+    url = form.format(pw=quote(password, safe=""))
+    assert holds_password(url)
+    assert redact(url) == form.format(pw="***")
 
 
 def test_redact_takes_a_list_of_failover_urls():
