@@ -56,12 +56,15 @@ def _setting(name: str) -> str:
               help="Seconds before its due time a job may be handed to its queue (eta = due).")
 @click.option("--metrics-port", type=int, default=None,
               help="Serve Prometheus metrics on this port (needs celery-delayq[metrics]).")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True,
+              help="Address the metrics are served on (127.0.0.1: this host only).")
 @click.option("-l", "--loglevel", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def carrier(ctx: click.Context, batch: int | None, lease: float | None,
             shard_lease: float | None, idle_timeout: float | None, direct: bool | None,
-            handoff_lead: float | None, metrics_port: int | None, loglevel: str) -> None:
+            handoff_lead: float | None, metrics_port: int | None, metrics_host: str,
+            loglevel: str) -> None:
     """Promote due jobs into their Celery queues (run one or more beside beat)."""
     from .carrier import Carrier
     from .metrics import CarrierMetrics
@@ -72,9 +75,9 @@ def carrier(ctx: click.Context, batch: int | None, lease: float | None,
         metrics = None
         if metrics_port is not None:
             metrics = CarrierMetrics(DelayQ.of(ctx.obj.app).store)
-            metrics.serve(metrics_port)
+            metrics.serve(metrics_port, metrics_host)
             logging.getLogger("celery_delayq.carrier").info(
-                "metrics on http://0.0.0.0:%d/metrics", metrics_port)
+                "metrics on http://%s:%d/metrics", metrics_host, metrics_port)
         Carrier(ctx.obj.app, batch=batch, lease=lease, shard_lease=shard_lease,
                 idle_timeout=idle_timeout, direct=direct, handoff_lead=handoff_lead,
                 metrics=metrics).run()

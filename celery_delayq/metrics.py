@@ -71,8 +71,15 @@ class CarrierMetrics:
             self.lateness.observe(max(ms, 0) / 1000)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve ``/metrics`` on a background thread."""
-        start_http_server(port, addr=addr, registry=self.registry)
+        """Serve ``/metrics`` on a background thread; :class:`ConfigurationError` when the
+        address cannot be had (a port in use: another carrier on this host?)."""
+        try:
+            start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} (another "
+                "carrier on this host may hold the port); choose another --metrics-port"
+            ) from exc
 
 
 class StoreCollector:

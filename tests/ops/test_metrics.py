@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import urllib.request
 
 from celery_delayq.testing.redis_server import free_port
@@ -83,3 +84,18 @@ def _reachable(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_a_metrics_port_in_use_stops_the_carrier_with_an_error_that_says_so(spawn):
+    """(A carrier restarted while the old one still holds the port printed a traceback.)"""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = spawn("delayq", "carrier", "--metrics-host", "127.0.0.1",
+                        "--metrics-port", str(port))
+        output = finish(process)
+    assert process.returncode == 1
+    assert f"error: cannot serve metrics on 127.0.0.1:{port}" in output
+    assert "Traceback" not in output
+
