@@ -107,9 +107,10 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 
 
 @delayq.command()
-@click.option("--max-overdue", type=int, default=1000, show_default=True,
+@click.option("--max-overdue", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Most jobs that may be due but unclaimed.")
-@click.option("--max-overdue-age", type=float, default=60.0, show_default=True,
+@click.option("--max-overdue-age", type=click.FloatRange(min=0), default=60.0,
+              show_default=True,
               help="Longest a due job may wait unclaimed, seconds.")
 @click.pass_context
 def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None:
@@ -200,6 +201,9 @@ def export(ctx: click.Context, to: str, since: str | None, fmt: str) -> None:
         result = export_journal(delayq_of(ctx).store, to, since=since, fmt=fmt)
     except DelayQError as exc:
         fail(exc)
+    except OSError as exc:  # what is written is kept, its position saved: run it again
+        fail(DelayQError(f"cannot write the export under {to}: {exc.strerror or exc}; what "
+                         "was written before is kept and not exported again"))
     for shard in result.trimmed:
         click.secho(f"warning: shard {shard}'s journal was trimmed past the last export; "
                     "some events are missing. Export more often or raise "

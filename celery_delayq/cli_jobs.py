@@ -20,7 +20,7 @@ from .reading import counted
 @click.option("--args-contains", "args_contains", default=None, metavar="JSON",
               help="Only jobs called with this argument value (JSON: 42, '\"42\"'; "
                    "text that is not JSON is a string). Reads the store until --limit match.")
-@click.option("--limit", default=100, show_default=True)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
 @click.option("--dead", is_flag=True, help="List dead-lettered jobs instead.")
 @click.pass_context
 def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str | None,

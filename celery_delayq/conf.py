@@ -265,8 +265,7 @@ class DelayQConfig:
                 raise ConfigurationError(f"delayq_{name} must be at least 1")
         for name in ("max_delay", "lease_seconds", "shard_lease_seconds", "idle_timeout",
                      "redis_socket_timeout", "http_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigurationError(f"delayq_{name} must be greater than 0")
+            check_positive(name, getattr(self, name))
         if not 0 < self.max_memory_fraction <= 1:
             raise ConfigurationError("delayq_max_memory_fraction must be in (0, 1], e.g. 0.9")
         for queue, rate in self.rate_limits.items():
@@ -302,6 +301,15 @@ def password_shown(app) -> bool:
     like *PASS*, *KEY*, *SECRET* or *TOKEN*, and the broker URL (the store's default)."""
     url = app.conf.get("delayq_redis_url")
     return isinstance(url, str) and holds_password(url)
+
+
+def check_positive(name: str, value: float, option: str = "") -> float:
+    """``value`` when it is a number above 0, else :class:`ConfigurationError` naming the
+    setting ``delayq_<name>`` (and the carrier's ``option`` that set it)."""
+    if not value > 0:  # (NaN too)
+        given = f" (the carrier's {option})" if option else ""
+        raise ConfigurationError(f"delayq_{name}{given} must be greater than 0; got {value}")
+    return value
 
 
 def check_claim_batch(batch: int) -> int:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from tests.conftest import finish
 
 
@@ -166,3 +168,28 @@ def test_rate_limit_sets_lists_and_removes_a_queue_limit(proj, delayq, spawn, re
     assert delayq.rate_limits() == {}
     code, output = run(spawn, "rate-limit", "refunds", "fast")
     assert code == 2 and "e.g. '200/s'" in output
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("carrier", "--lease", "-1"), "delayq_lease_seconds (the carrier's --lease) must be"),
+    (("carrier", "--lease", "0"), "delayq_lease_seconds (the carrier's --lease) must be"),
+    (("carrier", "--shard-lease", "0"), "(the carrier's --shard-lease) must be greater"),
+    (("carrier", "--idle-timeout", "-3"), "(the carrier's --idle-timeout) must be greater"),
+    (("carrier", "--lease", "nan"), "delayq_lease_seconds (the carrier's --lease) must be"),
+    (("ls", "--limit", "0"), "Invalid value for '--limit'"),
+    (("ls", "--dead", "--limit", "-1"), "Invalid value for '--limit'"),
+    (("health", "--max-overdue", "-1"), "Invalid value for '--max-overdue'"),
+])
+def test_a_carrier_option_or_listing_limit_out_of_range_is_refused_before_anything_runs(
+        spawn, redis_client, args, says):
+    """A lease of -1 made every claimed job look abandoned at once (published twice with
+    two carriers); it ran, as did a listing of -5 jobs ("no pending jobs")."""
+    code, output = run(spawn, *args)
+    assert code in (1, 2) and says in output
+    assert "carrier started" not in output
+
+
+def test_an_export_folder_that_cannot_be_made_is_an_error_not_a_traceback(spawn, redis_client):
+    code, output = run(spawn, "export", "--to", "/proc/delayq-export", "--format", "jsonl")
+    assert code == 1 and "error: cannot write the export under /proc/delayq-export" in output
+    assert "Traceback" not in output
