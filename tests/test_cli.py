@@ -182,8 +182,9 @@ def test_rate_limit_sets_lists_and_removes_a_queue_limit(proj, delayq, spawn, re
 ])
 def test_a_carrier_option_or_listing_limit_out_of_range_is_refused_before_anything_runs(
         spawn, redis_client, args, says):
-    """A lease of -1 made every claimed job look abandoned at once (published twice with
-    two carriers); it ran, as did a listing of -5 jobs ("no pending jobs")."""
+    """A carrier with a lease of -1 ran, every job it claimed leased into the past (so
+    a recovery could take it back while it was being published); so did a listing of -5
+    jobs ("no pending jobs")."""
     code, output = run(spawn, *args)
     assert code in (1, 2) and says in output
     assert "carrier started" not in output
