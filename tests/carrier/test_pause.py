@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.errors import DamagedShard, InvalidOption
+from celery_delayq.keys import unpack_id
+from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import producing
 from tests.conftest import CLUSTER, PROMOTIONS, command_calls, store_keys, wait_for
 
@@ -249,6 +251,36 @@ def test_a_resume_call_by_call_gives_back_exactly_the_jobs_no_other_pause_holds(
     assert {job.job_id for job in delayq.pending(limit=100) if job.paused} == kept
     claims = delayq.store.claim(list(delayq.store.keys), 1000, 60_000)
     assert {job.job_id for claim in claims for job in claim.jobs} == held - kept
+
+
+def test_a_resume_goes_on_when_the_job_it_stopped_at_is_cancelled_between_calls(
+        proj, delayq, monkeypatch):
+    """The walk goes on after the last job it left held; cancelled before the next call,
+    that job is gone, and the walk goes on from the first job of its due time, so it
+    neither skips a job nor stops (chunks of 2, ties of due time)."""
+    monkeypatch.setattr(producing, "RELEASE_CHUNK", 2)
+    delayq.pause(queue=PARKED)
+    delayq.pause(task=proj.flaky.name)
+    jobs = [(proj.flaky.name if n % 3 == 0 else proj.record.name, PARKED, n // 2)
+            for n in range(18)]
+    hold(delayq, jobs)
+    real, cancelled = producing.execute, []
+
+    def cancel_where_it_stopped(client, calls, **options):
+        replies = real(client, calls, **options)
+        if calls[0][0] is SCRIPTS["release"]:
+            for reply in replies:  # a cursor: "<score> <job id>" of the job it stopped at
+                job_id = reply[2] and unpack_id(reply[2].split(" ", 1)[1])
+                if job_id and job_id not in cancelled and len(cancelled) < 2:
+                    cancelled.append(job_id)
+                    assert delayq.cancel(job_id, key="tenant:1") is True
+        return replies
+
+    monkeypatch.setattr(producing, "execute", cancel_where_it_stopped)
+    assert delayq.resume(queue=PARKED) == 12
+    assert len(cancelled) == 2
+    kept = {f"job-{n}" for n in range(0, 18, 3)} - set(cancelled)
+    assert {job.job_id for job in delayq.pending(limit=100) if job.paused} == kept
 
 
 def test_a_resume_cut_short_leaves_jobs_a_second_resume_or_check_gives_back(
