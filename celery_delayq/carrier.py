@@ -28,7 +28,13 @@ import redis
 from kombu.exceptions import KombuError
 from redis.client import PubSub
 
-from .conf import check_claim_batch, check_handoff_lead, check_positive, password_shown
+from .conf import (
+    DelayQConfig,
+    check_claim_batch,
+    check_handoff_lead,
+    check_positive,
+    password_shown,
+)
 from .connection import redact
 from .direct import DirectRouter, broker_is_store_server
 from .errors import ConfigurationError, DamagedShard, DelayQError, StoreUnavailable
@@ -59,6 +65,11 @@ class CarrierStats:
     recovered: int = 0
 
 
+def _seconds(config: DelayQConfig, given: float | None, name: str, option: str) -> float:
+    """The setting ``delayq_<name>``, or the value given for it by ``option`` once checked."""
+    return getattr(config, name) if given is None else check_positive(name, given, option)
+
+
 class Carrier:
     """Promotes due jobs of one app's store; any number may run side by side."""
 
@@ -73,10 +84,8 @@ class Carrier:
         self.batch = config.claim_batch if batch is None else check_claim_batch(batch)
         self.publisher = Publisher(app, self.store, batch=self.batch)
         self.router = DirectRouter(app, self.store, self.publisher.queue)
-        self.lease_ms = int(1000 * (config.lease_seconds if lease is None
-                                    else check_positive("lease_seconds", lease, "--lease")))
-        self.idle_timeout = (config.idle_timeout if idle_timeout is None else
-                             check_positive("idle_timeout", idle_timeout, "--idle-timeout"))
+        self.lease_ms = int(1000 * _seconds(config, lease, "lease_seconds", "--lease"))
+        self.idle_timeout = _seconds(config, idle_timeout, "idle_timeout", "--idle-timeout")
         self.direct = config.direct_promotion if direct is None else direct
         self.lead_ms = round(1000 * (config.handoff_lead if handoff_lead is None
                                      else check_handoff_lead(app, handoff_lead)))
@@ -88,9 +97,8 @@ class Carrier:
         self.metrics = metrics
         self._stopping = StopFlag()
         self._pubsub: PubSub | None = None
-        shard_lease_ms = int(1000 * (
-            config.shard_lease_seconds if shard_lease is None
-            else check_positive("shard_lease_seconds", shard_lease, "--shard-lease")))
+        shard_lease_ms = int(1000 * _seconds(config, shard_lease, "shard_lease_seconds",
+                                             "--shard-lease"))
         self.carrier_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.ownership = ShardOwnership(self.store, self.carrier_id, shard_lease_ms)
         self._maintain_every = min(_MAINTAIN_EVERY, shard_lease_ms / 3000)

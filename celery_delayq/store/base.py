@@ -97,10 +97,7 @@ class StoreBase:
             if str(exc).startswith(_DAMAGED):
                 raise DamagedShard(str(exc)) from exc
             if moving_slot(exc):
-                raise StoreUnavailable(
-                    f"Redis Cluster at {redact(self.config.redis_url)} is moving a slot of the "
-                    f"store to another node (resharding) and refused a call on it ({exc}); "
-                    "nothing was written: retry") from exc
+                raise slot_moving(exc, redact(self.config.redis_url)) from exc
             if str(exc).startswith("DB index is out of range"):
                 raise ConfigurationError(
                     f"Redis at {redact(self.config.redis_url)} has no such database (the "
@@ -221,6 +218,14 @@ def moving_slot(exc: Exception) -> bool:
         "Multiple keys request during rehashing")
 
 
+def slot_moving(exc: Exception, url: str = "") -> StoreUnavailable:
+    """The error of a call refused with ``TRYAGAIN`` (``url``: redacted)."""
+    return StoreUnavailable(
+        f"Redis Cluster{f' at {url}' if url else ''} is moving a slot of the store to "
+        f"another node (resharding) and refused a call on it ({exc}); nothing was written: "
+        "retry (the carrier does) once the move is done")
+
+
 def acl_refusal(exc: Exception, url: str = "") -> ConfigurationError:
     """The error of a command the ACL refused the store's user (``url``: redacted)."""
     return ConfigurationError(
@@ -235,6 +240,5 @@ def shard_error(exc: Exception) -> DelayQError:
     if refused_by_acl(exc):
         return acl_refusal(exc)
     if moving_slot(exc):
-        return StoreUnavailable(f"the shard's slot is moving to another node (resharding): "
-                                f"{exc}; served again once it has moved")
+        return slot_moving(exc)
     return DelayQError(f"Redis refused the call: {exc}")
