@@ -27,20 +27,20 @@ return an entry twice); otherwise they are reported as unchecked: run it again w
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
 
+from .decoding import first_line
 from .held import RANGES, split_score
 from .keys import ShardKeys, unpack_id
 from .ratelimit import in_force
 from .reading import MIN_MS, count_of
 from .scripts import SCRIPTS, execute
 from .store import Store
+from .store.base import chunks
 
 _CHUNK = 500
 _EXAMPLES = 5
@@ -90,7 +90,7 @@ class _ShardCheck:
     def _jobs(self) -> None:
         shard, tasks = self.shard, Counter[str]()
         before = self.client.hlen(shard.jobs)
-        for chunk in _chunks(self.client.hscan_iter(shard.jobs, count=_CHUNK)):
+        for chunk in chunks(self.client.hscan_iter(shard.jobs, count=_CHUNK), _CHUNK):
             ids = [stored for stored, _ in chunk]
             pipe = self.client.pipeline(transaction=False)
             pipe.zmscore(shard.due, ids)
@@ -98,7 +98,7 @@ class _ShardCheck:
             due, inflight = pipe.execute()
             orphaned = []
             for (stored, envelope), in_due, in_flight in zip(chunk, due, inflight, strict=True):
-                task = _first_line(envelope).get("t")
+                task = first_line(envelope).get("t")
                 tasks[task if isinstance(task, str) else ""] += 1
                 if in_due is None and in_flight is None:
                     orphaned.append(stored)
@@ -124,7 +124,7 @@ class _ShardCheck:
     def _members(self, kind: str, key: str) -> None:
         # a lease still running may have lost its envelope to a move (keys.py, 2.)
         live = self.store.now_ms() if kind == "dangling_inflight" else float("inf")
-        for chunk in _chunks(self.client.zscan_iter(key, count=_CHUNK)):
+        for chunk in chunks(self.client.zscan_iter(key, count=_CHUNK), _CHUNK):
             ids = [member for member, score in chunk if score < live]
             pipe = self.client.pipeline(transaction=False)
             for stored in ids:
@@ -134,14 +134,14 @@ class _ShardCheck:
             self._found(kind, missing, [(what, s, "") for s in missing])
 
     def _bykey(self) -> None:
-        for chunk in _chunks(self.client.zscan_iter(self.shard.bykey, count=_CHUNK)):
+        for chunk in chunks(self.client.zscan_iter(self.shard.bykey, count=_CHUNK), _CHUNK):
             members = [member for member, _ in chunk]
             parts = [member.partition("\x00") for member in members]
             envelopes = cast("list[str | None]", self.client.hmget(
                 self.shard.jobs, [stored for _, _, stored in parts]))
             wrong = [member for member, (key, _, _), envelope
                      in zip(members, parts, envelopes, strict=True)
-                     if envelope is None or _first_line(envelope).get("y") != key]
+                     if envelope is None or first_line(envelope).get("y") != key]
             self._found("dangling_bykey", wrong, [("bykey", m, "") for m in wrong])
 
     def _held(self) -> None:
@@ -167,7 +167,7 @@ class _ShardCheck:
         for (stored, score), envelope in zip(chunk, envelopes, strict=True):
             if envelope is None:
                 continue  # a dangling due member, found above
-            fields = _first_line(envelope)
+            fields = first_line(envelope)
             task, queue = fields.get("t"), fields.get("q")
             if not isinstance(queue, str) or not queue:
                 queue = self.store.config.default_queue
@@ -196,26 +196,6 @@ class _ShardCheck:
                       [self.store.config.journal_maxlen, what, value, extra])
                      for what, value, extra in repairs]
             self.report.repaired[kind] += sum(execute(self.client, calls))
-
-
-def _chunks(items: Iterator[Any]) -> Iterator[list[Any]]:
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == _CHUNK:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def _first_line(envelope: str | None) -> dict[str, Any]:
-    """The fields of an envelope's first line; {} when it cannot be read."""
-    try:
-        fields = json.loads((envelope or "").split("\n", 1)[0])
-    except ValueError:
-        return {}
-    return fields if isinstance(fields, dict) else {}
 
 
 def _shown(kind: str, item: str) -> str:

@@ -84,6 +84,16 @@ def decode_fields(line: str) -> dict[str, Any]:
     return env
 
 
+def first_line(envelope: str | None) -> dict[str, Any]:
+    """An envelope's first line as it is, for readers that only look at a field (``delayq
+    check``, replaying the dead letters of a task); {} when it cannot be read."""
+    try:
+        fields = _decode_json((envelope or "").split("\n", 1)[0])
+    except (ValueError, RecursionError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
 def decode_arguments(args: str, kwargs: str) -> tuple[list, dict]:
     """An envelope's args and kwargs lines; :class:`PayloadError` says why unusable."""
     try:

@@ -13,7 +13,9 @@ ARGV[3] envelope to store instead of the dead one, or "" to keep it
 ARGV[4] wake channel
 ARGV[5] shard number
 
-Returns 1 when replayed, 0 when no dead job has this id, -1 when a live job has it.
+Returns 1 when replayed, 0 when no dead job has this id, -1 when a live job has it, and
+{-2, why} when the dead letter cannot be replayed as it is (not a JSON object, or no
+envelope text in it) and ARGV[3] gives no envelope: nothing is written then.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -30,7 +32,12 @@ local dead = redis.call('HGET', KEYS[1], job_id)
 if not dead then return 0 end
 if redis.call('HEXISTS', KEYS[2], job_id) == 1 then return -1 end
 local env = ARGV[3]
-if env == '' then env = cjson.decode(dead)['envelope'] end
+if env == '' then
+  local ok, entry = pcall(cjson.decode, dead)
+  if not ok or type(entry) ~= 'table' then return {-2, 'not a JSON object'} end
+  env = entry['envelope']
+  if type(env) ~= 'string' then return {-2, 'no envelope'} end
+end
 local now = now_ms()
 redis.call('HSET', KEYS[2], job_id, env)
 redis.call('ZADD', KEYS[3], now, job_id)

@@ -4,9 +4,10 @@ translation of Redis errors into ours, and the store's memory (read only)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cached_property
-from typing import cast
+from itertools import islice
+from typing import Any, cast
 
 import redis
 from redis.client import PubSub
@@ -25,6 +26,13 @@ _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wro
 #: How Redis 6.2 and 7 word the ACL's refusal of a command a script calls (no NOPERM).
 _SCRIPT_REFUSED = "The user executing the script can't run this command"
 SCAN_CHUNK = 500  # members / fields read per command when a reader scans a key
+
+
+def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """``items`` (e.g. a scan) in lists of ``size``, the last one shorter."""
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
 
 
 class StoreBase:

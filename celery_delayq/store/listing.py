@@ -9,6 +9,7 @@ import json
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -200,18 +201,21 @@ class Listing(StoreBase):
         "unreadable dead letter" and the stored text as ``envelope``; they are counted and
         logged once per call.
         """
-        entries = []
         skipped = Unreadable("dead letters", _logger)
-        with self.unavailable():
+
+        def every_letter() -> Iterator[dict[str, Any]]:
             for shard in self.keys:
                 for stored, raw in self.client.hscan_iter(shard.dead, count=SCAN_CHUNK):
                     entry, why = _dead_letter(stored, raw, shard.shard)
                     if why:
                         skipped.add(f"dead letter {stored!r} on shard {shard.shard}", why)
-                    entries.append(entry)
+                    yield entry
+
+        with self.unavailable():  # the newest only are kept while all are read
+            newest = heapq.nlargest(limit, every_letter(),
+                                    key=lambda e: (e["at"] is not None, e["at"] or 0))
         skipped.log()
-        entries.sort(key=lambda e: (e["at"] is not None, e["at"] or 0), reverse=True)
-        return entries[:limit]
+        return newest
 
     def held(self, jobs: list[tuple[str, str | None]]) -> list[bool]:
         """For each (job id, business key): is the job stored, live or dead-lettered?"""

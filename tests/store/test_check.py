@@ -127,3 +127,18 @@ def test_jobs_waiting_for_a_limit_whose_value_is_damaged_are_stranded(proj, app,
     assert sum(r.found["stranded"] for r in check(delayq.store, repair=True)) == 2
     serve_once(app)
     assert delayq.pending(key="order:3") == []
+
+
+def test_check_counts_a_job_whose_first_line_nests_too_deep_without_failing(proj, delayq):
+    store = delayq.store
+    proj.record.apply_delayed(args=("ok",), delay=600, job_id="ok")
+    shard = store.keys.shard_for("deep")
+    deep = '{"t":"tests.proj.record","o":' + "[" * 50_000 + "]" * 50_000 + "}\n[]\n"
+    store.client.hset(shard.jobs, pack_id("deep"), deep)
+    store.client.zadd(shard.due, {pack_id("deep"): 1})
+
+    reports = check(store)
+
+    assert sum(r.jobs for r in reports) == 2 and not any(r.error for r in reports)
+    # stored in both the hash and the due set, counted nowhere: nothing to report
+    assert sum(sum(r.found.values()) for r in reports) == 0

@@ -1,0 +1,144 @@
+"""Replaying dead letters: one by id, or all of them (of a task, of a reason) in chunks.
+
+Dead letters are made as a carrier makes them: jobs are scheduled due now, claimed, and
+moved to the dead letters with a reason (``Store.dead_letter``). Unreadable ones are planted
+with raw commands beside them, as damaged data would be.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_delayq.errors import JobExists, PayloadError
+from celery_delayq.keys import pack_id
+from celery_delayq.store import producing
+from tests.conftest import command_calls, finish
+from tests.faults.test_carrier_faults import PARKED
+
+#: dead letter text -> why it cannot be replayed as it is
+UNREADABLE = {
+    "not json": "not a JSON object",
+    '{"reason":"x","at":1}': "no envelope",
+    '{"reason":"x","at":1,"envelope":5}': "no envelope",
+    "[1,2]": "no envelope",
+}
+
+
+def make_dead(proj, delayq, ids: list[str], reason: str, task=None) -> None:
+    """Schedule ``ids`` due now, claim them and dead-letter them with ``reason``."""
+    (task or proj.record).apply_delayed_many(
+        [{"args": (job_id,), "delay": 0, "job_id": job_id} for job_id in ids], queue=PARKED)
+    store = delayq.store
+    for claim in store.claim(list(store.keys), 10_000, 60_000):
+        for job in claim.jobs:
+            assert store.dead_letter(claim.shard, job, reason)
+
+
+def plant_unreadable(delayq) -> list[str]:
+    """The UNREADABLE dead letters, under ids bad-0, bad-1, ... on their own shards."""
+    ids = []
+    for n, text in enumerate(UNREADABLE):
+        job_id = f"bad-{n}"
+        delayq.store.client.hset(delayq.store.keys.shard_for(job_id).dead, pack_id(job_id), text)
+        ids.append(job_id)
+    return ids
+
+
+def dead_ids(delayq) -> set[str]:
+    return {entry["job_id"] for entry in delayq.store.dead(limit=100_000)}
+
+
+def pending_ids(delayq) -> set[str]:
+    return {job.job_id for job in delayq.pending(limit=100_000)}
+
+
+@pytest.mark.parametrize("text", list(UNREADABLE))
+def test_replay_of_an_unreadable_dead_letter_says_so_and_writes_nothing(delayq, text):
+    shard = delayq.store.keys.shard_for("bad")
+    delayq.store.client.hset(shard.dead, pack_id("bad"), text)
+
+    with pytest.raises(PayloadError, match=f"dead letter 'bad' cannot be replayed: "
+                                           f"{UNREADABLE[text]}"):
+        delayq.store.replay("bad")
+
+    assert delayq.store.client.hget(shard.dead, pack_id("bad")) == text
+    assert not delayq.store.client.hexists(shard.jobs, pack_id("bad"))
+    assert pending_ids(delayq) == set()
+
+
+def test_an_unreadable_dead_letter_replays_with_a_fixed_envelope(proj, delayq):
+    bad = plant_unreadable(delayq)[0]  # not JSON
+    fixed = f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n["fixed"]\n'
+
+    assert delayq.store.replay(bad, envelope=fixed) is True
+    assert pending_ids(delayq) == {bad}
+
+
+def test_replay_dead_puts_back_every_readable_dead_letter_in_chunks(proj, delayq,
+                                                                   monkeypatch):
+    monkeypatch.setattr(producing, "REPLAY_CHUNK", 7)
+    ids = [f"d-{n}" for n in range(60)]
+    make_dead(proj, delayq, ids, "unknown queue: gone")
+    bad = plant_unreadable(delayq)
+    before = command_calls(delayq.store)
+    seen: list[int] = []
+
+    outcome = delayq.store.replay_dead(progress=seen.append)
+
+    assert outcome == producing.Replayed(replayed=60, live=0, unreadable=len(bad))
+    assert pending_ids(delayq) == set(ids)
+    assert dead_ids(delayq) == set(bad)
+    assert command_calls(delayq.store) - before == 60  # one script call per readable letter
+    # told after each chunk of at most 7 letters: the running count of replayed jobs
+    assert len(seen) >= 60 // 7 and seen == sorted(seen) and seen[-1] == 60
+    assert all(b - a <= 7 for a, b in zip([0, *seen], seen, strict=False))
+    assert delayq.store.replay_dead() == producing.Replayed(0, 0, len(bad))
+
+
+def test_replay_dead_selects_by_task_and_reason(proj, delayq):
+    make_dead(proj, delayq, [f"q-{n}" for n in range(10)], "unknown queue: gone")
+    make_dead(proj, delayq, [f"h-{n}" for n in range(5)], "http 500 from partner")
+    make_dead(proj, delayq, [f"s-{n}" for n in range(4)], "unknown queue: gone",
+              task=proj.slow)
+
+    assert delayq.store.replay_dead(reason="unknown queue", task="tests.proj.record") \
+        == producing.Replayed(10, 0, 0)
+    assert pending_ids(delayq) == {f"q-{n}" for n in range(10)}
+    assert delayq.store.replay_dead(task="tests.proj.slow").replayed == 4
+    assert dead_ids(delayq) == {f"h-{n}" for n in range(5)}
+
+
+def test_replay_dead_keeps_a_dead_letter_whose_id_a_live_job_has(proj, delayq):
+    make_dead(proj, delayq, ["twice", "once"], "unknown queue: gone")
+    proj.record.apply_delayed(("again",), delay=600, job_id="twice", key="other-shard")
+
+    assert delayq.store.replay_dead() == producing.Replayed(replayed=1, live=1, unreadable=0)
+    assert dead_ids(delayq) == {"twice"}
+    with pytest.raises(JobExists):
+        delayq.store.replay("twice")
+
+
+def test_cli_replays_all_dead_letters_of_a_reason_and_reports_what_it_kept(
+        proj, delayq, spawn):
+    make_dead(proj, delayq, [f"c-{n}" for n in range(12)], "unknown queue: gone")
+    make_dead(proj, delayq, ["keep-1"], "http 500 from partner")
+    plant_unreadable(delayq)
+
+    process = spawn("delayq", "replay", "--all", "--reason-contains", "queue")
+    output = finish(process)
+    assert process.returncode == 1, output  # the unreadable ones may be of that reason
+    assert f"replayed 12 dead jobs; kept dead: {len(UNREADABLE)} unreadable" in output, output
+    assert dead_ids(delayq) == {"keep-1", *(f"bad-{n}" for n in range(len(UNREADABLE)))}
+
+    process = spawn("delayq", "replay", "--all")
+    output = finish(process)
+    assert process.returncode == 1, output  # some stay dead: the operator must look
+    assert "replayed 1 dead job" in output and f"{len(UNREADABLE)} unreadable" in output
+    assert dead_ids(delayq) == {f"bad-{n}" for n in range(len(UNREADABLE))}
+
+
+@pytest.mark.parametrize("args", [[], ["j1", "--all"], ["j1", "--task", "t"]])
+def test_cli_replay_takes_one_id_or_all(spawn, args):
+    process = spawn("delayq", "replay", *args)
+    output = finish(process)
+    assert process.returncode == 2 and "JOB_ID or --all" in output, output
