@@ -16,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from celery.app.utils import HIDDEN_SETTINGS
+
 from celery_delayq.connection import redact  # absolute: spark-submit runs this file
 from celery_delayq.errors import DelayQError
 
@@ -159,7 +161,8 @@ def _app(args: argparse.Namespace):
         name, sep, value = pair.partition("=")
         if not sep:
             raise DelayQError(f"--set takes NAME=VALUE, got {pair!r}")
-        _warn_if_password(f"--set {name.strip()}", value)
+        _warn_if_password(f"--set {name.strip()}", value, secret=bool(
+            HIDDEN_SETTINGS.search(name) and value.strip()))
         app.conf[name.strip()] = value.strip()
     return app
 
@@ -173,9 +176,10 @@ def _broker_url(args: argparse.Namespace) -> str | None:
     return os.environ.get("CELERY_BROKER_URL")
 
 
-def _warn_if_password(option: str, value: str) -> None:
-    """Say that a URL with a password on the command line is there for all to see."""
-    if "://" in value and redact(value) != value:
+def _warn_if_password(option: str, value: str, secret: bool = False) -> None:
+    """Say that a URL with a password, or a ``secret`` (a setting whose name Celery hides,
+    such as delayq_redis_password), on the command line is there for all to see."""
+    if secret or ("://" in value and redact(value) != value):
         print(f"warning: {option} holds a password, which every user of this machine can "
               "read in `ps`; give the URL in CELERY_BROKER_URL or a file (--broker-file "
               "PATH), or with -A in the app's config", file=sys.stderr, flush=True)

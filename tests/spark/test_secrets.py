@@ -121,6 +121,17 @@ def test_a_password_given_with_broker_is_used_with_a_warning_about_ps(
     assert PASSWORD not in err
 
 
+def test_a_store_password_given_with_set_is_used_with_a_warning_about_ps(
+        spark, locked, refunds, monkeypatch, capsys):
+    monkeypatch.setenv("CELERY_BROKER_URL", f"redis://127.0.0.1:{locked.port}/0")
+    assert main(schedule_args(refunds, "--set", f"delayq_redis_password={PASSWORD}")) == 0
+    assert stored(locked) == 20
+    err = capsys.readouterr().err
+    assert "warning: --set delayq_redis_password holds a password" in err and "`ps`" in err
+    assert PASSWORD not in err
+    assert PASSWORD not in repr(spark.sparkContext.getConf().getAll())
+
+
 def test_a_failed_write_on_the_executors_never_shows_the_password(spark, refunds, capsys):
     url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
     with pytest.raises(Exception) as raised:  # the Spark job fails, as it should
