@@ -33,8 +33,8 @@ if not dead then return 0 end
 if redis.call('HEXISTS', KEYS[2], job_id) == 1 then return -1 end
 local env = ARGV[3]
 if env == '' then
-  local ok, entry = pcall(cjson.decode, dead)
-  if not ok or type(entry) ~= 'table' then return {-2, 'not a JSON object'} end
+  local entry = first_line(dead)  -- a dead letter is one line of JSON
+  if not entry then return {-2, 'not a JSON object'} end
   env = entry['envelope']
   if type(env) ~= 'string' then return {-2, 'no envelope'} end
 end
