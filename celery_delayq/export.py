@@ -92,7 +92,7 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
         if end_id is None:
             continue
         lower = start or (f"({last}" if last else "-")
-        if start is None and last and store.journal_trimmed_past(shard, last):
+        if start is None and last and store.journal_lost_after(shard, last) is not None:
             result.trimmed.append(shard.shard)
         while True:
             entries = store.journal_entries(shard, lower, end_id, batch)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import redis
+
 from ..keys import ShardKeys, pack_id
 from ..reading import job_id_of
 from .base import StoreBase
@@ -67,16 +69,27 @@ class Streams(StoreBase):
             end = cast("Entries", self.client.xrevrange(shard.journal, "+", "-", count=1))
         return end[0][0] if end else None
 
-    def journal_trimmed_past(self, shard: ShardKeys, last: str) -> bool:
-        """True when entries after ``last`` were trimmed from the stream: the oldest entry
-        is past ``last``, which is gone too. (Redis 7's ``max-deleted-entry-id`` cannot
-        tell: XTRIM leaves it at 0-0.)"""
+    def journal_lost_after(self, shard: ShardKeys, last: str) -> str | None:
+        """Whether entries after ``last`` are gone from a shard's journal (trimmed by
+        ``delayq_journal_maxlen``, or lost with Redis's data): the id up to which they
+        are, else None. Gone when the oldest entry is past ``last`` and ``last`` is gone
+        too, or when the stream is empty and an id past ``last`` was made. (Redis 7's
+        ``max-deleted-entry-id`` cannot tell: XTRIM leaves it at 0-0.)"""
         with self.unavailable():
-            first = self.client.xinfo_stream(shard.journal).get("first-entry")
+            try:
+                info = self.client.xinfo_stream(shard.journal)
+            except redis.ResponseError as exc:
+                if "no such key" in str(exc):  # nothing journaled since Redis lost its data
+                    return None
+                raise
+            first = info.get("first-entry")
             if not first:
-                return False
-            return _id_tuple(first[0]) > _id_tuple(last) and not self.client.xrange(
-                shard.journal, last, last)
+                made = info["last-generated-id"]
+                return made if id_order(made) > id_order(last) else None
+            if id_order(first[0]) > id_order(last) and not self.client.xrange(
+                    shard.journal, last, last):
+                return cast("str", first[0])
+            return None
 
     def export_positions(self) -> dict[str, str]:
         """Each shard's (as text) last exported entry id."""
@@ -89,6 +102,7 @@ class Streams(StoreBase):
             self.client.hset(self.keys.export_position, str(shard.shard), entry_id)
 
 
-def _id_tuple(entry_id: str) -> tuple[int, int]:
+def id_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as it sorts."""
     ms, seq = entry_id.split("-")
     return int(ms), int(seq)

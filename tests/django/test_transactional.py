@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import redis
 from celery import Celery
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from celery_delayq import DelayedTask, DelayQ
@@ -125,10 +127,39 @@ def test_reconcile_missing_restores_pending_jobs_after_redis_lost_its_data(lone_
 
     delayq.store.client.flushdb()  # Redis lost everything, journal included
 
-    assert sorted(mark_missing(delayq)) == ["remind:0", "remind:1"]
+    assert sorted(mark_missing(delayq).marked) == ["remind:0", "remind:1"]
     assert sorted(reconcile(delayq).pushed) == ["remind:0", "remind:1"]
     assert sorted(job.args for job in delayq.pending()) == [[0], [1]]
     assert delayq.get("remind:2") is None, "a cancelled job stays cancelled"
+
+
+@pytest.mark.parametrize("after", ["nothing", "new jobs"])
+def test_reconcile_missing_leaves_alone_rows_whose_later_events_the_journal_lost(
+        lone_store, after, caplog):
+    """The sync was stopped while the journal was trimmed past it (delayq_journal_maxlen):
+    a job cancelled (or run) meanwhile looks lost from Redis. Pushing it again would run a
+    cancelled order timeout, or a refund check twice: it is left alone and reported."""
+    _server, delayq, remind = lone_store
+    for n in range(3):
+        remind.apply_delayed(args=(n,), delay=600, job_id=f"remind:{n}")
+    JournalSync(delayq).run_once()
+    assert delayq.cancel("remind:0") is True  # the event the mirror will never see
+    for shard in delayq.store.keys:  # as a small delayq_journal_maxlen trims it
+        delayq.store.client.xtrim(shard.journal, maxlen=0)
+    if after == "new jobs":  # entries after the gap on every shard
+        for n in range(3, 40):
+            remind.apply_delayed(args=(n,), delay=600, job_id=f"remind:{n}")
+
+    with caplog.at_level(logging.ERROR, logger="celery_delayq.contrib.django.sync"):
+        found = mark_missing(delayq)
+
+    assert (found.marked, found.unknown) == ([], ["remind:0"])
+    assert "trimmed past" in caplog.text and "delayq_journal_maxlen" in caplog.text
+    report = reconcile(delayq, missing=True)
+    assert (report.pushed, report.unknown) == ([], ["remind:0"])
+    assert delayq.get("remind:0") is None, "a cancelled job stays cancelled"
+    # the operator who knows Redis lost them asks for them
+    assert reconcile(delayq, missing=True, include_unknown=True).pushed == ["remind:0"]
 
 
 def test_delayq_reconcile_command_pushes_unstored_rows(shop_delayq, capsys):
@@ -142,6 +173,24 @@ def test_delayq_reconcile_command_pushes_unstored_rows(shop_delayq, capsys):
     call_command("delayq_reconcile")
     assert "pushed 1 delayed tasks" in capsys.readouterr().out
     assert shop_delayq.get("order:9:close").args == [9]
+
+
+def test_delayq_reconcile_command_names_the_rows_it_left_alone(shop_delayq, capsys):
+    from shop.tasks import close_unpaid_order
+
+    close_unpaid_order.apply_delayed(args=(5,), delay=600, job_id="order:5:close")
+    JournalSync(shop_delayq).run_once()
+    shop_delayq.cancel("order:5:close")
+    for shard in shop_delayq.store.keys:
+        shop_delayq.store.client.xtrim(shard.journal, maxlen=0)
+
+    call_command("delayq_reconcile", "--missing")
+    out, err = capsys.readouterr()
+    assert "pushed 0 delayed tasks" in out
+    assert "left alone 1 pending rows" in err and "order:5:close" in err
+    assert "--include-unknown" in err
+    with pytest.raises(CommandError, match="goes with --missing"):
+        call_command("delayq_reconcile", "--include-unknown")
 
 
 def test_retry_raised_inside_atomic_is_still_scheduled(shop_delayq):

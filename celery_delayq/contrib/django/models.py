@@ -152,6 +152,10 @@ class JournalCursor(models.Model):
     last_id = models.CharField(
         "last id", max_length=64, default="0-0",
         help_text="Id of the last applied journal entry.")
+    lost_until = models.CharField(
+        "lost until", max_length=64, blank=True, default="",
+        help_text="Journal entries after the last applied one were trimmed (or lost with "
+                  "Redis's data) up to this id: rows not updated since may show an old state.")
     updated_at = models.DateTimeField(
         "updated at", auto_now=True, help_text="When the cursor last moved.")
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from celery_delayq import DelayQ
+from typing import NamedTuple
 
-from .models import DelayedTask
+from django.db.models import Max
+
+from celery_delayq import DelayQ
+from celery_delayq.reading import datetime_of_ms
+
+from .models import DelayedTask, JournalCursor
 from .runtime import delayq as project_delayq
 from .sync import JournalSync
 from .transactional import PushReport, push_unstored
@@ -12,31 +17,61 @@ from .transactional import PushReport, push_unstored
 _CHUNK = 500
 
 
-def mark_missing(delayq: DelayQ | None = None) -> list[str]:
-    """Mark pending rows whose job Redis no longer holds as unstored; returns their ids.
+class Missing(NamedTuple):
+    """What :func:`mark_missing` found among pending rows whose job Redis does not hold."""
 
-    The journal is applied first (twice, around the check), so a job promoted or
-    cancelled meanwhile is not taken for a lost one. Use it after Redis lost data:
-    a row whose journal events were trimmed before the sync saw them looks lost too.
+    marked: list[str]  # lost by Redis: marked unstored, so reconcile pushes them
+    unknown: list[str]  # not updated since journal events were lost: may have run or been
+    #                     cancelled meanwhile, so left alone unless include_unknown
+
+
+def mark_missing(delayq: DelayQ | None = None, include_unknown: bool = False) -> Missing:
+    """Mark pending rows whose job Redis no longer holds as unstored.
+
+    The journal is applied first (twice, around the check), so a job promoted or cancelled
+    meanwhile is not taken for a lost one. A row not updated since its shard's journal lost
+    events (``JournalCursor.lost_until``: trimmed before the sync read them, or lost with
+    Redis's data) may have run or been cancelled in what was lost: it is left alone and
+    listed as ``unknown``, unless ``include_unknown`` (Redis is known to have lost it).
     """
     delayq = delayq or project_delayq()
     sync = JournalSync(delayq)
     sync.run_once()
     suspects = _absent(delayq, list(DelayedTask.objects.pending().filter(stored=True)))
     sync.run_once()
-    missing = [row.job_id for row in DelayedTask.objects.pending().filter(
-        job_id__in=[row.job_id for row in suspects])]
-    DelayedTask.objects.filter(job_id__in=missing).update(
+    rows = list(DelayedTask.objects.pending().filter(
+        job_id__in=[row.job_id for row in suspects]).annotate(seen=Max("events__at")))
+    unknown = [] if include_unknown else _not_updated_since_a_loss(delayq, rows)
+    marked = [row.job_id for row in rows if row.job_id not in unknown]
+    DelayedTask.objects.filter(job_id__in=marked).update(
         stored=False, store_error="missing from Redis")
-    return missing
+    return Missing(sorted(marked), sorted(unknown))
 
 
-def reconcile(delayq: DelayQ | None = None, missing: bool = False) -> PushReport:
-    """Push unstored rows; with ``missing``, first find pending rows Redis lost."""
+def reconcile(delayq: DelayQ | None = None, missing: bool = False,
+              include_unknown: bool = False) -> PushReport:
+    """Push unstored rows; with ``missing``, first find pending rows Redis lost (the
+    report's ``unknown`` lists those :func:`mark_missing` left alone)."""
     delayq = delayq or project_delayq()
-    if missing:
-        mark_missing(delayq)
-    return push_unstored(delayq)
+    found = mark_missing(delayq, include_unknown) if missing else Missing([], [])
+    report = push_unstored(delayq)
+    report.unknown = found.unknown
+    return report
+
+
+def _not_updated_since_a_loss(delayq: DelayQ, rows: list[DelayedTask]) -> list[str]:
+    """The rows (annotated with ``seen``, their last event's time) whose last event or
+    creation comes before the journal of their shard lost events up to its cursor's
+    ``lost_until``."""
+    lost = {cursor.shard: datetime_of_ms(cursor.lost_until.split("-")[0])
+            for cursor in JournalCursor.objects.filter(prefix=delayq.store.keys.prefix)
+            .exclude(lost_until="")}
+    if not lost:
+        return []
+    keys = delayq.store.keys
+    return [row.job_id for row in rows
+            if (until := lost.get(keys.shard_for(row.job_id, row.key or None).shard))
+            and (row.seen or row.created_at) <= until]
 
 
 def _absent(delayq: DelayQ, rows: list[DelayedTask]) -> list[DelayedTask]:

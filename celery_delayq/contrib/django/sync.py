@@ -24,6 +24,7 @@ from celery_delayq.job import Job
 from celery_delayq.keys import ShardKeys
 from celery_delayq.reading import Unreadable, datetime_of_ms, is_text
 from celery_delayq.stopping import StopFlag
+from celery_delayq.store.streams import id_order
 
 from .models import DelayedTask, DelayedTaskEvent, JournalCursor, State
 from .runtime import delayq as project_delayq
@@ -37,6 +38,8 @@ _ROW_FIELDS = [
     "store_error", "envelope", "scheduled_at", "promoted_at", "started_at", "finished_at",
     "cancelled_at", "cancelled_by", "dead_at", "reason",
 ]
+#: A new cursor's ``last_id``: before every entry.
+INITIAL_ID = JournalCursor._meta.get_field("last_id").default
 #: Journal fields stored in a column of limited length, and that length.
 _LIMITED = {"job": DelayedTask._meta.get_field("job_id").max_length,
             "task": DelayedTask._meta.get_field("task").max_length,
@@ -63,6 +66,7 @@ class JournalSync:
         skipped = Unreadable("delayq_sync", logger)
         try:
             for shard in self.store.keys:
+                self._note_lost_events(shard)
                 while True:
                     applied = self._apply_batch(shard, skipped)
                     total += applied
@@ -100,6 +104,26 @@ class JournalSync:
         return 0.0 if oldest is None else max(time.time() - oldest, 0.0)
 
     # -- one batch ---------------------------------------------------------------------
+
+    def _note_lost_events(self, shard: ShardKeys) -> None:
+        """Record on the cursor, and log, that journal entries after it are gone (trimmed
+        by ``delayq_journal_maxlen`` while the sync was stopped or behind, or lost with
+        Redis's data): rows not updated since may show an old state, and
+        ``delayq_reconcile --missing`` leaves them alone."""
+        cursor = self._cursor(shard)
+        if cursor.last_id == INITIAL_ID:
+            return
+        lost = self.store.journal_lost_after(shard, cursor.last_id)
+        if lost is None or (cursor.lost_until
+                            and id_order(lost) <= id_order(cursor.lost_until)):
+            return  # none lost, or no more than already noted
+        JournalCursor.objects.filter(pk=cursor.pk).update(lost_until=lost)
+        logger.error(
+            "the journal of shard %d was trimmed past delayq_sync's position %s (or Redis "
+            "lost it): its events up to %s are lost, and rows of the jobs they concerned may "
+            "show an old state; `delayq_reconcile --missing` leaves them alone. Raise "
+            "delayq_journal_maxlen (now %d) or keep delayq_sync running",
+            shard.shard, cursor.last_id, lost, self.delayq.config.journal_maxlen)
 
     def _cursor(self, shard: ShardKeys) -> JournalCursor:
         cursor, _ = JournalCursor.objects.get_or_create(prefix=self.store.keys.prefix,

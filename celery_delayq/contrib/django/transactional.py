@@ -94,6 +94,8 @@ class PushReport:
 
     pushed: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    #: (``reconcile --missing``) rows not in Redis left alone: see ``reconcile.Missing``
+    unknown: list[str] = field(default_factory=list)
 
 
 def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:

@@ -4,6 +4,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from celery_delayq.contrib.django.reconcile import reconcile
 
+_SHOWN = 20  # ids of rows left alone printed
+
 
 class Command(BaseCommand):
     help = ("Push pending DelayedTask rows whose Redis write failed (stored=False) to the "
@@ -13,10 +15,25 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--missing", action="store_true",
                             help="also restore pending rows missing from Redis")
+        parser.add_argument("--include-unknown", action="store_true",
+                            help="with --missing: also rows not updated since their "
+                                 "journal lost events (they may have run or been "
+                                 "cancelled meanwhile)")
 
-    def handle(self, *args, missing=False, **options):
-        report = reconcile(missing=missing)
+    def handle(self, *args, missing=False, include_unknown=False, **options):
+        if include_unknown and not missing:
+            raise CommandError("--include-unknown goes with --missing")
+        report = reconcile(missing=missing, include_unknown=include_unknown)
         self.stdout.write(f"pushed {len(report.pushed)} delayed tasks to Redis")
+        if report.unknown:
+            left = len(report.unknown)
+            shown = ", ".join(report.unknown[:_SHOWN])
+            more = f" and {left - _SHOWN} more" if left > _SHOWN else ""
+            self.stderr.write(
+                f"left alone {left} pending rows that Redis does not hold and "
+                f"whose later journal events were lost (see delayq_sync's log): they may have "
+                f"run or been cancelled meanwhile: {shown}{more}. Check them; if Redis lost "
+                "them, run again with --include-unknown")
         for job_id, error in report.failed.items():
             self.stderr.write(f"{job_id}: {error}")
         if report.failed:
