@@ -5,9 +5,9 @@ this module: it imports only what the command group needs, and commands import t
 (and with it prometheus_client) when they run.
 
 ``delayq`` is the whole group: the store-wide commands (carrier, stats, health, check,
-export) are here; importing ``cli_jobs`` (ls, show, cancel, reschedule, run-now, replay) and
-``cli_holding`` (pause, resume, paused, rate-limit) adds theirs to the group ``cli_group``
-holds.
+export) are here; importing ``cli_jobs`` (ls, show, cancel, reschedule, run-now),
+``cli_dead`` (replay, drop) and ``cli_holding`` (pause, resume, paused, rate-limit) adds
+theirs to the group ``cli_group`` holds.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 import click
 
-from . import cli_holding, cli_jobs  # noqa: F401  (their commands join delayq)
+from . import cli_dead, cli_holding, cli_jobs  # noqa: F401  (their commands join delayq)
 from .cli_group import delayq, delayq_of, fail, ms_text
 from .conf import SETTINGS
 from .errors import DelayQError

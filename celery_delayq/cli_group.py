@@ -7,6 +7,7 @@ app's ``DelayQ`` when it runs.
 
 from __future__ import annotations
 
+import getpass
 import sys
 
 import click
@@ -36,3 +37,11 @@ def ms_text(ms: float | None) -> str:
     if at is None:
         return "-" if ms is None else f"{ms!r} ms (no time)"
     return at.isoformat(timespec="milliseconds")
+
+
+def cli_user() -> str:
+    """Who ran the command, as the journal's ``by`` of what it changed."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no user name in this environment (a bare container)
+        return "cli"

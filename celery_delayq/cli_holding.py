@@ -3,11 +3,9 @@ incident (see ``holding.py``)."""
 
 from __future__ import annotations
 
-import getpass
-
 import click
 
-from .cli_group import delayq, delayq_of, fail
+from .cli_group import cli_user, delayq, delayq_of, fail
 from .errors import DelayQError, InvalidOption
 from .reading import counted
 
@@ -19,7 +17,7 @@ from .reading import counted
 def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
     """Hold the due jobs of a task or a queue until `resume` (every carrier obeys it)."""
     try:
-        delayq_of(ctx).pause(task=task, queue=queue, by=_cli_user())
+        delayq_of(ctx).pause(task=task, queue=queue, by=cli_user())
     except InvalidOption as exc:
         raise click.UsageError(str(exc)) from None
     except DelayQError as exc:
@@ -35,7 +33,7 @@ def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
 def resume(ctx: click.Context, task: str | None, queue: str | None) -> None:
     """End a pause: its held jobs are due again and promoted oldest first."""
     try:
-        released = delayq_of(ctx).resume(task=task, queue=queue, by=_cli_user())
+        released = delayq_of(ctx).resume(task=task, queue=queue, by=cli_user())
     except InvalidOption as exc:
         raise click.UsageError(str(exc)) from None
     except DelayQError as exc:
@@ -76,7 +74,7 @@ def rate_limit(ctx: click.Context, queue: str | None, rate: str | None) -> None:
                 click.echo("no rate limit" if queue else "no rate limits")
             return
         released = delayq_of(ctx).set_rate_limit(queue, None if rate == "off" else rate,
-                                               by=_cli_user())
+                                               by=cli_user())
     except InvalidOption as exc:
         raise click.UsageError(str(exc)) from None
     except DelayQError as exc:
@@ -86,10 +84,3 @@ def rate_limit(ctx: click.Context, queue: str | None, rate: str | None) -> None:
     else:
         click.echo(f"{queue}: at most {rate} promoted, shared by every carrier")
 
-
-def _cli_user() -> str:
-    """Who ran the command, as the journal's ``by`` of a pause or resume."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):  # no user name in this environment (a bare container)
-        return "cli"

@@ -1,13 +1,11 @@
-"""``celery delayq ls | show | cancel | reschedule | run-now | replay``: one job at a time,
-or a listing of them."""
+"""``celery delayq ls | show | cancel | reschedule | run-now``: one job at a time, or a
+listing of them."""
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from datetime import datetime
-from typing import NoReturn
 
 import click
 
@@ -136,50 +134,3 @@ def _say_due(job_id: str, due: str | None) -> None:
         click.echo(f"{job_id}: not pending (promoted, cancelled or unknown)")
         sys.exit(1)
     click.echo(f"{job_id}: due {due}")
-
-
-@delayq.command()
-@click.argument("job_id", required=False)
-@click.option("--all", "every", is_flag=True,
-              help="Every dead letter (or those of --task / --reason-contains).")
-@click.option("--task", default=None, help="With --all: only this task's dead letters.")
-@click.option("--reason-contains", "reason", default=None, metavar="TEXT",
-              help="With --all: only dead letters whose reason contains TEXT.")
-@click.pass_context
-def replay(ctx: click.Context, job_id: str | None, every: bool, task: str | None,
-           reason: str | None) -> None:
-    """Put a dead-lettered job back, due now; or with --all, every one selected."""
-    if (job_id is None) == (not every) or (job_id and (task or reason)):
-        raise click.UsageError("give one JOB_ID or --all (which --task and "
-                               "--reason-contains narrow)")
-    if job_id is None:
-        _replay_all(ctx, task, reason)
-    try:
-        replayed = delayq_of(ctx).store.replay(job_id)
-    except DelayQError as exc:
-        fail(exc)
-    click.echo(f"{job_id}: {'replayed' if replayed else 'no such dead job'}")
-    sys.exit(0 if replayed else 1)
-
-
-def _replay_all(ctx: click.Context, task: str | None, reason: str | None) -> NoReturn:
-    """Replay the selected dead letters, with progress on stderr every second; exit 1
-    when some stay dead (a live job has their id, or they cannot be read)."""
-    shown = time.monotonic()
-
-    def progress(replayed: int) -> None:
-        nonlocal shown
-        if time.monotonic() - shown >= 1:
-            shown = time.monotonic()
-            click.echo(f"replayed {replayed:,} so far", err=True)
-
-    try:
-        done = delayq_of(ctx).store.replay_dead(task=task, reason=reason, progress=progress)
-    except DelayQError as exc:
-        fail(exc)
-    kept = [f"{counted(done.live, 'job')} whose id a live job has"] if done.live else []
-    if done.unreadable:
-        kept.append(f"{done.unreadable:,} unreadable (see `delayq ls --dead`)")
-    click.echo(f"replayed {counted(done.replayed, 'dead job')}"
-               + (f"; kept dead: {', '.join(kept)}" if kept else ""))
-    sys.exit(1 if kept else 0)

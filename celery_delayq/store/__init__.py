@@ -1,10 +1,11 @@
 """The Redis delay store: every read and write of the keys named in :mod:`keys`.
 
 Writes go through the Lua scripts in ``scripts/``, one atomic call per shard; reads are
-plain commands, pipelined across shards. ``Store`` is one object made of five parts:
+plain commands, pipelined across shards. ``Store`` is one object made of six parts:
 
 ``base.py``       the client, Redis errors turned into ours, the store's memory
-``producing.py``  producers' writes: schedule, cancel, reschedule, replay, pause, rate limits
+``producing.py``  producers' writes: schedule, cancel, reschedule, pause, rate limits
+``dead_letters.py`` an operator's: replay or drop dead letters, one or all
 ``claims.py``     from the claim on: claim, ack, recover, release, dead letters, shard
                   leases
 ``listing.py``    reads: jobs, dead letters, stats, counts, pauses, damage
@@ -14,6 +15,7 @@ plain commands, pipelined across shards. ``Store`` is one object made of five pa
 from __future__ import annotations
 
 from .claims import ClaimAhead, Claimed, Claims, DirectRoutes, Promoted, ShardClaim
+from .dead_letters import DeadLetters, Replayed
 from .listing import Listing
 from .producing import (
     OUTCOME_MS,
@@ -34,6 +36,7 @@ __all__ = [
     "Claimed",
     "DirectRoutes",
     "Promoted",
+    "Replayed",
     "RunRows",
     "ScheduleCode",
     "Scheduled",
@@ -42,5 +45,5 @@ __all__ = [
 ]
 
 
-class Store(Producing, Claims, Listing, Streams):
+class Store(Producing, DeadLetters, Claims, Listing, Streams):
     """The delay store of one app (see :mod:`keys` for the data layout)."""

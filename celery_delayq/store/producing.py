@@ -1,11 +1,9 @@
-"""The producers' writes: schedule, cancel, reschedule, replay a dead letter, pause and
-rate-limit. Each is one script call per shard (``scripts/``)."""
+"""The producers' writes: schedule, cancel, reschedule, pause and rate-limit. Each is one
+script call per shard (``scripts/``)."""
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple, cast
@@ -13,16 +11,15 @@ from typing import Any, NamedTuple, cast
 import redis
 
 from ..connection import redact
-from ..decoding import first_line
 from ..envelope import Call
-from ..errors import InvalidOption, JobExists, PayloadError, StoreFull
+from ..errors import InvalidOption, StoreFull
 from ..held import split_score
 from ..keys import ShardKeys, bykey_member, pack_id, unpack_id
 from ..ratelimit import OFF
 from ..reservation import Reservation, reserving
 from ..scripts import SCRIPTS, Script, execute
 from ..validation import Due
-from .base import SCAN_CHUNK, StoreBase, chunks, refused_for_memory
+from .base import StoreBase, refused_for_memory
 
 _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 #: How long a run's outcome (``RunRows``) is kept after its last write, unless forgotten.
@@ -32,8 +29,6 @@ CANCEL_KEY_CHUNK = 1000
 #: Held jobs one release script call looks at (a resume, a rate limit's removal): ~7 ms of
 #: Redis.
 RELEASE_CHUNK = 1000
-#: Dead letters ``replay_dead`` puts back per round trip (one script call each).
-REPLAY_CHUNK = 500
 #: How long a job's task id index (keys.py) outlives its due time: a job pending that much
 #: past due (no carrier running) is no longer found by its task id, only by its job id.
 TASK_INDEX_GRACE_MS = 24 * 3600 * 1000
@@ -70,14 +65,6 @@ class RunRows(NamedTuple):
 
     run: str  # unique per run
     names: list[str]  # one per item, unique in the run and the same when it is made again
-
-
-class Replayed(NamedTuple):
-    """What :meth:`Producing.replay_dead` did with the dead letters it selected."""
-
-    replayed: int
-    live: int  # kept dead: a live job has the id (replay it once that job is gone)
-    unreadable: int  # kept dead: no envelope in it to replay (``delayq ls --dead``)
 
 
 _CODES = {code.value: code for code in ScheduleCode}  # a dict lookup costs less than a call
@@ -340,80 +327,6 @@ class Producing(StoreBase):
         step = 2 if in_flight else 1
         return [shard for n, shard in enumerate(order) if any(found[n * step:(n + 1) * step])]
 
-    # -- dead letters ------------------------------------------------------------------
-
-    def replay(self, job_id: str, envelope: str = "") -> bool:
-        """Put a dead-lettered job back, due now (optionally with a fixed envelope); False
-        when no job of this id is dead, :class:`JobExists` when a live one has its id (on
-        any shard), :class:`PayloadError` when the dead letter holds no envelope to put back
-        and none is given."""
-        stored = pack_id(job_id)
-        with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
-            for shard in self.keys:
-                pipe.hexists(shard.dead, stored)
-            dead = [shard for shard, hit in zip(self.keys, pipe.execute(), strict=True) if hit]
-        if not dead:
-            return False
-        if self._held_anywhere([stored])[0]:
-            raise JobExists(job_id)
-        code = self._replay_calls(dead[0], [stored], envelope)[0]
-        if code == -1:
-            raise JobExists(job_id)
-        if isinstance(code, list):  # [-2, why]
-            raise PayloadError(
-                f"dead letter {job_id!r} cannot be replayed: {code[1]}; `delayq ls --dead` "
-                "shows it as stored. It stays dead: replay it with a fixed envelope "
-                "(store.replay(job_id, envelope=...)) or leave it")
-        return code == 1
-
-    def replay_dead(self, *, task: str | None = None, reason: str | None = None,
-                    progress: Callable[[int], None] | None = None) -> Replayed:
-        """Put back, due now, every dead letter of ``task`` whose reason contains
-        ``reason`` (both optional): shard by shard, :data:`REPLAY_CHUNK` letters per round
-        trip, ``progress`` given the running count of replayed jobs after each. A letter
-        whose id a live job has, or that holds no envelope, stays dead and is counted."""
-        replayed = live = unreadable = 0
-        for shard in self.keys:
-            with self.unavailable():
-                letters = self.client.hscan_iter(shard.dead, count=SCAN_CHUNK)
-                for chunk in chunks(letters, REPLAY_CHUNK):
-                    picked = [(stored, _replayable(raw, task, reason)) for stored, raw in chunk]
-                    unreadable += sum(1 for _, fit in picked if fit is None)
-                    wanted = [stored for stored, fit in picked if fit]
-                    held = self._held_anywhere(wanted)
-                    codes = self._replay_calls(shard, [s for s, h in zip(wanted, held, strict=True)
-                                                       if not h])
-                    replayed += codes.count(1)
-                    live += sum(held) + codes.count(-1)
-                    unreadable += sum(isinstance(code, list) for code in codes)
-                    if progress is not None:
-                        progress(replayed)
-        return Replayed(replayed, live, unreadable)
-
-    def _held_anywhere(self, stored_ids: list[str]) -> list[bool]:
-        """For each stored job id: does a live job have it, on any shard?"""
-        if not stored_ids:
-            return []
-        with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
-            for stored in stored_ids:
-                for shard in self.keys:
-                    pipe.hexists(shard.jobs, stored)
-            found, n = pipe.execute(), self.keys.shards
-        return [any(found[i * n:(i + 1) * n]) for i in range(len(stored_ids))]
-
-    def _replay_calls(self, shard: ShardKeys, stored_ids: list[str],
-                      envelope: str = "") -> list[Any]:
-        """The replay script's code for each of these dead letters of ``shard``, in one
-        round trip."""
-        script = SCRIPTS["replay"]
-        calls = [(script, script.keys_for(shard),
-                  [self._maxlen, stored, envelope, self.keys.wake_channel, shard.shard])
-                 for stored in stored_ids]
-        with self.unavailable():
-            return execute(self.client, calls) if calls else []
-
     # -- pausing -----------------------------------------------------------------------
 
     def pause(self, field: str, by: str) -> None:
@@ -463,17 +376,4 @@ class Producing(StoreBase):
                  for s in self.keys]
         with self.unavailable():
             execute(self.client, calls)
-
-
-def _replayable(raw: str, task: str | None, reason: str | None) -> bool | None:
-    """Whether a dead letter is of ``task`` and has ``reason`` in its reason; None when it
-    holds no envelope to replay (the replay script's own test)."""
-    try:
-        entry = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(entry, dict) or not isinstance(entry.get("envelope"), str):
-        return None
-    return ((task is None or first_line(entry["envelope"]).get("t") == task)
-            and (reason is None or reason in str(entry.get("reason", ""))))
 

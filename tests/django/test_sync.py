@@ -99,3 +99,19 @@ def test_delayq_sync_once_command_applies_the_journal_and_exits(shop_delayq, cap
     call_command("delayq_sync", "--once")
     assert "applied 1 journal events" in capsys.readouterr().out
     assert DelayedTask.objects.count() == 1
+
+
+def test_a_dropped_dead_letter_shows_as_cancelled_by_whoever_dropped_it(shop_delayq, sync):
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=0,
+                         job_id="order:1:close")
+    store = shop_delayq.store
+    for claim in store.claim(list(store.keys), 100, 60_000):
+        for job in claim.jobs:
+            store.dead_letter(claim.shard, job, "unknown queue: gone")
+    sync.run_once()
+    assert DelayedTask.objects.get(job_id="order:1:close").state == "dead"
+
+    assert store.drop("order:1:close", by="cli:ops: dropped dead letter")
+    sync.run_once()
+    row = DelayedTask.objects.get(job_id="order:1:close")
+    assert (row.state, row.cancelled_by) == ("cancelled", "cli:ops: dropped dead letter")

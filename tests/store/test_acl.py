@@ -77,6 +77,10 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
         noop.apply_delayed(args=(0,), delay=600, job_id="later", key="order:1")
         noop.apply_delayed(args=(0,), delay=600, job_id="cancel-me")
         assert DelayQ.of(noop.app).cancel("cancel-me")
+        shard = DelayQ.of(noop.app).store.keys.shard(0)
+        for bad in ("bad-1", "bad-2"):  # the carrier dead-letters them, the CLI settles them
+            admin.hset(shard.jobs, bad, '{"t":"acl.noop"')
+            admin.zadd(shard.due, {bad: 0})
         env = {"DELAYQ_TEST_REDIS_URL": redis_server.url,
                "DELAYQ_TEST_STORE_URL": url.format(user="delayq-cli"), "PYTHONPATH": ROOT}
         outputs = {}
@@ -107,7 +111,8 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
             queue.delete("acl-test")
         for command in (["stats", "--json"], ["ls", "--key", "order:1"], ["cancel", "later"],
                         ["paused"], ["rate-limit", "acl-test", "off"],
-                        ["resume", "--queue", "elsewhere"]):
+                        ["resume", "--queue", "elsewhere"], ["drop", "bad-1"],
+                        ["replay", "--all"], ["drop", "--all", "--yes"]):
             cli(*command)
         denied = admin.acl_log()
         admin.close()
@@ -119,6 +124,7 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
         1 + producing.RELEASE_CHUNK + 100)
     assert "later" in outputs["ls"] and "later: cancelled" in outputs["cancel"]
     assert outputs["paused"] == "queue elsewhere\nqueue kept\n"
+    assert "replayed 1 dead job" in outputs["replay"] and "dropped 0" in outputs["drop"]
 
 
 @pytest.mark.parametrize("left_out", ["+evalsha", "+type"])

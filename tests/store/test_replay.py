@@ -1,4 +1,5 @@
-"""Replaying dead letters: one by id, or all of them (of a task, of a reason) in chunks.
+"""Replaying and dropping dead letters: one by id, or all of them (of a task, of a reason)
+in chunks.
 
 Dead letters are made as a carrier makes them: jobs are scheduled due now, claimed, and
 moved to the dead letters with a reason (``Store.dead_letter``). Unreadable ones are planted
@@ -11,8 +12,8 @@ import pytest
 
 from celery_delayq.errors import JobExists, PayloadError
 from celery_delayq.keys import pack_id
-from celery_delayq.store import producing
-from tests.conftest import command_calls, finish
+from celery_delayq.store import dead_letters
+from tests.conftest import command_calls, finish, journal_events
 from tests.faults.test_carrier_faults import PARKED
 
 #: dead letter text -> why it cannot be replayed as it is
@@ -76,7 +77,7 @@ def test_an_unreadable_dead_letter_replays_with_a_fixed_envelope(proj, delayq):
 
 def test_replay_dead_puts_back_every_readable_dead_letter_in_chunks(proj, delayq,
                                                                    monkeypatch):
-    monkeypatch.setattr(producing, "REPLAY_CHUNK", 7)
+    monkeypatch.setattr(dead_letters, "DEAD_CHUNK", 7)
     ids = [f"d-{n}" for n in range(60)]
     make_dead(proj, delayq, ids, "unknown queue: gone")
     bad = plant_unreadable(delayq)
@@ -85,14 +86,14 @@ def test_replay_dead_puts_back_every_readable_dead_letter_in_chunks(proj, delayq
 
     outcome = delayq.store.replay_dead(progress=seen.append)
 
-    assert outcome == producing.Replayed(replayed=60, live=0, unreadable=len(bad))
+    assert outcome == dead_letters.Replayed(replayed=60, live=0, unreadable=len(bad))
     assert pending_ids(delayq) == set(ids)
     assert dead_ids(delayq) == set(bad)
     assert command_calls(delayq.store) - before == 60  # one script call per readable letter
     # told after each chunk of at most 7 letters: the running count of replayed jobs
     assert len(seen) >= 60 // 7 and seen == sorted(seen) and seen[-1] == 60
     assert all(b - a <= 7 for a, b in zip([0, *seen], seen, strict=False))
-    assert delayq.store.replay_dead() == producing.Replayed(0, 0, len(bad))
+    assert delayq.store.replay_dead() == dead_letters.Replayed(0, 0, len(bad))
 
 
 def test_replay_dead_selects_by_task_and_reason(proj, delayq):
@@ -102,7 +103,7 @@ def test_replay_dead_selects_by_task_and_reason(proj, delayq):
               task=proj.slow)
 
     assert delayq.store.replay_dead(reason="unknown queue", task="tests.proj.record") \
-        == producing.Replayed(10, 0, 0)
+        == dead_letters.Replayed(10, 0, 0)
     assert pending_ids(delayq) == {f"q-{n}" for n in range(10)}
     assert delayq.store.replay_dead(task="tests.proj.slow").replayed == 4
     assert dead_ids(delayq) == {f"h-{n}" for n in range(5)}
@@ -112,7 +113,7 @@ def test_replay_dead_keeps_a_dead_letter_whose_id_a_live_job_has(proj, delayq):
     make_dead(proj, delayq, ["twice", "once"], "unknown queue: gone")
     proj.record.apply_delayed(("again",), delay=600, job_id="twice", key="other-shard")
 
-    assert delayq.store.replay_dead() == producing.Replayed(replayed=1, live=1, unreadable=0)
+    assert delayq.store.replay_dead() == dead_letters.Replayed(replayed=1, live=1, unreadable=0)
     assert dead_ids(delayq) == {"twice"}
     with pytest.raises(JobExists):
         delayq.store.replay("twice")
@@ -137,8 +138,56 @@ def test_cli_replays_all_dead_letters_of_a_reason_and_reports_what_it_kept(
     assert dead_ids(delayq) == {f"bad-{n}" for n in range(len(UNREADABLE))}
 
 
+@pytest.mark.parametrize("command", ["replay", "drop"])
 @pytest.mark.parametrize("args", [[], ["j1", "--all"], ["j1", "--task", "t"]])
-def test_cli_replay_takes_one_id_or_all(spawn, args):
-    process = spawn("delayq", "replay", *args)
+def test_cli_replay_and_drop_take_one_id_or_all(spawn, command, args):
+    process = spawn("delayq", command, *args)
     output = finish(process)
     assert process.returncode == 2 and "JOB_ID or --all" in output, output
+
+
+def test_drop_gives_up_a_dead_letter_for_good_and_journals_it_as_cancelled(proj, delayq):
+    make_dead(proj, delayq, ["d-0", "d-1"], "unknown queue: gone")
+    cancels = delayq.store.counts()[1]
+
+    assert delayq.store.drop("d-0", by="ops: queue removed") is True
+    assert delayq.store.drop("d-0", by="ops: queue removed") is False
+
+    assert dead_ids(delayq) == {"d-1"} and delayq.get("d-0") is None
+    assert journal_events(delayq)[-1] == "cancelled"
+    [entry] = [e for shard in delayq.store.keys for _, e in
+               delayq.store.client.xrange(shard.journal) if e["event"] == "cancelled"]
+    assert (entry["job"], entry["task"], entry["by"]) == ("d-0", "tests.proj.record",
+                                                          "ops: queue removed")
+    assert delayq.store.counts()[1] == cancels + 1
+
+
+def test_drop_dead_selects_by_task_and_reason_and_without_either_drops_unreadable_ones(
+        proj, delayq, monkeypatch):
+    monkeypatch.setattr(dead_letters, "DEAD_CHUNK", 3)
+    make_dead(proj, delayq, [f"q-{n}" for n in range(10)], "unknown queue: gone")
+    make_dead(proj, delayq, [f"h-{n}" for n in range(5)], "http 500 from partner")
+    bad = plant_unreadable(delayq)
+
+    assert delayq.store.drop_dead(reason="unknown queue", by="ops") == 10
+    assert dead_ids(delayq) == {*(f"h-{n}" for n in range(5)), *bad}
+    assert delayq.store.drop_dead(task="tests.proj.record", reason="500", by="ops") == 5
+    assert delayq.store.drop_dead(by="ops") == len(bad)
+    assert dead_ids(delayq) == set()
+
+
+def test_cli_drops_all_selected_dead_letters_once_confirmed(proj, delayq, spawn):
+    make_dead(proj, delayq, [f"c-{n}" for n in range(6)], "unknown queue: gone")
+    make_dead(proj, delayq, ["keep-1"], "http 500 from partner")
+
+    process = spawn("delayq", "drop", "--all", "--reason-contains", "queue")
+    output = finish(process)  # no answer to the question: nothing dropped
+    assert process.returncode == 1 and "Aborted" in output, output
+    assert len(dead_ids(delayq)) == 7
+
+    process = spawn("delayq", "drop", "--all", "--reason-contains", "queue", "--yes")
+    output = finish(process)
+    assert process.returncode == 0 and "dropped 6 dead jobs" in output, output
+    process = spawn("delayq", "drop", "keep-1")
+    assert finish(process).strip() == "keep-1: dropped" and process.returncode == 0
+    assert dead_ids(delayq) == set()

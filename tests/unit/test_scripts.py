@@ -15,7 +15,7 @@ _JOURNAL_CALL = r"\b(?:journal|journal_batch|trim_journal)\((\d+)"
 _COUNT_CALL = r"\badd_count\((\d+)"  # include/counts.lua: the counts HASH KEYS[n]
 
 EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead", "own",
-            "replay", "exists", "repair", "reserve", "pause", "limit", "release"}
+            "replay", "drop", "exists", "repair", "reserve", "pause", "limit", "release"}
 
 
 def test_every_operation_has_a_script():

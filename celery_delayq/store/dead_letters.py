@@ -1,0 +1,154 @@
+"""What an operator does with dead letters: replay them (due now) or drop them for good,
+one by id or all of them (of a task, of a reason) a chunk at a time."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+from ..decoding import first_line
+from ..errors import JobExists, PayloadError
+from ..keys import ShardKeys, pack_id
+from ..scripts import SCRIPTS, execute
+from .base import SCAN_CHUNK, StoreBase, chunks
+
+#: Dead letters read per round trip by ``replay_dead`` and ``drop_dead``.
+DEAD_CHUNK = 500
+
+Progress = Callable[[int], None]
+
+
+class Replayed(NamedTuple):
+    """What :meth:`DeadLetters.replay_dead` did with the dead letters it selected."""
+
+    replayed: int
+    live: int  # kept dead: a live job has the id (replay it once that job is gone)
+    unreadable: int  # kept dead: no envelope in it to replay (``delayq ls --dead``)
+
+
+class DeadLetters(StoreBase):
+    """Replay and drop dead letters."""
+
+    def replay(self, job_id: str, envelope: str = "") -> bool:
+        """Put a dead-lettered job back, due now (optionally with a fixed envelope); False
+        when no job of this id is dead, :class:`JobExists` when a live one has its id (on
+        any shard), :class:`PayloadError` when the dead letter holds no envelope to put back
+        and none is given."""
+        stored = pack_id(job_id)
+        dead = self._dead_shards(stored)
+        if not dead:
+            return False
+        if self._held_anywhere([stored])[0]:
+            raise JobExists(job_id)
+        code = self._replay_calls(dead[0], [stored], envelope)[0]
+        if code == -1:
+            raise JobExists(job_id)
+        if isinstance(code, list):  # [-2, why]
+            raise PayloadError(
+                f"dead letter {job_id!r} cannot be replayed: {code[1]}; `delayq ls --dead` "
+                "shows it as stored. It stays dead: replay it with a fixed envelope "
+                "(store.replay(job_id, envelope=...)) or drop it (`delayq drop`)")
+        return code == 1
+
+    def replay_dead(self, *, task: str | None = None, reason: str | None = None,
+                    progress: Progress | None = None) -> Replayed:
+        """Put back, due now, every dead letter of ``task`` whose reason contains
+        ``reason`` (both optional), :data:`DEAD_CHUNK` per round trip, ``progress`` given
+        the running count after each. A letter whose id a live job has, or that holds no
+        envelope, stays dead and is counted."""
+        replayed = live = unreadable = 0
+        for shard, letters in self._dead_letters():
+            picked = [(stored, _selected(raw, task, reason)) for stored, raw in letters]
+            unreadable += sum(1 for _, fit in picked if fit is None)
+            wanted = [stored for stored, fit in picked if fit]
+            held = self._held_anywhere(wanted)
+            codes = self._replay_calls(
+                shard, [stored for stored, h in zip(wanted, held, strict=True) if not h])
+            replayed += codes.count(1)
+            live += sum(held) + codes.count(-1)
+            unreadable += sum(isinstance(code, list) for code in codes)
+            if progress is not None:
+                progress(replayed)
+        return Replayed(replayed, live, unreadable)
+
+    def drop(self, job_id: str, by: str) -> bool:
+        """Give up a dead-lettered job for good, journaled as cancelled ``by``; False when
+        no job of this id is dead."""
+        stored = pack_id(job_id)
+        return sum(self._drop_call(shard, [stored], by) for shard in self._dead_shards(stored)) > 0
+
+    def drop_dead(self, *, task: str | None = None, reason: str | None = None, by: str,
+                  progress: Progress | None = None) -> int:
+        """Give up for good every dead letter of ``task`` whose reason contains ``reason``
+        (without either: every one, unreadable ones too), journaled as cancelled ``by``,
+        :data:`DEAD_CHUNK` per round trip; returns how many, as ``progress`` is told."""
+        dropped = 0
+        for shard, letters in self._dead_letters():
+            every = task is None and reason is None
+            dropped += self._drop_call(shard, [stored for stored, raw in letters
+                                               if every or _selected(raw, task, reason)], by)
+            if progress is not None:
+                progress(dropped)
+        return dropped
+
+    def _dead_letters(self) -> Iterator[tuple[ShardKeys, list[tuple[str, str]]]]:
+        """Every shard's dead letters, (stored id, text) :data:`DEAD_CHUNK` at a time."""
+        for shard in self.keys:
+            with self.unavailable():
+                letters = self.client.hscan_iter(shard.dead, count=SCAN_CHUNK)
+                for chunk in chunks(letters, DEAD_CHUNK):
+                    yield shard, chunk
+
+    def _dead_shards(self, stored: str) -> list[ShardKeys]:
+        """The shards whose dead letters hold this stored job id."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.hexists(shard.dead, stored)
+            return [shard for shard, hit in zip(self.keys, pipe.execute(), strict=True) if hit]
+
+    def _held_anywhere(self, stored_ids: list[str]) -> list[bool]:
+        """For each stored job id: does a live job have it, on any shard?"""
+        if not stored_ids:
+            return []
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for stored in stored_ids:
+                for shard in self.keys:
+                    pipe.hexists(shard.jobs, stored)
+            found, n = pipe.execute(), self.keys.shards
+        return [any(found[i * n:(i + 1) * n]) for i in range(len(stored_ids))]
+
+    def _replay_calls(self, shard: ShardKeys, stored_ids: list[str],
+                      envelope: str = "") -> list[Any]:
+        """The replay script's code for each of these dead letters of ``shard``, in one
+        round trip."""
+        script = SCRIPTS["replay"]
+        calls = [(script, script.keys_for(shard),
+                  [self._maxlen, stored, envelope, self.keys.wake_channel, shard.shard])
+                 for stored in stored_ids]
+        with self.unavailable():
+            return execute(self.client, calls) if calls else []
+
+    def _drop_call(self, shard: ShardKeys, stored_ids: list[str], by: str) -> int:
+        """Drop these dead letters of ``shard`` in one script call; how many were there."""
+        if not stored_ids:
+            return 0
+        script = SCRIPTS["drop"]
+        with self.unavailable():
+            return int(script.call(self.client, script.keys_for(shard),
+                                   [self._maxlen, by, *stored_ids]))
+
+
+def _selected(raw: str, task: str | None, reason: str | None) -> bool | None:
+    """Whether a dead letter is of ``task`` and has ``reason`` in its reason; None when it
+    holds no envelope (the replay script's own test)."""
+    try:
+        entry = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("envelope"), str):
+        return None
+    return ((task is None or first_line(entry["envelope"]).get("t") == task)
+            and (reason is None or reason in str(entry.get("reason", ""))))
