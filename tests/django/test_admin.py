@@ -124,6 +124,46 @@ def test_run_now_action_makes_the_job_due_now(admin_client, pending, shop_delayq
     assert (before - shop_delayq.get("order:1:close").due).total_seconds() > 1700
 
 
+@pytest.fixture
+def dead(pending, shop_delayq, sync):
+    """The pending jobs made due and dead-lettered, as a carrier does, and mirrored."""
+    store = shop_delayq.store
+    for job_id in pending:
+        shop_delayq.run_now(job_id)
+    for claim in store.claim(list(store.keys), 100, 60_000):
+        for job in claim.jobs:
+            store.dead_letter(claim.shard, job, "unknown queue: gone")
+    sync.run_once()
+    assert set(DelayedTask.objects.values_list("state", flat=True)) == {"dead"}
+    return pending
+
+
+def test_replay_and_drop_actions_settle_dead_letters_and_say_what_happened(
+        admin_client, dead, shop_delayq, sync):
+    response = _act(admin_client, "replay_tasks", "order:1:close")
+    assert _messages(response) == ["replayed: due now: 1 task (order:1:close)"]
+    assert shop_delayq.get("order:1:close").due is not None
+    response = _act(admin_client, "drop_tasks", "order:2:close", "order:1:close")
+    assert "dropped: 1 task (order:2:close)" in _messages(response)
+    assert "not dead-lettered: 1 task (order:1:close)" in _messages(response)
+    assert [d["job_id"] for d in shop_delayq.store.dead()] == ["refund:3:check:0"]
+    sync.run_once()  # the journal agrees with what the actions wrote
+    rows = {row.job_id: row for row in DelayedTask.objects.all()}
+    assert (rows["order:1:close"].state, rows["order:2:close"].state) == (
+        "scheduled", "cancelled")
+    assert rows["order:2:close"].cancelled_by == (
+        "admin in the Django admin: dropped dead letter")
+
+
+def test_dead_letter_actions_need_the_run_now_and_cancel_permissions(client, dead):
+    client.force_login(_staff("run_now_delayedtask"))
+    choices = [c[0] for c in client.get(reverse(CHANGELIST)).context["action_form"]
+               .fields["action"].choices]
+    assert "replay_tasks" in choices and "drop_tasks" not in choices
+    _act(client, "drop_tasks", "order:1:close")
+    assert DelayedTask.objects.get(job_id="order:1:close").state == "dead"
+
+
 def test_reschedule_action_asks_for_a_new_time_then_moves_the_due_time(
         admin_client, pending, shop_delayq):
     form = _act(admin_client, "reschedule_tasks", "order:1:close", "order:2:close")

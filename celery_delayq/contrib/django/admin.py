@@ -81,7 +81,8 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     date_hierarchy = "due"
     search_fields = ("key", "job_id", "task_id", "args", "kwargs")
     search_help_text = "A business key, job id or task id, or a value it was called with."
-    actions = ("cancel_tasks", "run_now", "reschedule_tasks", "pause_tasks", "resume_tasks")
+    actions = ("cancel_tasks", "run_now", "reschedule_tasks", "replay_tasks", "drop_tasks",
+               "pause_tasks", "resume_tasks")
     list_per_page = 50
     fieldsets = (
         (None, {"fields": ("job_id", "task", "key_link", "state_badge", "due_at", "queue",
@@ -271,6 +272,16 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             "queryset": queryset,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         })
+
+    @admin.action(description="Replay selected dead-lettered tasks", permissions=["run_now"])
+    def replay_tasks(self, request, queryset):
+        self._each(request, queryset, operations.replay)
+
+    @admin.action(description="Drop selected dead-lettered tasks for good",
+                  permissions=["cancel"])
+    def drop_tasks(self, request, queryset):
+        by = f"{request.user.get_username()} in the Django admin: dropped dead letter"
+        self._each(request, queryset, lambda row: operations.drop(row, by))
 
     @admin.action(description="Pause the task of the selected rows", permissions=["pause"])
     def pause_tasks(self, request, queryset):

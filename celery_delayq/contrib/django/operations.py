@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from celery_delayq.errors import JobExists
 from celery_delayq.reading import counted
 from celery_delayq.store import CancelOutcome
 
@@ -24,9 +25,10 @@ _NOT_PENDING = {
     State.SUCCEEDED: "too late: already finished",
     State.FAILED: "too late: already finished",
     State.CANCELLED: "already cancelled",
-    State.DEAD: "dead-lettered: replay it with `celery delayq replay`",
+    State.DEAD: "dead-lettered: replay it (the Replay action or `celery delayq replay`)",
 }
 _GONE = "not in the store any more (probably promoted; delayq_sync will tell)"
+_NOT_DEAD = "not among the dead letters any more (replayed or dropped; delayq_sync will tell)"
 
 
 def cancel(row: DelayedTask, by: str) -> tuple[bool, str]:
@@ -66,6 +68,31 @@ def _retime(row: DelayedTask, **due) -> tuple[bool, str]:
     if due.get("delay") == 0:
         return True, "due now"
     return True, f"due {timezone.localtime(new_due):%Y-%m-%d %H:%M:%S}"
+
+
+def replay(row: DelayedTask) -> tuple[bool, str]:
+    """Put the row's dead-lettered job back, due now."""
+    if row.state != State.DEAD:
+        return False, "not dead-lettered"
+    try:
+        replayed = project_delayq().store.replay(row.job_id)
+    except JobExists:
+        return False, "a pending job has its id: cancel that one first"
+    if not replayed:
+        return False, _NOT_DEAD
+    DelayedTask.objects.filter(pk=row.pk).update(state=State.SCHEDULED, due=timezone.now())
+    return True, "replayed: due now"
+
+
+def drop(row: DelayedTask, by: str) -> tuple[bool, str]:
+    """Give up the row's dead-lettered job for good (journaled as cancelled ``by``)."""
+    if row.state != State.DEAD:
+        return False, "not dead-lettered"
+    if not project_delayq().store.drop(row.job_id, by=by):
+        return False, _NOT_DEAD
+    DelayedTask.objects.filter(pk=row.pk).update(
+        state=State.CANCELLED, cancelled_at=timezone.now(), cancelled_by=by[:255])
+    return True, "dropped"
 
 
 def pause(task: str, by: str, paused: dict[str, list[str]]) -> tuple[bool, str]:
