@@ -4,7 +4,6 @@ all of them (``--all``, narrowed by ``--task`` and ``--reason-contains``)."""
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ import click
 
 from .cli_group import cli_user, delayq, delayq_of, fail
 from .errors import DelayQError
+from .progress import Progress
 from .reading import counted
 
 
@@ -28,23 +28,15 @@ def _one_or_all(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def _stderr(message: str) -> None:
+    click.echo(message, err=True)
+
+
 def _check_one_or_all(job_id: str | None, every: bool, task: str | None,
                       reason: str | None) -> None:
     if (job_id is None) == (not every) or (job_id and (task or reason)):
         raise click.UsageError("give one JOB_ID or --all (which --task and "
                                "--reason-contains narrow)")
-
-
-class _Progress:
-    """The running count of a long command on stderr, at most once a second."""
-
-    def __init__(self, verb: str) -> None:
-        self.verb, self.shown = verb, time.monotonic()
-
-    def __call__(self, done: int) -> None:
-        if time.monotonic() - self.shown >= 1:
-            self.shown = time.monotonic()
-            click.echo(f"{self.verb} {done:,} so far", err=True)
 
 
 @delayq.command()
@@ -60,7 +52,7 @@ def replay(ctx: click.Context, job_id: str | None, every: bool, task: str | None
             replayed = store.replay(job_id)
             click.echo(f"{job_id}: {'replayed' if replayed else 'no such dead job'}")
             sys.exit(0 if replayed else 1)
-        done = store.replay_dead(task=task, reason=reason, progress=_Progress("replayed"))
+        done = store.replay_dead(task=task, reason=reason, progress=Progress(_stderr, "replayed"))
     except DelayQError as exc:
         fail(exc)
     kept = [f"{counted(done.live, 'job')} whose id a live job has"] if done.live else []
@@ -88,7 +80,8 @@ def drop(ctx: click.Context, job_id: str | None, every: bool, task: str | None,
             sys.exit(0 if dropped else 1)
         if not yes:
             click.confirm("Drop every dead letter selected, for good?", abort=True)
-        done = store.drop_dead(task=task, reason=reason, by=by, progress=_Progress("dropped"))
+        done = store.drop_dead(task=task, reason=reason, by=by,
+                               progress=Progress(_stderr, "dropped"))
     except DelayQError as exc:
         fail(exc)
     click.echo(f"dropped {counted(done, 'dead job')}")

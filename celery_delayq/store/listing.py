@@ -27,7 +27,7 @@ from ..reading import (
     job_id_of,
     printable,
 )
-from .base import SCAN_CHUNK, StoreBase
+from .base import SCAN_CHUNK, StoreBase, chunks
 
 _logger = logging.getLogger(__package__)  # celery_delayq.store
 
@@ -118,6 +118,18 @@ class Listing(StoreBase):
                 jobs.extend(self._pending_in(shard, wanted, key, limit, skipped))
         skipped.log()
         return heapq.nsmallest(limit, jobs, key=_by_due)
+
+    def every_pending(self) -> Iterator[tuple[ShardKeys, list[Job]]]:
+        """Every pending job (held ones too), a shard's due set read :data:`SCAN_CHUNK` at
+        a time in no order (``ZSCAN``: a job moved meanwhile may come twice, or not at
+        all). Jobs that cannot be read are left out, counted and logged once."""
+        skipped, everything = Unreadable("pending jobs", _logger), _Wanted(None, None)
+        for shard in self.keys:
+            with self.unavailable():
+                scan = self.client.zscan_iter(shard.due, count=SCAN_CHUNK)
+                for scored in chunks(scan, SCAN_CHUNK):
+                    yield shard, self._jobs_of(shard, scored, everything, skipped)
+        skipped.log()
 
     def _pending_in(self, shard: ShardKeys, wanted: _Wanted, key: str | None,
                     limit: int, skipped: Unreadable) -> list[Job]:

@@ -115,3 +115,46 @@ def test_a_dropped_dead_letter_shows_as_cancelled_by_whoever_dropped_it(shop_del
     sync.run_once()
     row = DelayedTask.objects.get(job_id="order:1:close")
     assert (row.state, row.cancelled_by) == ("cancelled", "cli:ops: dropped dead letter")
+
+
+def test_backfill_mirrors_pending_jobs_whose_events_the_journal_no_longer_holds(
+        shop_delayq, sync, caplog):
+    """Jobs scheduled before the app was installed, or whose scheduled event was trimmed
+    before the sync read it, have no row: the admin would say nothing is pending for them."""
+    for n in range(7):
+        shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(n,), delay=600 + n,
+                             key=f"order:{n}", job_id=f"order:{n}:close")
+    sync.run_once()
+    shop_delayq.cancel("order:0:close")
+    for n in range(7, 12):  # scheduled, then their events trimmed unread
+        shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(n,), delay=600 + n,
+                             key=f"order:{n}", job_id=f"order:{n}:close")
+    shop_delayq.run_now("order:1:close")  # the mirror still says due in 10 minutes
+    for shard in shop_delayq.store.keys:
+        shop_delayq.store.client.xtrim(shard.journal, maxlen=0)
+    sync.run_once()
+    assert DelayedTask.objects.count() == 7
+
+    assert sync.backfill() == 6  # 5 rows made, 1 due time corrected
+    rows = {row.job_id: row for row in DelayedTask.objects.all()}
+    assert len(rows) == 12
+    new = rows["order:9:close"]
+    assert (new.state, new.task, new.key, new.args, new.stored) == (
+        "scheduled", "shop.tasks.close_unpaid_order", "order:9", [9], True)
+    assert new.envelope and abs((new.due - shop_delayq.get("order:9:close").due)
+                                .total_seconds()) < 0.002
+    assert abs((rows["order:1:close"].due - shop_delayq.get("order:1:close").due)
+               .total_seconds()) < 0.002
+    # the cancel the mirror never saw: the store does not hold it, backfill leaves it be
+    assert rows["order:0:close"].state == "scheduled"
+    assert sync.backfill() == 0
+
+
+def test_delayq_sync_backfill_command_says_what_it_mirrored(shop_delayq, capsys):
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600,
+                         job_id="order:1:close")
+    for shard in shop_delayq.store.keys:
+        shop_delayq.store.client.xtrim(shard.journal, maxlen=0)
+    call_command("delayq_sync", "--once", "--backfill")
+    assert "backfilled 1 rows from the store" in capsys.readouterr().out
+    assert DelayedTask.objects.get(job_id="order:1:close").args == [1]

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from django.db import DatabaseError, transaction
+from django.db.models import Max
+from django.utils import timezone
 
 from celery_delayq import DelayQ, DelayQError
 from celery_delayq.events import Event
@@ -121,7 +124,8 @@ class JournalSync:
         logger.error(
             "the journal of shard %d was trimmed past delayq_sync's position %s (or Redis "
             "lost it): its events up to %s are lost, and rows of the jobs they concerned may "
-            "show an old state; `delayq_reconcile --missing` leaves them alone. Raise "
+            "show an old state: `delayq_sync --backfill` mirrors the jobs still pending, and "
+            "`delayq_reconcile --missing` leaves the others alone. Raise "
             "delayq_journal_maxlen (now %d) or keep delayq_sync running",
             shard.shard, cursor.last_id, lost, self.delayq.config.journal_maxlen)
 
@@ -173,26 +177,69 @@ class JournalSync:
             locked.save(update_fields=["last_id", "updated_at"])
         return len(entries)
 
+    def backfill(self, progress: Callable[[int], None] | None = None) -> int:
+        """Mirror every job the store holds pending that has no row, or whose row says
+        another state or due time (its events were trimmed before the sync read them, or
+        it was scheduled before the app was installed); returns how many rows it wrote.
+        A row some event reached since the backfill began is left to the journal.
+        ``progress`` is given the running count after each chunk of the store read."""
+        began, written = timezone.now(), 0
+        skipped = Unreadable("delayq_sync --backfill", logger)
+        for shard, jobs in self.store.every_pending():
+            envelopes = self._readable(shard, [job.job_id for job in jobs], skipped)
+            rows = {row.job_id: row for row in DelayedTask.objects.filter(
+                job_id__in=list(envelopes)).annotate(seen=Max("events__at"))}
+            new, changed = [], []
+            for job in jobs:
+                row = rows.get(job.job_id)
+                if job.job_id not in envelopes or (row is not None and (
+                        (row.seen or row.created_at) >= began
+                        or (row.state == State.SCHEDULED and row.due == job.due))):
+                    continue
+                if row is None:
+                    row = DelayedTask(job_id=job.job_id, task=job.task, created_at=began)
+                    new.append(row)
+                else:
+                    changed.append(row)
+                _fill_from_envelope(row, *envelopes[job.job_id])
+                row.key, row.due, row.state = job.key or "", job.due, State.SCHEDULED
+                row.stored, row.store_error = True, ""
+            with transaction.atomic():
+                DelayedTask.objects.bulk_create(new, ignore_conflicts=True)
+                DelayedTask.objects.bulk_update(changed, _ROW_FIELDS)
+            written += len(new) + len(changed)
+            if progress is not None:
+                progress(written)
+        skipped.log()
+        return written
+
     def _envelopes(self, shard: ShardKeys, entries: list[tuple[str, dict[str, str]]],
                    skipped: Unreadable) -> dict[str, tuple[str, Job]]:
         """The stored envelopes of the jobs these entries schedule, read; those that cannot
         be read are counted and left out."""
-        wanted = sorted({f["job"] for _, f in entries if f.get("event") in _ENVELOPE_EVENTS})
+        return self._readable(shard, sorted(
+            {f["job"] for _, f in entries if f.get("event") in _ENVELOPE_EVENTS}), skipped)
+
+    def _readable(self, shard: ShardKeys, job_ids: list[str],
+                  skipped: Unreadable) -> dict[str, tuple[str, Job]]:
+        """The stored envelopes of these jobs and the jobs read from them; those gone, or
+        that cannot be read or mirrored, are left out (the latter counted)."""
         envelopes = {}
-        for job_id, raw in self.store.envelopes(shard, wanted).items():
+        for job_id, raw in self.store.envelopes(shard, job_ids).items():
             if raw is None:
                 continue  # promoted or cancelled since
             job = Job.read(job_id, raw, None, "", shard.shard, self.store.config.default_queue)
             why = job.unreadable or next(
                 (f"{name} is longer than {_LIMITED[name]} characters"
-                 for name, value in (("task_id", job.task_id), ("queue", job.queue))
+                 for name, value in (("task_id", job.task_id), ("queue", job.queue),
+                                     ("job", job_id), ("task", job.task),
+                                     ("key", job.key or ""))
                  if len(value) > _LIMITED[name]), "")
             if why:
                 skipped.add(f"envelope of job {job_id!r} on shard {shard.shard}", why)
             else:
                 envelopes[job_id] = (raw, job)
         return envelopes
-
 
 def _unreadable(stream_id: str, fields: dict[str, str]) -> str:
     """Why a journal entry cannot be mirrored ("" when it can)."""

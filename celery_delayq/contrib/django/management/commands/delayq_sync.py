@@ -6,6 +6,7 @@ import signal
 from django.core.management.base import BaseCommand
 
 from celery_delayq.contrib.django.sync import JournalSync
+from celery_delayq.progress import Progress
 
 
 class Command(BaseCommand):
@@ -19,9 +20,16 @@ class Command(BaseCommand):
                             help="seconds between polls when idle (default 0.5)")
         parser.add_argument("--batch", type=int, default=500,
                             help="events per shard and database transaction (default 500)")
+        parser.add_argument("--backfill", action="store_true",
+                            help="first mirror the jobs pending in the store that have no "
+                                 "row or an outdated one (events trimmed unread, or jobs "
+                                 "older than the app)")
 
-    def handle(self, *args, once=False, interval=0.5, batch=500, **options):
+    def handle(self, *args, once=False, interval=0.5, batch=500, backfill=False, **options):
         sync = JournalSync(batch=batch)
+        if backfill:
+            written = sync.backfill(progress=Progress(self.stderr.write, "backfilled"))
+            self.stdout.write(f"backfilled {written} rows from the store")
         if once:
             applied = sync.run_once()
             self.stdout.write(f"applied {applied} journal events")
