@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
+from celery_delayq import DelayQError
 from celery_delayq.contrib.django.reconcile import reconcile
 
 _SHOWN = 20  # ids of rows left alone printed
@@ -23,7 +24,10 @@ class Command(BaseCommand):
     def handle(self, *args, missing=False, include_unknown=False, **options):
         if include_unknown and not missing:
             raise CommandError("--include-unknown goes with --missing")
-        report = reconcile(missing=missing, include_unknown=include_unknown)
+        try:
+            report = reconcile(missing=missing, include_unknown=include_unknown)
+        except DelayQError as exc:  # a store down or refusing: said, not a traceback
+            raise CommandError(str(exc)) from exc
         self.stdout.write(f"pushed {len(report.pushed)} delayed tasks to Redis")
         if report.unknown:
             left = len(report.unknown)

@@ -3,8 +3,9 @@
 import contextlib
 import signal
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from celery_delayq import DelayQError
 from celery_delayq.contrib.django.sync import JournalSync
 from celery_delayq.progress import Progress
 
@@ -27,13 +28,16 @@ class Command(BaseCommand):
 
     def handle(self, *args, once=False, interval=0.5, batch=500, backfill=False, **options):
         sync = JournalSync(batch=batch)
-        if backfill:
-            written = sync.backfill(progress=Progress(self.stderr.write, "backfilled"))
-            self.stdout.write(f"backfilled {written} rows from the store")
-        if once:
-            applied = sync.run_once()
-            self.stdout.write(f"applied {applied} journal events")
-            return
+        try:
+            if backfill:
+                written = sync.backfill(progress=Progress(self.stderr.write, "backfilled"))
+                self.stdout.write(f"backfilled {written} rows from the store")
+            if once:
+                applied = sync.run_once()
+                self.stdout.write(f"applied {applied} journal events")
+                return
+        except DelayQError as exc:  # a store down or refusing: said, not a traceback
+            raise CommandError(str(exc)) from exc
         signal.signal(signal.SIGTERM, lambda *_: sync.stop())
         self.stdout.write(f"delayq_sync: following the journal every {interval:g}s; "
                           "Ctrl-C stops")
