@@ -83,9 +83,8 @@ class DeadLetters(StoreBase):
         """Give up for good every dead letter of ``task`` whose reason contains ``reason``
         (without either: every one, unreadable ones too), journaled as cancelled ``by``,
         :data:`DEAD_CHUNK` per round trip; returns how many, as ``progress`` is told."""
-        dropped = 0
+        dropped, every = 0, task is None and reason is None
         for shard, letters in self._dead_letters():
-            every = task is None and reason is None
             dropped += self._drop_call(shard, [stored for stored, raw in letters
                                                if every or _selected(raw, task, reason)], by)
             if progress is not None:
