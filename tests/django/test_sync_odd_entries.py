@@ -95,3 +95,23 @@ def test_delayq_sync_command_starts_on_a_journal_with_odd_entries(odd_journal, c
     call_command("delayq_sync", "--once")
     assert "applied" in capsys.readouterr().out
     assert len(_healthy_rows()) == 32
+
+
+def test_a_damaged_journal_key_stops_only_its_shard(shop_delayq, caplog):
+    """One shard's journal key holds a string (written by hand, or another program): the
+    other shards are mirrored, and the error names the key, once per run."""
+    for n in range(12):
+        shop_delayq.schedule(TASK, args=(n,), delay=600, job_id=f"order:{n}:close")
+    damaged = shop_delayq.store.keys.shard_for("order:0:close")
+    client = shop_delayq.store.client
+    client.delete(damaged.journal)
+    client.set(damaged.journal, "not a stream")
+    on_other_shards = {f"order:{n}:close" for n in range(12)
+                       if shop_delayq.store.keys.shard_for(f"order:{n}:close") != damaged}
+
+    with caplog.at_level(logging.ERROR, logger="celery_delayq.contrib.django.sync"):
+        JournalSync(shop_delayq).run_once()
+
+    assert set(DelayedTask.objects.values_list("job_id", flat=True)) == on_other_shards
+    [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert damaged.journal in error.getMessage() and "delayq check" in error.getMessage()

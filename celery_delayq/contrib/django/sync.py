@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+import redis
 from django.db import DatabaseError, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -64,20 +65,34 @@ class JournalSync:
 
     def run_once(self) -> int:
         """Apply every event journaled so far; returns how many entries were read
-        (skipped ones included)."""
+        (skipped ones included). A shard whose journal key holds another type of value
+        (damaged) is passed over, with an error logged: the others are mirrored."""
         total = 0
         skipped = Unreadable("delayq_sync", logger)
         try:
             for shard in self.store.keys:
-                self._note_lost_events(shard)
-                while True:
-                    applied = self._apply_batch(shard, skipped)
-                    total += applied
-                    if applied < self.batch:
-                        break
+                try:
+                    total += self._apply_shard(shard, skipped)
+                except redis.ResponseError as exc:
+                    if not str(exc).startswith("WRONGTYPE"):
+                        raise
+                    logger.error("delayq_sync: shard %d's journal %s holds another type of "
+                                 "value (%s); its events are not mirrored until it is "
+                                 "repaired: run `celery delayq check`", shard.shard,
+                                 shard.journal, exc)
         finally:
             skipped.log()
         return total
+
+    def _apply_shard(self, shard: ShardKeys, skipped: Unreadable) -> int:
+        """Apply a shard's events journaled so far, batch by batch."""
+        self._note_lost_events(shard)
+        total = 0
+        while True:
+            applied = self._apply_batch(shard, skipped)
+            total += applied
+            if applied < self.batch:
+                return total
 
     def run(self, interval: float = 0.5) -> None:
         """Apply events until :meth:`stop`, polling every ``interval`` seconds when idle."""
