@@ -34,6 +34,7 @@ from typing import Any, cast
 import redis
 
 from .decoding import first_line
+from .errors import DamagedShard
 from .held import RANGES, split_score
 from .keys import ShardKeys, unpack_id
 from .ratelimit import in_force
@@ -83,7 +84,7 @@ class _ShardCheck:
                     self._members(kind, key)
                 self._bykey()
                 self._held()
-        except redis.ResponseError as exc:  # e.g. a key of the wrong type
+        except (redis.ResponseError, DamagedShard) as exc:  # e.g. a key of the wrong type
             self.report.error = str(exc)
         return self.report
 

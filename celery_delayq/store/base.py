@@ -83,8 +83,9 @@ class StoreBase:
     @contextlib.contextmanager
     def unavailable(self) -> Iterator[None]:
         """Turn Redis network errors into :class:`StoreUnavailable` with a safe URL, a write
-        refused for memory into :class:`StoreFull`, and a refusal that needs the operator (a
-        read-only replica, a command the ACL user lacks) into an error that says what to do."""
+        refused for memory into :class:`StoreFull`, a key of the wrong type into
+        :class:`DamagedShard`, and a refusal that needs the operator (a read-only replica, a
+        command the ACL user lacks) into an error that says what to do."""
         try:
             yield
         except RedisClusterException as exc:  # not a RedisError; from the cluster client
@@ -104,6 +105,9 @@ class StoreBase:
         except redis.ResponseError as exc:
             if str(exc).startswith(_DAMAGED):
                 raise DamagedShard(str(exc)) from exc
+            if "WRONGTYPE" in str(exc):  # a plain command (a read) met a damaged key
+                raise DamagedShard(f"a key of the store holds another type of value ({exc}); "
+                                   "`celery -A proj delayq health` names it") from exc
             if moving_slot(exc):
                 raise slot_moving(exc, redact(self.config.redis_url)) from exc
             if str(exc).startswith("DB index is out of range"):

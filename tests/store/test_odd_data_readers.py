@@ -14,6 +14,7 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
+from celery_delayq.errors import DamagedShard
 from celery_delayq.metrics import CarrierMetrics, oldest_overdue_seconds
 from tests.conftest import CLUSTER, finish
 
@@ -198,3 +199,25 @@ def test_cli_ls_show_stats_and_health_run_on_odd_data(spawn, delayq, redis_clien
     for command in ("stats", "health"):
         code, output = run(command)
         assert code == 0 and "Traceback" not in output, output
+
+
+@pytest.mark.parametrize("call", [
+    lambda dq: dq.get("order:1"), lambda dq: dq.store.dead(), lambda dq: dq.store.replay("x"),
+    lambda dq: dq.store.drop("x", by="ops"), lambda dq: dq.store.replay_dead()],
+    ids=["get", "dead", "replay", "drop", "replay_dead"])
+def test_a_read_meeting_a_key_of_the_wrong_type_raises_damaged_shard(delayq, redis_client,
+                                                                     call):
+    """Plain reads (not the scripts, which check first) met WRONGTYPE as a bare Redis error:
+    a traceback in the CLI, a server error in the admin."""
+    redis_client.set(delayq.store.keys.shard(0).dead, "not a hash")
+    with pytest.raises(DamagedShard, match="another type of value"):
+        call(delayq)
+
+
+def test_cli_says_a_damaged_key_instead_of_a_traceback(spawn, delayq, redis_client):
+    redis_client.set(delayq.store.keys.shard(0).dead, "not a hash")
+    process = spawn("delayq", "ls", "--dead")
+    output = finish(process)
+    assert process.returncode == 1 and "Traceback" not in output, output
+    assert "error: a key of the store holds another type of value" in output
+    assert "delayq health` names it" in output

@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-import redis
 from django.db import DatabaseError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from celery_delayq import DelayQ, DelayQError
+from celery_delayq.errors import DamagedShard
 from celery_delayq.events import Event
 from celery_delayq.job import Job
 from celery_delayq.keys import ShardKeys
@@ -73,13 +73,10 @@ class JournalSync:
             for shard in self.store.keys:
                 try:
                     total += self._apply_shard(shard, skipped)
-                except redis.ResponseError as exc:
-                    if not str(exc).startswith("WRONGTYPE"):
-                        raise
-                    logger.error("delayq_sync: shard %d's journal %s holds another type of "
-                                 "value (%s); its events are not mirrored until it is "
-                                 "repaired: run `celery delayq check`", shard.shard,
-                                 shard.journal, exc)
+                except DamagedShard as exc:
+                    logger.error("delayq_sync: shard %d's journal %s cannot be read, its "
+                                 "events are not mirrored until it is repaired: %s",
+                                 shard.shard, shard.journal, exc)
         finally:
             skipped.log()
         return total
