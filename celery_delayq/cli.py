@@ -209,3 +209,8 @@ def export(ctx: click.Context, to: str, since: str | None, fmt: str) -> None:
                     "some events are missing. Export more often or raise "
                     "delayq_journal_maxlen.", fg="yellow", err=True)
     click.echo(f"exported {result.events} events in {len(result.files)} files to {to}")
+    for shard, why in result.damaged.items():
+        click.secho(f"error: shard {shard}'s journal cannot be read, nothing of it exported: "
+                    f"{why}", fg="red", err=True)
+    if result.damaged:
+        sys.exit(1)

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigurationError, InvalidOption
+from .errors import ConfigurationError, DamagedShard, InvalidOption
 from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
 from .store import Store
 
@@ -57,6 +57,8 @@ class ExportResult:
     trimmed: list[int] = field(default_factory=list)
     #: Entries skipped or written with a field that could not be read (see the module doc).
     unreadable: int = 0
+    #: Shards whose journal could not be read (a damaged key: DamagedShard's message).
+    damaged: dict[int, str] = field(default_factory=dict)
     #: The snapshot of the backlog taken as the export began.
     backlog: Path | None = None
 
@@ -88,24 +90,29 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
                            shard.shard, printable(last))
             last = None
         result.per_shard[shard.shard] = 0
-        end_id = store.journal_end(shard)
-        if end_id is None:
-            continue
-        lower = start or (f"({last}" if last else "-")
-        if start is None and last and store.journal_lost_after(shard, last) is not None:
-            result.trimmed.append(shard.shard)
-        while True:
-            entries = store.journal_entries(shard, lower, end_id, batch)
-            if not entries:
-                break
-            result.files += _write(root, shard.shard, entries, fmt, skipped)
-            result.events += len(entries)
-            result.per_shard[shard.shard] += len(entries)
-            last_id = entries[-1][0]
-            store.save_export_position(shard, last_id)
-            if last_id == end_id:
-                break
-            lower = f"({last_id}"
+        try:
+            end_id = store.journal_end(shard)
+            if end_id is None:
+                continue
+            lower = start or (f"({last}" if last else "-")
+            if start is None and last and store.journal_lost_after(shard, last) is not None:
+                result.trimmed.append(shard.shard)
+            while True:
+                entries = store.journal_entries(shard, lower, end_id, batch)
+                if not entries:
+                    break
+                result.files += _write(root, shard.shard, entries, fmt, skipped)
+                result.events += len(entries)
+                result.per_shard[shard.shard] += len(entries)
+                last_id = entries[-1][0]
+                store.save_export_position(shard, last_id)
+                if last_id == end_id:
+                    break
+                lower = f"({last_id}"
+        except DamagedShard as exc:  # the other shards are exported
+            logger.error("delayq export: shard %d's journal cannot be read: %s",
+                         shard.shard, exc)
+            result.damaged[shard.shard] = str(exc)
     skipped.log()
     result.unreadable = skipped.count
     return result

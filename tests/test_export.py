@@ -120,3 +120,20 @@ def test_celery_delayq_export_command_writes_files_and_says_how_many(delayq, spa
     assert process.returncode == 0, out
     assert "exported 4 events" in out
     assert len(_jsonl(out_dir)) == 4
+
+
+def test_a_damaged_journal_key_stops_only_its_shards_export(delayq, spawn, tmp_path):
+    delayq.schedule_many("tests.proj.record", [{"job_id": f"d{n}", "delay": 60}
+                                               for n in range(20)])
+    damaged = delayq.store.keys.shard_for("d0")
+    delayq.store.client.delete(damaged.journal)
+    delayq.store.client.set(damaged.journal, "not a stream")
+    elsewhere = sum(1 for n in range(20) if delayq.store.keys.shard_for(f"d{n}") != damaged)
+
+    result = export_journal(delayq.store, tmp_path / "api", fmt="jsonl")
+    assert result.events == elsewhere and list(result.damaged) == [damaged.shard]
+
+    process = spawn("delayq", "export", "--to", str(tmp_path / "cli"), "--format", "jsonl")
+    out = finish(process, timeout=60)
+    assert process.returncode == 1 and "Traceback" not in out, out
+    assert f"shard {damaged.shard}'s journal cannot be read" in out and "exported 0" in out
