@@ -65,9 +65,12 @@ def test_running_sync_mirrors_new_tasks_within_a_second(shop_delayq):
         thread.join(5)
 
 
+@pytest.mark.parametrize("use_tz", [True, False], ids=["USE_TZ", "naive local times"])
 def test_sync_follows_a_task_through_promotion_to_success(
-        shop_delayq, shop_worker, shop_carrier, sync):
+        shop_delayq, shop_worker, shop_carrier, sync, settings, use_tz):
     from shop.tasks import close_unpaid_order
+
+    settings.USE_TZ, settings.TIME_ZONE = use_tz, "UTC" if use_tz else "Asia/Kolkata"
 
     close_unpaid_order.apply_delayed(args=(404,), delay=0.1, job_id="order:404:close")
     wait_for(lambda: sync.run_once() >= 0 and DelayedTask.objects.filter(

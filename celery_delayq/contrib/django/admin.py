@@ -28,6 +28,7 @@ from .chart import pending_chart
 from .models import DelayedTask, State
 from .runtime import delayq as project_delayq
 from .runtime import key_models, resume_command
+from .times import from_db
 
 logger = logging.getLogger("celery_delayq.contrib.django.admin")
 
@@ -62,15 +63,15 @@ class RescheduleForm(forms.Form):
             raise forms.ValidationError("Give either a delay or a date and time, not both.")
         if at is not None and at <= timezone.now():
             raise forms.ValidationError(
-                f"{timezone.localtime(at):%Y-%m-%d %H:%M} has passed; give a later time, or "
-                "use “Run selected delayed tasks now”.")
+                f"{timezone.localtime(from_db(at)):%Y-%m-%d %H:%M} has passed; give a later "
+                "time, or use “Run selected delayed tasks now”.")
         return data
 
     def due(self) -> datetime:
         """One due time for every selected task: a delay counts from when the form is applied."""
         if self.cleaned_data.get("due_at") is not None:
-            return self.cleaned_data["due_at"]
-        return timezone.now() + timedelta(minutes=self.cleaned_data["delay_minutes"])
+            return from_db(self.cleaned_data["due_at"])  # naive without USE_TZ
+        return from_db(timezone.now()) + timedelta(minutes=self.cleaned_data["delay_minutes"])
 
 
 @admin.register(DelayedTask)
@@ -340,7 +341,7 @@ def _level(done: bool, message: str) -> int:
 
 def when(moment: datetime) -> str:
     """A date and time as every delayq admin page writes it: local, with the time zone."""
-    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M:%S %Z}"
+    return f"{timezone.localtime(from_db(moment)):%Y-%m-%d %H:%M:%S %Z}"
 
 
 def _relative_due(row) -> str:

@@ -20,6 +20,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from .models import State
+from .times import from_db, to_db
 
 #: Okabe-Ito colours (distinguishable with colour-blindness), then grey for "other tasks".
 COLOURS = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00")
@@ -72,17 +73,17 @@ def pending_per_hour(queryset: QuerySet, *, now: datetime | None = None, hours: 
     One ``GROUP BY`` query; ``tz`` defaults to the current (the user's) time zone.
     """
     tz = tz or timezone.get_current_timezone()
-    now = now or timezone.now()
+    now = now or from_db(timezone.now())
     end = now + timedelta(hours=hours)
     buckets = hour_buckets(now, end, tz)
     index = {_wall(hour): i for i, hour in enumerate(buckets)}
-    counts = (queryset.filter(state=State.SCHEDULED, due__gte=now, due__lt=end)
+    counts = (queryset.filter(state=State.SCHEDULED, due__gte=to_db(now), due__lt=to_db(end))
               .annotate(hour=TruncHour("due", tzinfo=tz)).order_by()
               .values("hour", "task").annotate(n=Count("pk"))
               .values_list("hour", "task", "n"))
     series: dict[str, list[int]] = {}
     for hour, task, n in counts:
-        i = index.get(_wall(timezone.localtime(hour, tz)))
+        i = index.get(_wall(timezone.localtime(from_db(hour), tz)))
         if i is not None:
             series.setdefault(task, [0] * len(buckets))[i] += n
     return PendingHours(buckets, series, str(tz))

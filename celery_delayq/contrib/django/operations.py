@@ -18,6 +18,7 @@ from celery_delayq.store import CancelOutcome
 from .models import DelayedTask, State
 from .runtime import delayq as project_delayq
 from .runtime import resume_command
+from .times import to_db
 
 _NOT_PENDING = {
     State.PROMOTED: "too late: already promoted",
@@ -64,7 +65,7 @@ def _retime(row: DelayedTask, **due) -> tuple[bool, str]:
     new_due = project_delayq().reschedule(row.job_id, key=row.key or None, **due)
     if new_due is None:
         return False, _GONE
-    DelayedTask.objects.filter(pk=row.pk).update(due=new_due)
+    DelayedTask.objects.filter(pk=row.pk).update(due=to_db(new_due))
     if due.get("delay") == 0:
         return True, "due now"
     return True, f"due {timezone.localtime(new_due):%Y-%m-%d %H:%M:%S}"

@@ -7,11 +7,11 @@ from typing import NamedTuple
 from django.db.models import Max
 
 from celery_delayq import DelayQ
-from celery_delayq.reading import datetime_of_ms
 
 from .models import DelayedTask, JournalCursor
 from .runtime import delayq as project_delayq
 from .sync import JournalSync
+from .times import db_time_of_ms
 from .transactional import PushReport, push_unstored
 
 _CHUNK = 500
@@ -63,7 +63,7 @@ def _not_updated_since_a_loss(delayq: DelayQ, rows: list[DelayedTask]) -> list[s
     """The rows (annotated with ``seen``, their last event's time) whose last event or
     creation comes before the journal of their shard lost events up to its cursor's
     ``lost_until``."""
-    lost = {cursor.shard: datetime_of_ms(cursor.lost_until.split("-")[0])
+    lost = {cursor.shard: db_time_of_ms(cursor.lost_until.split("-")[0])
             for cursor in JournalCursor.objects.filter(prefix=delayq.store.keys.prefix)
             .exclude(lost_until="")}
     if not lost:

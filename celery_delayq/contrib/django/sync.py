@@ -26,12 +26,13 @@ from celery_delayq.errors import DamagedShard
 from celery_delayq.events import Event
 from celery_delayq.job import Job
 from celery_delayq.keys import ShardKeys
-from celery_delayq.reading import Unreadable, datetime_of_ms, is_text
+from celery_delayq.reading import Unreadable, is_text
 from celery_delayq.stopping import StopFlag
 from celery_delayq.store.streams import id_order
 
 from .models import DelayedTask, DelayedTaskEvent, JournalCursor, State
 from .runtime import delayq as project_delayq
+from .times import db_time_of_ms, to_db
 
 logger = logging.getLogger("celery_delayq.contrib.django.sync")
 
@@ -206,7 +207,7 @@ class JournalSync:
                 row = rows.get(job.job_id)
                 if job.job_id not in envelopes or (row is not None and (
                         (row.seen or row.created_at) >= began
-                        or (row.state == State.SCHEDULED and row.due == job.due))):
+                        or (row.state == State.SCHEDULED and row.due == to_db(job.due)))):
                     continue
                 if row is None:
                     row = DelayedTask(job_id=job.job_id, task=job.task, created_at=began)
@@ -214,7 +215,7 @@ class JournalSync:
                 else:
                     changed.append(row)
                 _fill_from_envelope(row, *envelopes[job.job_id])
-                row.key, row.due, row.state = job.key or "", job.due, State.SCHEDULED
+                row.key, row.due, row.state = job.key or "", to_db(job.due), State.SCHEDULED
                 row.stored, row.store_error = True, ""
             with transaction.atomic():
                 DelayedTask.objects.bulk_create(new, ignore_conflicts=True)
@@ -328,11 +329,11 @@ def _detail(fields: dict[str, str]) -> str:
 
 
 def _at(stream_id: str) -> datetime | None:
-    return datetime_of_ms(stream_id.split("-")[0])
+    return db_time_of_ms(stream_id.split("-")[0])
 
 
 def _ms(value: str | None) -> datetime | None:
-    return None if value in (None, "") else datetime_of_ms(value)
+    return None if value in (None, "") else db_time_of_ms(value)
 
 
 def _int(value, default: int) -> int:

@@ -28,6 +28,7 @@ from celery_delayq.validation import Due
 
 from .models import DelayedTask, DelayedTaskEvent, State
 from .runtime import delayq as project_delayq
+from .times import from_db, to_db
 
 logger = logging.getLogger("celery_delayq.contrib.django")
 _connected: weakref.WeakSet[DelayQ] = weakref.WeakSet()
@@ -57,7 +58,7 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
     existing = rows.filter(job_id=call.job_id, state=State.SCHEDULED).first()
     if existing is not None and if_exists == "keep":
         return DelayedResult(existing.task_id or existing.job_id, existing.job_id,
-                             existing.due, delayq)
+                             from_db(existing.due), delayq)
     if existing is not None and if_exists == "error":
         raise JobExists(call.job_id)
     now = dj_timezone.now()
@@ -68,7 +69,7 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
         "store_error": "", "envelope": call.envelope, "scheduled_at": now,
     })
     transaction.on_commit(lambda: _submit(delayq, row.pk, call, due, if_exists), using=using)
-    return DelayedResult(call.task_id, call.job_id, eta, delayq)
+    return DelayedResult(call.task_id, call.job_id, from_db(eta), delayq)
 
 
 def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str) -> None:
@@ -84,7 +85,7 @@ def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str) -> No
         return
     changes = {"stored": True, "store_error": ""}
     if result.eta is not None:
-        changes["due"] = result.eta
+        changes["due"] = to_db(result.eta)
     rows.update(**changes)
 
 
@@ -110,7 +111,7 @@ def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
             continue
         call = Call(job_id=row.job_id, task_id=row.task_id or row.job_id, task=row.task,
                     key=row.key or None, envelope=row.envelope)
-        due_ms = round(row.due.timestamp() * 1000) if row.due else None
+        due_ms = round(from_db(row.due).timestamp() * 1000) if row.due else None
         due = Due(at_ms=due_ms, delay_ms=None) if due_ms else Due(at_ms=None, delay_ms=0)
         try:
             result = delayq.submit([(call, due)], "keep")[0]
@@ -119,7 +120,7 @@ def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
             DelayedTask.objects.filter(pk=row.pk).update(store_error=str(exc))
             continue
         DelayedTask.objects.filter(pk=row.pk).update(
-            stored=True, store_error="", due=result.eta or row.due)
+            stored=True, store_error="", due=to_db(result.eta) or row.due)
         _local_event(row.pk, "pushed", "written to Redis by delayq_reconcile")
         report.pushed.append(row.job_id)
     return report
@@ -132,10 +133,11 @@ def _fields_of(envelope: str, default_queue: str) -> dict:
             "retries": int(env.get("o", {}).get("retries", 0) or 0)}
 
 
-def _estimate(due: Due, now: datetime) -> datetime:
-    """The due time by the local clock (Redis's clock decides it on commit)."""
+def _estimate(due: Due, now: datetime) -> datetime | None:
+    """The due time by the local clock (Redis's clock decides it on commit), as the
+    database holds it (``now`` too)."""
     if due.at_ms is not None:
-        return utc_of_ms(due.at_ms)
+        return to_db(utc_of_ms(due.at_ms))
     return now + timedelta(milliseconds=due.delay_ms or 0)
 
 

@@ -1,0 +1,116 @@
+"""A project with ``USE_TZ = False`` (naive local datetimes in its database, as Django's
+SQLite and MySQL backends require there): the mirror, the admin, transactional scheduling
+and reconcile keep every time right, in the project's ``TIME_ZONE``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.db import transaction
+from django.urls import reverse
+
+from celery_delayq.contrib.django.models import DelayedTask
+from celery_delayq.contrib.django.reconcile import reconcile
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LOCAL = ZoneInfo("Asia/Kolkata")  # +05:30: a time kept in UTC or with its zone cut off shows
+
+
+@pytest.fixture
+def naive_project(settings):
+    settings.USE_TZ = False
+    settings.TIME_ZONE = "Asia/Kolkata"
+    return settings
+
+
+def _in_an_hour() -> datetime:
+    return (datetime.now(timezone.utc) + timedelta(hours=1)).replace(microsecond=0)
+
+
+def _local(at: datetime) -> datetime:
+    """``at`` as a USE_TZ=False database holds it: naive, in the project's time zone."""
+    return at.astimezone(LOCAL).replace(tzinfo=None)
+
+
+def test_sync_mirrors_due_and_event_times_as_naive_local_times(naive_project, shop_delayq,
+                                                               sync):
+    eta = _in_an_hour()
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), eta=eta,
+                         key="order:1", job_id="order:1:close")
+    assert sync.run_once() == 1
+    row = DelayedTask.objects.get(job_id="order:1:close")
+    assert row.due == _local(eta)
+    assert abs(row.scheduled_at - _local(datetime.now(timezone.utc))) < timedelta(seconds=5)
+    assert row.events.get().due == _local(eta)
+
+
+def test_backfill_writes_the_due_time_as_a_naive_local_time(naive_project, shop_delayq,
+                                                            sync):
+    eta = _in_an_hour()
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(2,), eta=eta,
+                         job_id="order:2:close")
+    assert sync.backfill() == 1
+    assert DelayedTask.objects.get(job_id="order:2:close").due == _local(eta)
+    assert sync.backfill() == 0, "a row with the store's due time is left as it is"
+
+
+def test_a_call_inside_a_transaction_is_stored_on_commit_at_its_due_time(
+        naive_project, shop_delayq):
+    from shop.tasks import close_unpaid_order
+
+    eta = _in_an_hour()
+    with transaction.atomic():
+        result = close_unpaid_order.apply_delayed(args=(3,), eta=eta, job_id="order:3:close")
+        assert DelayedTask.objects.get(job_id="order:3:close").due == _local(eta)
+    assert result.eta == eta
+    assert shop_delayq.get("order:3:close").due == eta
+    row = DelayedTask.objects.get(job_id="order:3:close")
+    assert (row.stored, row.due) == (True, _local(eta))
+    with transaction.atomic():  # kept: the existing row answers
+        again = close_unpaid_order.apply_delayed(args=(3,), delay=60, job_id="order:3:close")
+    assert again.eta == eta
+
+
+def test_reconcile_missing_rewrites_a_lost_job_at_its_due_time(naive_project, shop_delayq,
+                                                               shop_redis, sync):
+    eta = _in_an_hour()
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(4,), eta=eta,
+                         job_id="order:4:close")
+    sync.run_once()
+    shop_redis.delete(*shop_redis.keys(f"{shop_delayq.store.keys.prefix}:*"))  # data lost
+
+    assert reconcile(shop_delayq, missing=True).pushed == ["order:4:close"]
+    assert shop_delayq.get("order:4:close").due == eta
+    assert DelayedTask.objects.get(job_id="order:4:close").due == _local(eta)
+
+
+def test_admin_pages_show_local_times_and_reschedule_to_a_local_time(
+        naive_project, admin_client, shop_delayq, sync):
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(5,), eta=_in_an_hour(),
+                         key="order:5", job_id="order:5:close")
+    sync.run_once()
+    row = DelayedTask.objects.get(job_id="order:5:close")
+    listing = admin_client.get(reverse("admin:delayq_delayedtask_changelist"))
+    html = listing.content.decode().replace("\xa0", " ")
+    assert "in 59 minutes" in html
+    chart = listing.context["delayq_chart"]
+    assert chart.total == 1 and chart.rows[0][0] == f"{row.due:%a %H}:00"  # its local hour
+    detail = admin_client.get(reverse("admin:delayq_delayedtask_change", args=[row.pk]))
+    assert f"{row.due:%Y-%m-%d %H:%M:%S} IST" in detail.content.decode()
+
+    tomorrow = _local(datetime.now(timezone.utc) + timedelta(days=1)).replace(
+        second=0, microsecond=0)
+    done = admin_client.post(reverse("admin:delayq_delayedtask_changelist"), {
+        "action": "reschedule_tasks", "_selected_action": [row.pk], "apply": "Reschedule",
+        "due_at": f"{tomorrow:%Y-%m-%d %H:%M}"}, follow=True)
+    assert [str(m) for m in done.context["messages"]] == [
+        f"due {tomorrow:%Y-%m-%d %H:%M:%S}: 1 task (order:5:close)"]
+    assert shop_delayq.get("order:5:close").due == tomorrow.replace(tzinfo=LOCAL)
+    assert DelayedTask.objects.get(pk=row.pk).due == tomorrow
+
+    ran = admin_client.post(reverse("admin:delayq_delayedtask_changelist"), {
+        "action": "run_now", "_selected_action": [row.pk]}, follow=True)
+    assert ran.status_code == 200
+    assert DelayedTask.objects.get(pk=row.pk).due <= _local(datetime.now(timezone.utc))
