@@ -272,8 +272,21 @@ def _current() -> HttpCallbackTask:
     return app.tasks[TASK_NAME]
 
 
+class _CurrentTask(Proxy):
+    """A proxy that only using needs a current app with a ``DelayQ``: without one,
+    introspection (``isinstance``, gc walkers such as gevent's monkey-patching, which asks
+    every object its class) sees the proxy itself, as werkzeug's unbound LocalProxy does."""
+
+    @property  # type: ignore[misc]  # read-only here: it answers, never is set
+    def __class__(self) -> type:
+        try:
+            return self._get_class()
+        except DelayQError:
+            return type(self)
+
+
 #: The current app's ``celery_delayq.http_callback`` (it must have a ``DelayQ``).
-http_callback: HttpCallbackTask = Proxy(_current)
+http_callback: HttpCallbackTask = _CurrentTask(_current)
 
 
 def _http_callback(self, url: str, json: Any = None, headers: Mapping[str, str] | None = None,

@@ -2,8 +2,10 @@
 
 Installed with celery-delayq (entry point ``pytest11``), so pytest loads it in every run of
 every project: it does nothing until a test asks for one of its fixtures (no autouse fixture,
-no hook that touches an app or creates a ``DelayQ``). It offers the ``delayq`` fixture, a
-:class:`DelayQTester` over a real Redis and a test clock::
+no hook that touches an app or creates a ``DelayQ``), and imports nothing but pytest until
+then (a project's ``conftest.py`` may have to run before Celery, Redis or ``ssl`` are
+imported: gevent's monkey-patching). It offers the ``delayq`` fixture, a
+:class:`~celery_delayq.testing.tester.DelayQTester` over a real Redis and a test clock::
 
     def test_unpaid_order_closes_after_30_minutes(delayq):
         order = place_order()                      # schedules close_order in 30 min
@@ -21,36 +23,17 @@ prefix of its own on it, deleted afterwards. See ``docs/testing.md``.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
-from celery import Celery
-from celery.app.trace import build_tracer
-from celery.utils.imports import symbol_by_name
-from kombu.utils.json import loads
 
-from .. import journal
-from ..errors import DelayQError
-from ..events import Event
-from ..extension import DelayQ
-from ..job import Job
-from ..message import Message
-from ..publisher import Publisher
-from ..reading import utc_of_ms
-from ..store import Promoted
-from ..validation import Due
-from .redis_server import RedisServer
+if TYPE_CHECKING:  # imported by the fixtures that need them, when a test asks for one
+    from celery import Celery
+
+    from .tester import DelayQTester
 
 ENV_REDIS_URL = "DELAYQ_PYTEST_REDIS_URL"
-#: Most tasks one ``advance`` runs before it decides a task keeps rescheduling itself.
-MAX_RUNS = 10_000
-_OVERRIDDEN = ("redis_url", "prefix")
-_LEASE_MS = 60_000
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -67,6 +50,8 @@ def delayq_redis_url(pytestconfig: pytest.Config) -> Iterator[str]:
     if url:
         yield url
         return
+    from .redis_server import RedisServer
+
     with RedisServer() as server:
         yield server.url
 
@@ -74,6 +59,9 @@ def delayq_redis_url(pytestconfig: pytest.Config) -> Iterator[str]:
 @pytest.fixture
 def delayq_app(pytestconfig: pytest.Config) -> Celery:
     """The Celery app under test: override this fixture, or set the ``delayq_app`` ini option."""
+    from celery import Celery
+    from celery.utils.imports import symbol_by_name
+
     spec = pytestconfig.getini("delayq_app")
     if not spec:
         raise pytest.UsageError(
@@ -89,205 +77,9 @@ def delayq_app(pytestconfig: pytest.Config) -> Celery:
 @pytest.fixture
 def delayq(delayq_app: Celery, delayq_redis_url: str) -> Iterator[DelayQTester]:
     """The app's delay store on a test Redis, with a test clock; see :class:`DelayQTester`."""
+    from .tester import DelayQTester
+
     with DelayQTester(delayq_app, delayq_redis_url) as tester:
         yield tester
 
 
-@dataclass(frozen=True)
-class Run:
-    """One delayed task that ``advance``/``run_due`` ran."""
-
-    job_id: str
-    task: str
-    args: list
-    kwargs: dict
-    key: str | None
-    due: datetime
-    state: str  # SUCCESS, FAILURE, RETRY, IGNORED, REJECTED
-    result: Any  # the return value, or the exception
-
-
-class DelayQTester:
-    """A Celery app's DelayQ pointed at a test Redis, and a clock the test moves.
-
-    Delays given while it is active (``apply_delayed(delay=...)``, ``countdown=``,
-    ``self.retry(countdown=...)``) count from the test clock, :meth:`now`. Absolute
-    ``eta=`` times and ``DelayQ.reschedule`` keep the real clock.
-    """
-
-    def __init__(self, app: Celery, redis_url: str) -> None:
-        self.app = app
-        self.redis_url = redis_url
-        self.prefix = f"delayq-test-{uuid.uuid4().hex[:12]}"
-        self.runs: list[Run] = []
-        self._offset_ms = 0
-        self._saved: dict[str, Any] = {}
-
-    # -- lifecycle ---------------------------------------------------------------------
-
-    def __enter__(self) -> DelayQTester:
-        conf = self.app.conf
-        for name in _OVERRIDDEN:
-            self._saved[name] = conf.get(f"delayq_{name}")
-        conf.update(delayq_redis_url=self.redis_url, delayq_prefix=self.prefix)
-        self.delayq = DelayQ.of(self.app)
-        _reload(self.delayq)
-        self.delayq.set_clock(self._on_test_clock)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.delayq.set_clock(None)
-        journal.flush()  # outcomes of tasks run here, written before their keys are deleted
-        try:
-            client = self.delayq.store.client
-            stale = list(client.scan_iter(f"{self.prefix}:*"))
-            if stale:
-                client.delete(*stale)
-        finally:
-            self.app.conf.update({f"delayq_{n}": v for n, v in self._saved.items()})
-            _reload(self.delayq)
-
-    # -- looking -----------------------------------------------------------------------
-
-    def now(self) -> datetime:
-        """The test clock: Redis's time plus everything advanced so far."""
-        return utc_of_ms(self._now_ms())
-
-    def _on_test_clock(self, due: Due) -> Due:
-        """A relative delay counts from the test clock (once it was moved)."""
-        if self._offset_ms == 0 or due.delay_ms is None:
-            return due  # the store's own clock is the test clock
-        return Due(at_ms=self._now_ms() + due.delay_ms, delay_ms=None)
-
-    def pending(self, task: str | None = None, key: str | None = None) -> list[Job]:
-        """Pending jobs in due order, optionally of one task and/or business key."""
-        return self.delayq.pending(task=task, key=key, limit=1_000_000)
-
-    def get(self, job_id: str) -> Job | None:
-        return self.delayq.get(job_id)
-
-    def cancelled(self, task: str | None = None) -> list[str]:
-        """Ids of the jobs cancelled during this test, oldest first (read from the journal)."""
-        if self.delayq.config.journal_maxlen <= 0:
-            raise DelayQError("delayq.cancelled() reads the journal, which "
-                              "delayq_journal_maxlen=0 turns off")
-        entries = []
-        store = self.delayq.store
-        for shard in store.keys:
-            entries.extend(store.read_journal(shard))
-        entries.sort(key=lambda entry: tuple(int(p) for p in entry[0].split("-")))
-        return [fields["job"] for _, fields in entries if fields.get("event") == Event.CANCELLED
-                and (task is None or fields.get("task") == task)]
-
-    def dead(self) -> list[dict[str, Any]]:
-        """Dead-lettered jobs with their reason, newest first."""
-        return self.delayq.store.dead()
-
-    # -- moving the clock --------------------------------------------------------------
-
-    def advance(self, delta: timedelta | float | None = None, *, days: float = 0,
-                hours: float = 0, minutes: float = 0, seconds: float = 0,
-                propagate: bool = True) -> list[Run]:
-        """Move the test clock forward and run every job due by then, in due order.
-
-        Jobs run here, in this process, as a worker would run them (``self.request``
-        carries the job id; a retry goes back to the store on the test clock). Jobs that
-        a run schedules are run too if they fall due before the new time. With
-        ``propagate`` the first task error is raised once its batch has run.
-        """
-        step = _duration(delta, days=days, hours=hours, minutes=minutes, seconds=seconds)
-        target_ms = self._now_ms() + round(step.total_seconds() * 1000)
-        ran: list[Run] = []
-        while True:
-            head = self.delayq.store.earliest()
-            if head is None or head[0] > target_ms:
-                break
-            due_ms, job_id, _ = head
-            redis_ms = self.delayq.store.now_ms()
-            self._offset_ms = max(self._offset_ms, due_ms - redis_ms)
-            batch = self._promote(job_id if due_ms > redis_ms else None)
-            ran.extend(batch)
-            self.runs.extend(batch)
-            failed = [run for run in batch if run.state == "FAILURE"]
-            if propagate and failed:
-                raise failed[0].result
-            if len(ran) > MAX_RUNS:
-                raise DelayQError(f"advance ran more than {MAX_RUNS} tasks; does a task keep "
-                                  "scheduling itself with a short delay?")
-        self._offset_ms = max(self._offset_ms, target_ms - self.delayq.store.now_ms())
-        return ran
-
-    def run_due(self, propagate: bool = True) -> list[Run]:
-        """Run every job due now on the test clock (``advance`` by nothing)."""
-        return self.advance(0, propagate=propagate)
-
-    # -- internals ---------------------------------------------------------------------
-
-    @cached_property
-    def _publisher(self) -> Publisher:
-        """The carrier's publish step, built on first promotion, once the test has
-        configured the app; its messages are run here instead of published."""
-        return Publisher(self.app, self.delayq.store, batch=self.delayq.config.claim_batch)
-
-    def _now_ms(self) -> int:
-        return self.delayq.store.now_ms() + self._offset_ms
-
-    def _promote(self, job_id: str | None) -> list[Run]:
-        """Make ``job_id`` (if given) due on Redis's clock; claim, ack and run what is due."""
-        store = self.delayq.store
-        if job_id is not None:  # journaled as rescheduled: the test clock pulled it in
-            store.reschedule(job_id, Due(at_ms=None, delay_ms=0))
-        claims = store.claim(list(store.keys), store.config.claim_batch, _LEASE_MS)
-        for claim in claims:
-            if claim.error:
-                raise claim.error
-        taken = self._publisher.take(claims, send=lambda message: None)
-        store.ack(taken.acks)  # promoted, as the carrier would before a worker runs them
-        jobs = sorted(taken.sent, key=lambda item: item[0].due_ms)
-        return [self._run(job, message) for job, message in jobs]
-
-    def _run(self, job: Promoted, message: Message) -> Run:
-        """Run one promoted job in this process, as a worker runs the published message."""
-        try:
-            task = self.app.tasks[message.task]
-        except KeyError:
-            raise DelayQError(f"delayed job {job.job_id} calls {message.task!r}, which is not "
-                              f"registered on {self.app.main or 'the app'}; import the module "
-                              "that defines it") from None
-        args, kwargs, embed = loads(message.body)
-        request = {
-            **message.headers, **(embed or {}), "is_eager": False,
-            "hostname": "delayq-pytest", "delivery_info": {
-                "exchange": message.exchange, "routing_key": message.routing_key,
-                "priority": message.properties.get("priority"), "redelivered": False},
-        }
-        tracer = build_tracer(task.name, task, eager=True, propagate=False, app=self.app)
-        retval, info, _, _ = tracer(message.headers["id"], args, kwargs, request)
-        state, result = "SUCCESS", retval
-        if info is not None:
-            state, result = info.state, info.retval
-        return Run(job.job_id, message.task, args, kwargs, message.key,
-                   utc_of_ms(job.due_ms), state, result)
-
-
-def _reload(delayq: DelayQ) -> None:
-    """Forget the DelayQ's settings and store so the next use reads ``app.conf`` again."""
-    store = delayq.__dict__.pop("store", None)
-    if store is not None:
-        store.close()
-    delayq.__dict__.pop("config", None)
-
-
-def _duration(delta: timedelta | float | None, **parts: float) -> timedelta:
-    if isinstance(delta, timedelta):
-        step = delta
-    elif delta is None:
-        step = timedelta()
-    elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
-        step = timedelta(seconds=delta)
-    else:
-        raise TypeError(f"advance() takes a timedelta or seconds, got {delta!r}")
-    step += timedelta(**parts)
-    if step < timedelta():
-        raise ValueError("the test clock only moves forward; advance() by a positive time")
-    return step

@@ -77,3 +77,55 @@ def test_the_celery_command_entry_point_imports_no_metrics_library():
     # prometheus_client builds its global registry on import, and its multiprocess mode
     # reads PROMETHEUS_MULTIPROC_DIR then: a user's worker must import it first, if at all.
     assert not probe("celery_delayq.cli")["prometheus"]
+
+
+def _run(code: str, cwd: str | None = None, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *(["-c", code] if code else []), *args],
+                          capture_output=True, text=True, timeout=120, env=plain_environ(),
+                          cwd=cwd)
+
+
+def test_loading_the_pytest_plugin_imports_nothing_but_the_package():
+    # pytest loads it first thing in every project, before that project's conftest.py,
+    # which may need to run before ssl, threading users or Celery are imported (gevent).
+    out = _run(textwrap.dedent('''
+        import json, sys
+        import pytest
+        before = set(sys.modules)
+        import celery_delayq.testing.pytest_plugin
+        print(json.dumps(sorted({m.split(".")[0] for m in set(sys.modules) - before})))
+    '''))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == ["celery_delayq"]
+
+
+def test_a_project_that_monkey_patches_with_gevent_in_its_conftest_still_runs(tmp_path):
+    pytest.importorskip("gevent", reason="pip install gevent (in the test extra) to run it")
+    (tmp_path / "conftest.py").write_text("from gevent import monkey\nmonkey.patch_all()\n")
+    (tmp_path / "test_patched.py").write_text(
+        "import socket\n\ndef test_sockets_are_gevents():\n"
+        "    assert socket.socket.__module__.startswith('gevent')\n")
+    out = _run("", str(tmp_path), "-m", "pytest", "-p", "no:cacheprovider",
+               "-W", "error::gevent.monkey.MonkeyPatchWarning")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed" in out.stdout
+
+
+def test_introspecting_the_module_level_http_callback_without_a_delayq_raises_nothing():
+    # gc walkers (gevent's monkey-patching, objgraph, debuggers) ask every object its
+    # __class__; only using the task needs an app with a DelayQ.
+    out = _run(textwrap.dedent('''
+        import json
+        from celery_delayq import DelayQError, http
+        seen = isinstance(http.http_callback, http.HttpCallbackTask)
+        try:
+            http.http_callback.name
+        except DelayQError as exc:
+            used = str(exc)
+        print(json.dumps([seen, used]))
+    '''))
+    assert out.returncode == 0, out.stderr
+    seen, used = json.loads(out.stdout)
+    assert seen is False
+    assert used.startswith("celery_delayq.http_callback is registered only on apps that use "
+                           "celery-delayq; call DelayQ(app)")

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from shop.models import Order, Refund
 
-from celery_delayq.testing.pytest_plugin import DelayQTester
+from celery_delayq.testing.tester import DelayQTester
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit writes must really commit
 REFUND_CHECK = "shop.tasks.check_refund_status"

@@ -7,7 +7,7 @@ import pytest
 from shop import services
 from shop.models import Order, Refund
 
-from celery_delayq.testing.pytest_plugin import DelayQTester
+from celery_delayq.testing.tester import DelayQTester
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit writes must really commit
 
