@@ -185,6 +185,7 @@ class DelayQ(Holding):
         call = shared.call(args, kwargs, job_id=job_id, key=key,
                            max_payload_bytes=config.max_payload_bytes,
                            max_nesting=config.max_nesting)
+        validation.arguments(task_type, args, kwargs)  # once they are known to be JSON
         if call.key is not None and call.key != key:  # carried over from a retried task
             validation.identifier(call.key, "key", config.max_id_length)
         return call, due

@@ -85,6 +85,15 @@ def identifier(value: object, what: str, max_length: int) -> str:
     return value
 
 
+def arguments(task: Any, args: Any, kwargs: Any) -> None:
+    """Refuse arguments ``task``'s function cannot take, as ``apply_async`` does for a task
+    with ``typing`` on: Celery's own ``TypeError`` from the task's signature. Tasks without
+    one (class-based) are not checked, as in Celery."""
+    header = getattr(task, "__header__", None) if getattr(task, "typing", False) else None
+    if header is not None:
+        header(*(args or ()), **(kwargs or {}))
+
+
 def if_exists(value: str) -> str:
     if value not in IF_EXISTS:
         raise InvalidOption(f"if_exists must be one of {', '.join(IF_EXISTS)}; got {value!r}")

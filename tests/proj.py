@@ -80,6 +80,12 @@ def plain(self, label):
 
 
 @app.task(base=DelayedTask, bind=True)
+def anything(self, *args, **kwargs):
+    """Take any arguments (for tests of what the store keeps of them); return them."""
+    return [list(args), kwargs]
+
+
+@app.task(base=DelayedTask, bind=True)
 def request_of(self, *headers):
     """What the task sees of its request: ``eta`` (ISO text or None) and the named headers."""
     return {"eta": self.request.eta, **{name: self.request.get(name) for name in headers}}

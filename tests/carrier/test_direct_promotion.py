@@ -57,7 +57,7 @@ def test_direct_message_is_the_message_kombu_publishes(proj, app, redis_client, 
                                                          options):
     messages = []
     for direct in (False, True):
-        proj.record.apply_delayed(args=args, kwargs=kwargs, eta=DUE, queue=PARKED,
+        proj.anything.apply_delayed(args=args, kwargs=kwargs, eta=DUE, queue=PARKED,
                                   **{"job_id": "same", "task_id": "same", **options})
         promote_once(app, direct=direct)
         messages.append(parked(redis_client)[-1])
@@ -82,7 +82,7 @@ def test_direct_message_carries_the_eta_kombu_would_to_the_millisecond(proj, app
                                                                        redis_client, due):
     etas = []
     for direct in (False, True):
-        proj.record.apply_delayed(eta=due, queue=PARKED, job_id="same")
+        proj.anything.apply_delayed(eta=due, queue=PARKED, job_id="same")
         promote_once(app, direct=direct)
         etas.append(parked(redis_client)[-1]["headers"]["eta"])
     assert etas[0] == etas[1] == due.isoformat(timespec="milliseconds")

@@ -93,7 +93,7 @@ def test_negative_countdown_runs_now_as_in_celery(proj, delayq):
     (nested(63),),  # with the args list itself: 64 levels, the limit
     ("emoji \U0001f600 make surrogate pairs in JSON",),
     ("a backslash then ud800: \\ud800",),
-    (1e308, -1e308, 0.1),
+    ([1e308, -1e308, 0.1],),
 ], ids=["nesting-at-the-limit", "surrogate-pair", "escaped-backslash", "large-floats"])
 def test_data_a_carrier_can_read_is_accepted_as_it_was_given(proj, delayq, redis_client, args):
     result = proj.record.apply_delayed(args=args, delay=60)
@@ -105,3 +105,39 @@ def test_max_delay_past_a_hundred_years_is_refused_when_configured():
     app.conf.delayq_max_delay = 1e12  # due times past year 9999: no reader could show them
     with pytest.raises(ConfigurationError, match=r"at most .* \(100 years\)"):
         DelayQConfig.from_app(app)
+
+
+SCHEDULES = {
+    "apply_delayed": lambda task, args, kwargs: task.apply_delayed(args, kwargs, delay=60),
+    "apply_async countdown": lambda task, args, kwargs: task.apply_async(args, kwargs,
+                                                                         countdown=3600),
+    "apply_delayed_many": lambda task, args, kwargs: task.apply_delayed_many(
+        [{"args": args, "kwargs": kwargs, "delay": 60}]),
+}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
+@pytest.mark.parametrize(("args", "kwargs"), [(("x", 2), {}), ((), {"lable": "x"}), ((), {})],
+                         ids=["one-too-many", "misspelt-keyword", "missing"])
+def test_arguments_the_task_cannot_take_are_refused_as_apply_async_refuses_them(
+        proj, redis_client, schedule, args, kwargs):
+    with pytest.raises(TypeError) as native:
+        proj.record.apply_async(args, kwargs)  # Celery's own check (task typing=True)
+    with pytest.raises(TypeError) as delayed:
+        schedule(proj.record, args, kwargs)
+    assert str(delayed.value) == str(native.value)
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
+
+
+def test_a_task_with_typing_off_takes_any_arguments_as_in_celery(redis_server):
+    from celery_delayq import DelayedTask, DelayQ
+
+    app = Celery("untyped", broker=f"{redis_server.url}/0", set_as_current=False)
+    app.conf.delayq_prefix = "untyped"
+
+    @app.task(base=DelayedTask, typing=False, name="untyped.takes_one")
+    def takes_one(label):
+        return label
+
+    result = takes_one.apply_delayed(("x", "y"), delay=60)
+    assert DelayQ.of(app).cancel(result.job_id) is True

@@ -22,11 +22,11 @@ def test_relative_delay_is_counted_from_redis_time(proj, redis_client):
 
 
 def test_get_returns_the_pending_job(proj, delayq):
-    result = proj.record.apply_delayed(args=("x",), kwargs={"y": 1}, delay=60,
-                                       key="order:1", job_id="order:1:close")
+    result = proj.anything.apply_delayed(args=("x",), kwargs={"y": 1}, delay=60,
+                                         key="order:1", job_id="order:1:close")
     job = delayq.get("order:1:close")
     assert (job.task, job.args, job.kwargs, job.key, job.state, job.task_id) == (
-        proj.record.name, ["x"], {"y": 1}, "order:1", "scheduled", result.id)
+        proj.anything.name, ["x"], {"y": 1}, "order:1", "scheduled", result.id)
     assert job.due == result.eta
     assert delayq.get("order:1:close", key="order:1") == job
     assert delayq.get("nope") is None

@@ -10,7 +10,7 @@ from celery_delayq.errors import InvalidOption
 @pytest.fixture
 def calls(proj):
     """Pending calls with arguments of every JSON kind."""
-    record = proj.record
+    record = proj.anything
     record.apply_delayed(args=(42,), delay=600, job_id="order:42:close", key="order:42")
     record.apply_delayed(args=(142, "42"), delay=601, job_id="order:142:close")
     record.apply_delayed(args=(True,), delay=602, job_id="flag")
