@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, router, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -160,7 +160,7 @@ class JournalSync:
             elif fields.get("job"):
                 readable.append((stream_id, fields))
         envelopes = self._envelopes(shard, readable, skipped)
-        with transaction.atomic():
+        with transaction.atomic(using=router.db_for_write(JournalCursor)):
             locked = JournalCursor.objects.select_for_update().get(pk=cursor.pk)
             if locked.last_id != cursor.last_id:  # another sync moved it meanwhile
                 return 0
@@ -217,7 +217,7 @@ class JournalSync:
                 _fill_from_envelope(row, *envelopes[job.job_id])
                 row.key, row.due, row.state = job.key or "", to_db(job.due), State.SCHEDULED
                 row.stored, row.store_error = True, ""
-            with transaction.atomic():
+            with transaction.atomic(using=router.db_for_write(DelayedTask)):
                 DelayedTask.objects.bulk_create(new, ignore_conflicts=True)
                 DelayedTask.objects.bulk_update(changed, _ROW_FIELDS)
             written += len(new) + len(changed)
