@@ -1,0 +1,28 @@
+"""``manage.py delayq_prune``: delete old finished rows of the mirror."""
+
+from datetime import timedelta
+
+from django.core.management.base import BaseCommand, CommandError
+
+from celery_delayq.contrib.django.prune import prune
+from celery_delayq.progress import Progress
+
+_LONGEST = 36_500
+
+
+class Command(BaseCommand):
+    help = ("Delete the delayed tasks that succeeded, failed or were cancelled more than "
+            "--days days ago, with their events (pending, running and dead ones stay). "
+            "Run it daily, e.g. from cron.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--days", type=float, default=30,
+                            help="keep finished tasks this many days (default 30)")
+
+    def handle(self, *args, days=30, **options):
+        if not 0 < days <= _LONGEST:
+            raise CommandError(f"--days must be a number of days above 0 and at most "
+                               f"{_LONGEST} (100 years), got {days:g}")
+        deleted = prune(timedelta(days=days), progress=Progress(self.stderr.write, "deleted"))
+        self.stdout.write(f"deleted {deleted} delayed tasks finished more than {days:g} days "
+                          "ago, with their events")
