@@ -4,7 +4,9 @@ pause / resume and the banner while anything is paused."""
 from __future__ import annotations
 
 import re
+import socket
 import sys
+import threading
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -405,6 +407,49 @@ def test_pause_and_resume_while_redis_is_down_give_an_error_message_not_a_500(
         assert error.level_tag == "error" and str(error).startswith(
             "error: nothing done, Redis could not say what is paused: Redis at")
         assert warning.level_tag == "warning"
+
+
+@pytest.fixture
+def store_hanging_up(pending, settings, monkeypatch):
+    """The project's store at an address that accepts each connection and closes it at once
+    (a Redis restarting, a proxy with no server behind it); the list of them grows by one
+    per connection accepted."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # closed at teardown
+                return
+            accepted.append(1)
+            connection.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    app = Celery("hanging", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.update(delayq_redis_url=f"redis://127.0.0.1:{listener.getsockname()[1]}/0",
+                    delayq_redis_retries=1, delayq_redis_socket_timeout=0.5)
+    monkeypatch.setattr(sys.modules[__name__], "project_app", app)
+    settings.DELAYQ_CELERY_APP = f"{__name__}:project_app"
+    yield DelayQ(app), accepted
+    listener.close()
+
+
+def test_an_action_stops_at_the_first_row_redis_is_unavailable_for(
+        admin_client, store_hanging_up):
+    delayq, accepted = store_hanging_up
+    _act(admin_client, "cancel_tasks", "order:1:close")
+    one_row, accepted[:] = len(accepted), []  # its action and the list page after it
+    response = _act(admin_client, "cancel_tasks", "order:1:close", "order:2:close",
+                    "refund:3:check:0")
+    error = response.context["messages"]._loaded_messages[0]
+    assert error.level_tag == "error" and str(error).startswith(
+        f"error: Redis at {delayq.store.config.redis_url} is unavailable")
+    assert str(error).endswith("nothing done: 3 tasks (refund:3:check:0, order:1:close, "
+                               "order:2:close)")
+    assert len(accepted) == one_row, "each row waited for Redis again"
+    assert DelayedTask.objects.filter(state="scheduled").count() == 3
 
 
 # -- what a newcomer reads -------------------------------------------------------------

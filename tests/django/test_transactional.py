@@ -98,6 +98,21 @@ def test_redis_down_at_commit_leaves_the_row_unstored_until_reconcile_pushes_it(
     assert reconcile(delayq).pushed == [], "nothing left to push"
 
 
+def test_reconcile_stops_at_the_first_row_redis_is_unavailable_for(lone_store):
+    server, delayq, remind = lone_store
+    server.stop()
+    with transaction.atomic():
+        for n in range(3):
+            remind.apply_delayed(args=(n,), delay=60, job_id=f"remind:{n}")
+
+    report = reconcile(delayq)
+    tried = [error for error in report.failed.values() if not error.startswith("not tried")]
+    assert len(report.failed) == 3 and len(tried) == 1, report.failed
+    assert "unavailable" in tried[0]
+    assert all(error == f"not tried: {tried[0]}" for error in report.failed.values()
+               if error not in tried)
+
+
 def test_a_store_refusing_writes_at_commit_leaves_every_row_unstored_never_raises(
         lone_store):
     """The store's Redis became a read-only replica (a failover demoted it): the commit

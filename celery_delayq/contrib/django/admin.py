@@ -20,7 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import ngettext
 
-from celery_delayq import DelayQError
+from celery_delayq import DelayQError, StoreUnavailable
 from celery_delayq.conf import MAX_DELAY
 
 from . import operations
@@ -315,11 +315,18 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             self.message_user(request, message, level=_level(done, message))
 
     def _each(self, request, queryset, operation) -> None:
-        """Run ``operation`` on every row; one message per distinct outcome."""
+        """Run ``operation`` on every row, until Redis is unavailable (each row left would
+        wait for it again: the request would outlast any proxy's timeout); one message per
+        distinct outcome."""
         outcomes: dict[tuple[bool, str], list[str]] = defaultdict(list)
-        for row in queryset:
+        rows = list(queryset)
+        for n, row in enumerate(rows):
             try:
                 outcomes[operation(row)].append(row.job_id)
+            except StoreUnavailable as exc:
+                logger.error("admin action stopped at delayed job %s: %s", row.job_id, exc)
+                outcomes[(False, f"error: {exc}; nothing done")] += [r.job_id for r in rows[n:]]
+                break
             except DelayQError as exc:
                 logger.exception("admin action on delayed job %s failed", row.job_id)
                 outcomes[(False, f"error: {exc}")].append(row.job_id)

@@ -22,7 +22,7 @@ from django.utils import timezone as dj_timezone
 from celery_delayq import DelayedResult, DelayQ, DelayQError
 from celery_delayq.decoding import decode
 from celery_delayq.envelope import Call
-from celery_delayq.errors import JobExists
+from celery_delayq.errors import JobExists, StoreUnavailable
 from celery_delayq.reading import utc_of_ms
 from celery_delayq.validation import Due
 
@@ -105,7 +105,11 @@ def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
     delayq = delayq or project_delayq()
     report = PushReport()
     rows = DelayedTask.objects.unstored() if queryset is None else queryset
+    down: StoreUnavailable | None = None  # then the rest are not tried: each would wait
     for row in rows.iterator():
+        if down is not None:
+            report.failed[row.job_id] = f"not tried: {down}"
+            continue
         if not row.envelope:
             report.failed[row.job_id] = "no stored call to push (envelope unknown)"
             continue
@@ -118,6 +122,8 @@ def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
         except DelayQError as exc:
             report.failed[row.job_id] = str(exc)
             DelayedTask.objects.filter(pk=row.pk).update(store_error=str(exc))
+            if isinstance(exc, StoreUnavailable):
+                down = exc
             continue
         DelayedTask.objects.filter(pk=row.pk).update(
             stored=True, store_error="", due=to_db(result.eta) or row.due)

@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 from celery_delayq import DelayQError
 from celery_delayq.contrib.django.reconcile import reconcile
 
-_SHOWN = 20  # ids of rows left alone printed
+_SHOWN = 20  # rows left alone, or not pushed, printed
 
 
 class Command(BaseCommand):
@@ -38,7 +38,9 @@ class Command(BaseCommand):
                 f"whose later journal events were lost (see delayq_sync's log): they may have "
                 f"run or been cancelled meanwhile: {shown}{more}. Check them; if Redis lost "
                 "them, run again with --include-unknown")
-        for job_id, error in report.failed.items():
+        for job_id, error in list(report.failed.items())[:_SHOWN]:
             self.stderr.write(f"{job_id}: {error}")
+        if len(report.failed) > _SHOWN:
+            self.stderr.write(f"... and {len(report.failed) - _SHOWN} more")
         if report.failed:
             raise CommandError(f"{len(report.failed)} delayed tasks are still not in Redis")
