@@ -261,6 +261,8 @@ def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_
         if name in options:
             raise InvalidOption(f"options may not set {name!r}; use the matching argument")
     options = {**_declared_options(app, task), **options}
+    _check_arguments(app, task, args_cols,
+                     None if kwargs_col is None else df.schema[kwargs_col].dataType)
     plan = Plan(
         shipped=shipping.ship(app, task), task=task, id_col=id_col, delay_col=delay_col,
         eta_kind=eta_kind, eta_col=eta_col, args_cols=args_cols, kwargs_col=kwargs_col,
@@ -272,6 +274,25 @@ def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_
         raise InvalidOption(f"the columns {', '.join(plan.used)} cannot be written as JSON "
                             f"text ({exc}); cast the column to a string or struct") from None
     return plan
+
+
+def _check_arguments(app, task: str, args_cols: tuple[str, ...], kwargs_type) -> None:
+    """Refuse columns the task's function cannot take, when the task is registered on the
+    driver's app (with ``typing`` on, as ``apply_delayed`` checks each call): ``args_cols``
+    are its positional arguments, a struct ``kwargs_col``'s fields its keywords (a map's
+    keys vary by row: then only the positional ones are known)."""
+    from pyspark.sql import types as T
+
+    names = kwargs_type.fieldNames() if isinstance(kwargs_type, T.StructType) else []
+    if isinstance(kwargs_type, T.MapType):
+        return
+    try:
+        validation.arguments(app.tasks.get(task), [None] * len(args_cols), dict.fromkeys(names))
+    except TypeError as exc:
+        raise InvalidOption(
+            f"{task} cannot be called with these columns ({exc}): args_cols "
+            f"{list(args_cols)} are its positional arguments, the fields of kwargs_col "
+            f"{names} its keywords") from None
 
 
 def _declared_options(app, task: str) -> dict[str, Any]:

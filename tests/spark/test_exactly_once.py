@@ -13,7 +13,7 @@ import pytest
 from celery_delayq.spark import schedule_dataframe
 from tests.store.test_schedule_once import writes
 
-TASK = "tests.proj.record"
+TASK = "tests.proj.anything"  # takes any arguments
 
 
 def drop_every_cached_block(spark) -> None:

@@ -13,7 +13,8 @@ from celery_delayq import DelayedTask, DelayQ, InvalidOption
 from celery_delayq.spark import schedule_dataframe
 from tests.conftest import wait_for
 
-TASK = "tests.proj.record"
+RECORD = "tests.proj.record"  # record(label): a run a test waits for
+TASK = "tests.proj.anything"  # takes any arguments
 
 
 def _pending(delayq) -> int:
@@ -35,7 +36,7 @@ def test_hundred_thousand_rows_are_scheduled_and_a_sample_runs_on_a_real_worker(
                       .otherwise(F.lit(3600.0)))
           .withColumn("label", F.concat(F.lit("r"), F.col("id").cast("string"))))
 
-    summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="job",
+    summary, rejects = schedule_dataframe(df, app, task=RECORD, id_col="job",
                                           delay_col="delay_s", args_cols=["label"])
 
     assert (summary.scheduled, summary.existed, summary.rejected) == (100_000, 0, 0)
@@ -157,6 +158,24 @@ def test_bad_arguments_are_refused_on_the_driver_before_any_write(spark, app, de
     assert _pending(delayq) == 0
 
 
+def test_columns_the_task_cannot_take_are_refused_on_the_driver_before_any_write(
+        spark, app, delayq):
+    df = spark.createDataFrame([("a", 1.0, "x", ("y",), {"label": "z"})],
+                               "job string, d double, label string, "
+                               "kw struct<lable:string>, named map<string,string>")
+    for columns, match in (({"args_cols": ["label", "label"]}, "but 3 were given"),
+                           ({"kwargs_col": "kw"}, "unexpected keyword argument 'lable'"),
+                           ({}, "missing 1 required positional argument: 'label'")):
+        with pytest.raises(InvalidOption, match=f"^{RECORD} cannot be called with these "
+                                                f"columns .*{match}"):
+            schedule_dataframe(df, app, task=RECORD, id_col="job", delay_col="d", **columns)
+    assert _pending(delayq) == 0
+    # a map's keys are the row's: not known on the driver; a task not registered there
+    schedule_dataframe(df, app, task=RECORD, id_col="job", delay_col="d", kwargs_col="named")
+    schedule_dataframe(df, app, task="elsewhere.task", id_col="label", delay_col="d")
+    assert _pending(delayq) == 2
+
+
 def test_options_the_task_declares_apply_unless_a_column_overrides_them(spark, strict_app):
     @strict_app.task(name="shop.tasks.close_order", base=DelayedTask, queue="refunds",
                      priority=7, shared=False)
@@ -166,7 +185,8 @@ def test_options_the_task_declares_apply_unless_a_column_overrides_them(spark, s
     df = spark.createDataFrame([("a", 600.0, None), ("b", 600.0, "celery")],
                                "order_id string, delay_s double, q string")
     summary, _ = schedule_dataframe(df, strict_app, task=close_order.name, id_col="order_id",
-                                    delay_col="delay_s", queue_col="q")
+                                    delay_col="delay_s", queue_col="q",
+                                    args_cols=["order_id"])
 
     assert summary.scheduled == 2
     delayq = DelayQ.of(strict_app)
