@@ -273,11 +273,12 @@ def _current() -> HttpCallbackTask:
 
 
 class _CurrentTask(Proxy):
-    """A proxy that only using needs a current app with a ``DelayQ``: without one,
-    introspection (``isinstance``, gc walkers such as gevent's monkey-patching, which asks
-    every object its class) sees the proxy itself, as werkzeug's unbound LocalProxy does."""
+    """The current app's task, looked up on use. Only using it needs an app with a
+    ``DelayQ``: without one, introspection (``isinstance``, and gc walkers such as gevent's
+    monkey-patching, which ask every object its class) sees the proxy itself, as werkzeug's
+    unbound LocalProxy does."""
 
-    @property  # type: ignore[misc]  # read-only here: it answers, never is set
+    @property  # type: ignore[misc]  # a read-only override of Proxy's
     def __class__(self) -> type:
         try:
             return self._get_class()

@@ -283,9 +283,9 @@ def _check_arguments(app, task: str, args_cols: tuple[str, ...], kwargs_type) ->
     keys vary by row: then only the positional ones are known)."""
     from pyspark.sql import types as T
 
-    names = kwargs_type.fieldNames() if isinstance(kwargs_type, T.StructType) else []
     if isinstance(kwargs_type, T.MapType):
         return
+    names = kwargs_type.fieldNames() if isinstance(kwargs_type, T.StructType) else []
     try:
         validation.arguments(app.tasks.get(task), [None] * len(args_cols), dict.fromkeys(names))
     except TypeError as exc:
