@@ -11,7 +11,7 @@ import click
 
 from .cli_group import delayq, delayq_of, fail, ms_text
 from .errors import DelayQError, InvalidDelay
-from .reading import counted
+from .reading import counted, iso_time
 
 
 @delayq.command(name="ls")
@@ -102,11 +102,7 @@ def reschedule(ctx: click.Context, job_id: str, delay: float | None, eta: str | 
     """Give pending JOB_ID a new due time."""
     if (delay is None) == (eta is None):
         raise click.UsageError("give --delay SECONDS or --eta ISO-8601, one of them")
-    try:
-        when = datetime.fromisoformat(eta) if eta is not None else None
-    except ValueError:
-        raise click.UsageError(f"--eta {eta!r} is not an ISO-8601 time such as "
-                               "2030-01-31T08:00:00+00:00") from None
+    when = None if eta is None else _aware(eta)
     try:
         due = delayq_of(ctx).reschedule(job_id, delay=delay, eta=when, key=key)
     except InvalidDelay as exc:
@@ -114,6 +110,20 @@ def reschedule(ctx: click.Context, job_id: str, delay: float | None, eta: str | 
     except DelayQError as exc:
         fail(exc)
     _say_due(job_id, None if due is None else due.isoformat(timespec="milliseconds"))
+
+
+def _aware(eta: str) -> datetime:
+    """``--eta``'s time: ISO-8601 with an offset ("Z" too, which Python 3.10 reads only
+    as "+00:00")."""
+    try:
+        when = iso_time(eta)
+    except ValueError:
+        raise click.UsageError(f"--eta {eta!r} is not an ISO-8601 time such as "
+                               "2030-01-31T08:00:00+00:00") from None
+    if when.utcoffset() is None:
+        raise click.UsageError(f"--eta {eta!r} has no offset: add one, e.g. "
+                               f"{when.isoformat()}+00:00 (UTC)")
+    return when
 
 
 @delayq.command(name="run-now")

@@ -43,6 +43,7 @@ from kombu.utils.json import JSONEncoder
 from .decoding import RESERVED_PROPERTIES, decode_fields, nesting
 from .errors import PayloadError, UnknownQueue
 from .keys import new_job_id, pack_id
+from .reading import iso_time
 
 #: Headers the carrier adds to every promoted message; a retry carries them back.
 HEADER_JOB = "delayq_job"
@@ -380,7 +381,7 @@ def _absolute(expires) -> str:
         if isinstance(expires, (int, float)):
             expires = datetime.now(timezone.utc) + timedelta(seconds=expires)
         elif isinstance(expires, str):
-            expires = datetime.fromisoformat(expires)
+            expires = iso_time(expires)
     except (ValueError, OverflowError) as exc:
         raise PayloadError(f"expires {expires!r} is not a time: {exc}") from exc
     if not isinstance(expires, datetime):

@@ -25,12 +25,21 @@ import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError, DamagedShard, InvalidOption
-from .reading import MAX_MS, MIN_MS, Unreadable, datetime_of_ms, is_text, job_id_of, printable
+from .reading import (
+    MAX_MS,
+    MIN_MS,
+    Unreadable,
+    datetime_of_ms,
+    is_text,
+    iso_time,
+    job_id_of,
+    printable,
+)
 from .store import Store
 
 FORMATS = ("parquet", "jsonl")
@@ -138,7 +147,7 @@ def _since_ms(since: str) -> int:
     if since.isdigit():
         return int(since)
     try:
-        at = datetime.fromisoformat(since)
+        at = iso_time(since)
     except ValueError:
         raise InvalidOption(
             f"--since {since!r} is neither epoch milliseconds nor an ISO-8601 time such as "

@@ -19,7 +19,7 @@ from .errors import InvalidOption, JobExists
 from .holding import Holding
 from .job import Job
 from .publishing import Publishing, Sent
-from .reading import datetime_of_ms, utc_of_ms
+from .reading import datetime_of_ms, iso_time, utc_of_ms
 from .result import DelayedResult, EagerDelayedResult
 from .store import CancelOutcome, ScheduleCode, Store
 from .validation import Due
@@ -249,7 +249,7 @@ class DelayQ(Holding):
         threshold = self.config.countdown_threshold
         if eta is not None:
             if isinstance(eta, str):
-                eta = datetime.fromisoformat(eta)
+                eta = iso_time(eta)
             eta = maybe_make_aware(eta, self.app.timezone)  # naive: Celery's timezone rules
             seconds = (eta - self.app.now()).total_seconds()
             return {"eta": eta} if seconds > threshold else None

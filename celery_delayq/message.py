@@ -15,7 +15,6 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, NamedTuple
 
 from celery.utils.saferepr import saferepr
@@ -23,7 +22,7 @@ from celery.utils.saferepr import saferepr
 from .decoding import decode_arguments, decode_fields, split
 from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, ORIGIN, encode_json
 from .errors import PayloadError
-from .reading import MAX_MS, MIN_MS, is_text
+from .reading import MAX_MS, MIN_MS, is_text, iso_time
 
 _SHAPES_MAX = 1024  # distinct first lines kept; the cache starts over when it is full
 _OWN = ("y", "i")  # first-line fields of one job: its business key and fixed task id
@@ -147,7 +146,7 @@ class MessageBuilder:
         try:
             headers, properties, body, _ = self._create(
                 _TASK_ID, fields["t"], [], {}, argsrepr="", kwargsrepr="", **options)
-            expires_at = datetime.fromisoformat(expires).timestamp() if expires else None
+            expires_at = iso_time(expires).timestamp() if expires else None
             embed = encode_json(body[2])
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
             raise PayloadError(f"envelope options are unusable: {exc!r}") from exc

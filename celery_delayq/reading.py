@@ -42,6 +42,13 @@ def utc_of_ms(ms: float) -> datetime:
     return at
 
 
+def iso_time(text: str) -> datetime:
+    """ISO-8601 text as ``datetime.fromisoformat`` reads it (``ValueError`` if it cannot),
+    with a trailing ``Z`` read as UTC on every Python: 3.10's refuses it, and JSON APIs and
+    JavaScript's ``toISOString`` write it."""
+    return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+
+
 def is_text(value: str) -> bool:
     """True when ``value`` was valid UTF-8 in Redis (it holds no lone surrogates)."""
     try:

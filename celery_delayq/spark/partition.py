@@ -25,7 +25,7 @@ import pyarrow as pa
 from .. import validation
 from ..envelope import Call, Template, template
 from ..errors import DelayQError, InvalidDelay, InvalidJobId
-from ..reading import utc_of_ms
+from ..reading import iso_time, utc_of_ms
 from ..store import RunRows, ScheduleCode, Scheduled, Store
 from ..validation import Due
 from . import shipping
@@ -268,7 +268,7 @@ def _due_times(plan: Plan, rows: pa.RecordBatch) -> Callable[[int], tuple[Any, A
                                    f"({'µs' if plan.eta_kind == 'us' else 'epoch seconds'})"
                                    ) from None
         try:
-            return None, datetime.fromisoformat(value)
+            return None, iso_time(value)
         except ValueError:
             raise InvalidDelay(f"bad eta: {value!r} is not an ISO-8601 time such as "
                                "2030-01-31T08:00:00+00:00") from None

@@ -141,3 +141,14 @@ def test_a_task_with_typing_off_takes_any_arguments_as_in_celery(redis_server):
 
     result = takes_one.apply_delayed(("x", "y"), delay=60)
     assert DelayQ.of(app).cancel(result.job_id) is True
+
+
+def test_iso_times_ending_in_z_are_utc_as_with_an_offset(proj, delayq):
+    """JSON APIs and JavaScript write "…Z", which Python 3.10's fromisoformat refuses."""
+    due = (datetime.now(timezone.utc) + timedelta(hours=2)).replace(microsecond=0)
+    expires = due + timedelta(hours=1)
+    result = proj.record.apply_async(("x",), eta=due.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                     expires=expires.strftime("%Y-%m-%dT%H:%M:%S.000Z"))
+    job = delayq.get(result.id)
+    assert job.due == due
+    assert datetime.fromisoformat(job.options["o"]["expires"]) == expires

@@ -1,10 +1,12 @@
-"""How reading.py words values for people: counts and durations."""
+"""How reading.py words values for people (counts and durations) and reads ISO times."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
 
-from celery_delayq.reading import count_of, counted, elapsed
+from celery_delayq.reading import count_of, counted, elapsed, iso_time
 
 
 @pytest.mark.parametrize(("ms", "text"), [
@@ -31,3 +33,18 @@ def test_counts_are_singular_for_one():
 ])
 def test_a_count_reads_as_redis_adds_to_it(text, count):
     assert count_of(text) == count
+
+
+@pytest.mark.parametrize("text", ["2030-01-31T08:00:00Z", "2030-01-31T08:00:00.000Z",
+                                  "2030-01-31T08:00:00z", "2030-01-31T09:00:00+01:00"])
+def test_iso_times_with_z_read_as_utc_on_every_python(text):
+    """JavaScript's toISOString writes "Z", which Python 3.10's fromisoformat refuses."""
+    assert iso_time(text) == datetime(2030, 1, 31, 8, tzinfo=timezone.utc)
+
+
+def test_iso_times_without_an_offset_stay_naive_and_others_are_refused():
+    assert iso_time("2030-01-31 08:00") == datetime(2030, 1, 31, 8)
+    assert iso_time("2030-01-31T08:00:00-05:30").utcoffset() == -timedelta(hours=5, minutes=30)
+    for text in ("Z", "next tuesday", "2030-13-01", ""):
+        with pytest.raises(ValueError):
+            iso_time(text)
