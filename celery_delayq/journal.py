@@ -7,7 +7,8 @@ per-process outbox that a thread writes in one pipeline, so they cost the task n
 round trip of its own: outcomes within 50 ms, ``started`` within 10 ms while the task runs,
 so a worker killed mid-task leaves it in the journal (unless killed in those first
 milliseconds). The thread writes whatever has gathered by then in one pipeline: under a
-burst of short tasks, the events of several tasks in one round trip.
+burst of short tasks, the events of several tasks in one round trip. Events a write failed
+for (the store's Redis away) are kept for the next one, up to :data:`_HOLD_AT_MOST`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ _OUTCOMES = {
 _FLUSH_EVERY = 0.05  # longest an event waits in the outbox, seconds
 _GATHER = 0.01  # how long a started event waits for others to share its round trip
 _FLUSH_AT = 200  # events that make the outbox flush at once
+_HOLD_AT_MOST = 10_000  # events kept while the store's Redis does not answer (oldest go)
 _connected = threading.Event()
 #: An app's DelayQ, or None when it has none (``DelayQ.lookup``, given to :func:`connect`).
 _delayq_of: Callable[[Any], Any] | None = None
@@ -57,6 +59,7 @@ class _Outbox:
         # once events another flush took are written too (a test's cleanup comes after)
         self._due = threading.Event()
         self._events: list[tuple[Any, tuple[int, str, dict[str, Any]]]] = []
+        self._held = 0  # of them, kept after a write that failed (0: the last one worked)
         self._thread: threading.Thread | None = None
 
     def put(self, delayq, entry: tuple[int, str, dict[str, Any]], soon: bool = False) -> None:
@@ -77,15 +80,20 @@ class _Outbox:
                 time.sleep(_GATHER)  # the events of the next tasks share the round trip
             self._due.clear()
             try:
-                self.flush()
+                with self._writing:
+                    self._write()
             except Exception:
                 logger.exception("worker events were dropped; the next ones are written "
                                  "as usual")
 
     def flush(self, **_: Any) -> None:
-        """Write every waiting event (also called when a worker process shuts down)."""
+        """Write every waiting event (also called when a worker process shuts down); the
+        log says how many the store's Redis did not take."""
         with self._writing:
             self._write()
+        if self._held:
+            logger.error("%s not written: the store's Redis does not answer",
+                         counted(self._held, "worker event"))
 
     def _write(self) -> None:
         with self._lock:
@@ -93,12 +101,41 @@ class _Outbox:
         by_delayq: dict[Any, list[tuple[int, str, dict[str, Any]]]] = defaultdict(list)
         for delayq, entry in events:
             by_delayq[delayq].append(entry)
+        unwritten: list[tuple[Any, tuple[int, str, dict[str, Any]]]] = []
+        failure: Exception | None = None
         for delayq, entries in by_delayq.items():
             try:
-                delayq.store.journal_many(entries)
-            except (DelayQError, redis.RedisError) as exc:  # e.g. a damaged journal key
-                logger.warning("could not journal %s: %s", counted(len(entries), "worker event"),
-                               exc)
+                refused = delayq.store.journal_many(entries)
+            except Exception as exc:  # Redis away, or a client fault: none of them written
+                unwritten += [(delayq, entry) for entry in entries]
+                failure = exc
+                continue
+            if refused:  # e.g. a damaged journal key: writing them again would not help
+                logger.warning("could not journal %s: %s",
+                               counted(len(refused), "worker event"), refused[0])
+        if failure is not None:
+            self._hold(unwritten, failure)
+        elif self._held:
+            logger.info("wrote %s held while the store's Redis did not answer",
+                        counted(self._held, "worker event"))
+            self._held = 0
+
+    def _hold(self, unwritten: list[tuple[Any, tuple[int, str, dict[str, Any]]]],
+              failure: Exception) -> None:
+        """Keep events a write failed for, ahead of newer ones, for the next write; past
+        :data:`_HOLD_AT_MOST` the oldest go."""
+        if not self._held:
+            logger.warning("holding worker events until the store's Redis answers: %s",
+                           failure, exc_info=not isinstance(failure, (DelayQError,
+                                                                      redis.RedisError)))
+        with self._lock:
+            self._events[:0] = unwritten
+            excess = len(self._events) - _HOLD_AT_MOST
+            if excess > 0:
+                del self._events[:excess]
+                logger.error("dropped %s: more than %d waited for the store's Redis",
+                             counted(excess, "worker event"), _HOLD_AT_MOST)
+            self._held = len(self._events)
 
 
 _outbox = _Outbox()

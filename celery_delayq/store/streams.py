@@ -23,10 +23,13 @@ class Streams(StoreBase):
         """Append one event to a shard's journal (worker-side events)."""
         self.journal_many([(shard, event, fields)])
 
-    def journal_many(self, entries: list[tuple[int, str, dict[str, Any]]]) -> None:
-        """Append ``(shard, event, fields)`` entries to the journals in one round trip."""
+    def journal_many(self, entries: list[tuple[int, str, dict[str, Any]]]
+                     ) -> list[redis.ResponseError]:
+        """Append ``(shard, event, fields)`` entries to the journals in one round trip; the
+        errors of those Redis refused (a damaged journal key, a full Redis), the others
+        written. Raises when the round trip failed (``StoreUnavailable``)."""
         if self._maxlen <= 0 or not entries:
-            return
+            return []
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
             for shard, event, fields in entries:
@@ -35,7 +38,8 @@ class Streams(StoreBase):
                 entry: dict[Any, Any] = {"event": event, **fields}  # xadd's Dict is invariant
                 pipe.xadd(self.keys.shard(shard).journal, entry, maxlen=self._maxlen,
                           approximate=True)
-            pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
+        return [reply for reply in replies if isinstance(reply, redis.ResponseError)]
 
     def read_journal(self, shard: ShardKeys, after: str | None = None, until: str = "+",
                      count: int | None = None) -> Entries:

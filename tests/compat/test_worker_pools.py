@@ -35,13 +35,22 @@ def test_a_gevent_worker_runs_delayed_tasks_retries_them_and_journals_it(
 
     ours = {pack_id(result.job_id) for result in results}
 
-    def journaled() -> list[str]:
-        events = [fields["event"] for shard in delayq.store.keys
+    def journaled() -> list[dict[str, str]]:
+        events = [fields for shard in delayq.store.keys
                   for _, fields in delayq.store.client.xrange(shard.journal)
                   if fields.get("job") in ours]
-        return events if events.count("succeeded") == 6 else []
+        done = {fields["job"] for fields in events if fields["event"] == "succeeded"}
+        return events if len(done) == 6 else []
 
     events = wait_for(journaled, what="the journal's succeeded events")
-    assert sorted(set(events)) == ["promoted", "retried", "scheduled", "started", "succeeded"]
-    assert (events.count("started"), events.count("retried")) == (8, 2)
+    assert {fields["event"] for fields in events} == {"scheduled", "promoted", "started",
+                                                     "retried", "succeeded"}
+    # every run's: a flush that met a gevent race in redis-py's pool ("Invalid file
+    # object") dropped its events, which are now kept for the next one (a write redis-py
+    # retried may deliver one twice)
+    runs = {(fields["job"], fields["retries"]) for fields in events
+            if fields["event"] == "started"}
+    retries = {(fields["job"], fields["retries"]) for fields in events
+               if fields["event"] == "retried"}
+    assert (len(runs), len(retries)) == (8, 2)
     assert delayq.pending() == []

@@ -54,3 +54,31 @@ def test_an_event_whose_shard_header_names_no_shard_is_skipped_and_the_others_wr
                for _, fields in redis_client.xrange(shard.journal)]
     assert written == ["job-5"]
     assert caplog.text.count("has no valid delayq_shard header; started not journaled") == 5
+
+
+def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(caplog):
+    from celery import Celery
+
+    from celery_delayq import DelayQ
+    from celery_delayq.testing.redis_server import RedisServer
+
+    caplog.set_level(logging.INFO, logger="celery_delayq.journal")
+    with RedisServer() as server:
+        app = Celery("away", broker=f"{server.url}/0", set_as_current=False)
+        app.conf.update(delayq_redis_retries=0, delayq_redis_socket_timeout=0.5)
+        delayq = DelayQ(app)
+        journal_key = delayq.store.keys.shard(0).journal
+        server.stop()
+        for n in range(3):
+            journal.record_event(delayq, 0, "started", {"job": f"order:{n}:close",
+                                                        "task": "tests.proj.record"})
+        journal.flush()
+        assert "3 worker events not written: the store's Redis does not answer" in caplog.text
+        server.start()
+        wait_for(lambda: delayq.store.client.xlen(journal_key) == 3, timeout=10,
+                 what="the held events, once Redis answers")
+        assert [fields["event"] for _, fields in delayq.store.client.xrange(journal_key)] == [
+            "started"] * 3
+        assert "wrote 3 worker events held while the store's Redis did not answer" in \
+            caplog.text
+        delayq.store.close()
