@@ -4,7 +4,9 @@ A limit of N jobs per window (``N/s``, ``N/m``, ``N/h``; a bare number is per se
 split evenly over the shards: each shard's claim script keeps a token bucket for the
 queue in its ``limits`` hash, on Redis's clock. A bucket holds at most 1/21 of the
 shard's share (at least one job) and refills the other 20/21 over each window, so no
-window of that length promotes more than N, and a backlog drains at 20/21 of N. A share
+window of that length claims more than N, and a backlog drains at 20/21 of N. A kombu
+round publishes what it claimed a moment later, so a window of messages may also hold the
+round claimed just before it (one bucket per shard). A share
 below 21 jobs per window (N below 21 x shards) keeps its average but may promote one job
 per shard at once after a quiet spell.
 """

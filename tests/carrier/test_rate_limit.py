@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from celery_delayq import ratelimit
 from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.errors import ConfigurationError, InvalidOption
@@ -46,6 +47,17 @@ def busiest_second(times: list[int]) -> int:
     return most
 
 
+def publish_slack(delayq, carrier: Carrier, rate: int) -> float:
+    """How many more than ``rate`` a 1-second window of the journal may hold. The buckets
+    bound the claims. Through kombu a job is journaled when its round is acked, after the
+    publish, so a window may also hold the round claimed just before it: one full bucket
+    per shard (docs/operations.md, rate limits). Direct promotion journals in the claim."""
+    if carrier.direct:
+        return 0
+    capacity = float(ratelimit.bucket(f"{rate}/s", delayq.store.keys.shards).split()[0])
+    return capacity * delayq.store.keys.shards
+
+
 def wave(proj, delayq, carrier_fixture, jobs: int, rate: int, free: int) -> None:
     """``jobs`` due at once on a queue limited to ``rate``/s, ``free`` jobs of an unlimited
     queue due a second later: check the limit, the order, and that nothing is lost or
@@ -60,13 +72,17 @@ def wave(proj, delayq, carrier_fixture, jobs: int, rate: int, free: int) -> None
             [{"args": (n,), "eta": _at(due_at), "job_id": f"lim-{n:06d}"}
              for n in range(start, min(start + 5000, jobs))], queue=LIMITED)
     assert delayq.store.now_ms() < due_at, "scheduling took longer than the test allows"
-    wait_for(lambda: len(promotions(delayq)) == jobs + free, timeout=jobs / rate * 3 + 30,
+    # The carrier's count first: reading every journal at each poll took the carrier's
+    # thread so much of the GIL that a 20,000 wave went at a third of its rate.
+    wait_for(lambda: carrier_fixture.stats.promoted >= jobs + free
+             and len(promotions(delayq)) == jobs + free, timeout=jobs / rate * 3 + 30,
              what=f"{jobs + free} promotions")
 
     found = promotions(delayq)
     limited = {job: at for job, at in found.items() if job.startswith("lim-")}
     assert len(limited) == jobs and all(at >= due for at, due, _ in found.values())
-    assert busiest_second([at for at, _, _ in limited.values()]) <= rate
+    assert busiest_second([at for at, _, _ in limited.values()]) <= rate + publish_slack(
+        delayq, carrier_fixture, rate)
     assert max(at for at, _, _ in limited.values()) - due_at >= (jobs / rate - 1) * 1000
     per_shard = defaultdict(list)  # each shard's limited jobs, in the order promoted
     for _, due, shard in sorted(found[job] for job in limited):
