@@ -171,6 +171,7 @@ class DelayQ(Holding):
     def _prepare(self, name, args, kwargs, delay, eta, key, job_id, task_type, options,
                  shared: Template | None = None) -> tuple[Call, Due]:
         config = self.config
+        validation.no_countdown(options)
         due = validation.due(delay, eta, config.max_delay)
         if self._clock is not None:
             due = self._clock(due)

@@ -67,6 +67,15 @@ def due(delay: float | timedelta | None, eta: datetime | None, max_delay: float)
     return Due(at_ms=None, delay_ms=round(seconds * 1000))
 
 
+def no_countdown(options: dict[str, Any]) -> None:
+    """Refuse apply_async's ``countdown=`` among a delayed call's options: the store would
+    drop it, and the call would not be due when its caller meant."""
+    countdown = options.get("countdown")
+    if countdown is not None:
+        raise InvalidDelay(f"countdown={countdown!r} is apply_async's; pass delay={countdown!r} "
+                           "(seconds or timedelta) or eta= (datetime) instead")
+
+
 def identifier(value: object, what: str, max_length: int) -> str:
     """A job id or business key: a non-empty string without control characters."""
     if not isinstance(value, str):

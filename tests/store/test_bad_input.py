@@ -33,6 +33,9 @@ CASES = [
     ({"delay": -5}, InvalidDelay, ">= 0"),
     ({}, InvalidDelay, "exactly one"),
     ({"delay": 5, "eta": NOW}, InvalidDelay, "exactly one"),
+    # apply_async's name for a delay: refused, not stored and dropped (or added on top)
+    ({"countdown": 60}, InvalidDelay, "countdown=60 is apply_async's; pass delay=60"),
+    ({"delay": 5, "countdown": 60}, InvalidDelay, "countdown=60 is apply_async's"),
     ({"eta": datetime(2030, 1, 1)}, InvalidDelay, "no timezone"),
     ({"delay": 10 ** 9}, InvalidDelay, "delayq_max_delay"),
     ({"delay": 10 ** 400}, InvalidDelay, "finite"),
