@@ -43,6 +43,7 @@ from .keys import ShardKeys
 from .memory import CarrierGuard
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
+from .persistence import PersistenceWatch
 from .publisher import Publisher
 from .reading import counted, elapsed
 from .stopping import StopFlag
@@ -137,6 +138,7 @@ class Carrier:
         returns how many jobs were recovered."""
         with self.store.unavailable():
             self._memory.check_policy()
+            self._persistence.check()
             if not self._defaults_set:
                 self.delayq.apply_default_rate_limits()
                 self._defaults_set = True
@@ -261,6 +263,10 @@ class Carrier:
         return CarrierGuard(self.delayq.config.max_memory_fraction, store.memory,
                             store.eviction_policies, redact(self.delayq.config.redis_url),
                             shares_broker=lambda: broker_is_store_server(self.app, store))
+
+    @cached_property
+    def _persistence(self) -> PersistenceWatch:
+        return PersistenceWatch(self.store.persistence)
 
     # -- the loop ----------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from .conf import SETTINGS
 from .errors import DelayQError
 from .extension import DelayQ
 from .memory import eviction_problem
+from .persistence import persistence_problem
 from .reading import counted
 
 __all__ = ["delayq"]
@@ -115,13 +116,14 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None:
     """Exit 1 when the overdue backlog or its oldest job passes a threshold, or when Redis may
-    evict keys (liveness probe)."""
+    evict keys (liveness probe); say so when Redis keeps no append-only file."""
     from .metrics import oldest_overdue_seconds
 
     try:
         store = delayq_of(ctx).store
         rows = store.stats()
         problems = sorted({p for p in map(eviction_problem, store.eviction_policies()) if p})
+        not_durable = sorted({p for p in map(persistence_problem, store.persistence()) if p})
     except DelayQError as exc:
         fail(exc)
     overdue = sum(row["overdue"] for row in rows)
@@ -136,6 +138,8 @@ def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None
                    "and `celery delayq rate-limit` list the pauses and limits)")
     for problem in problems:
         click.echo(f"unsafe: {problem}")
+    for problem in not_durable:
+        click.echo(f"not durable: {problem}")
     for row in damaged:
         click.echo(f"damaged: shard {row['shard']} is not served, {row['damaged']}; move the "
                    "key away (RENAME), then run `celery delayq check --repair`")

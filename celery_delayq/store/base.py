@@ -19,6 +19,7 @@ from ..connection import connect, follow_cluster, redact
 from ..errors import ConfigurationError, DamagedShard, DelayQError, StoreFull, StoreUnavailable
 from ..keys import Keyspace
 from ..memory import Headroom, Memory
+from ..persistence import Persistence
 from ..reading import count_of, printable
 
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
@@ -186,11 +187,18 @@ class StoreBase:
 
     def memory(self) -> list[Memory]:
         """INFO memory of the store's Redis (of each primary on a cluster)."""
+        return [Memory.from_info(info) for info in self._info("memory")]
+
+    def persistence(self) -> list[Persistence]:
+        """INFO persistence of the store's Redis (of each primary on a cluster)."""
+        return [Persistence.from_info(info) for info in self._info("persistence")]
+
+    def _info(self, section: str) -> list[dict]:
         with self.unavailable():
             if isinstance(self.client, RedisCluster):
-                infos = self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
-                return [Memory.from_info(info) for info in infos.values()]
-            return [Memory.from_info(self.client.info("memory"))]
+                infos = self.client.info(section, target_nodes=RedisCluster.PRIMARIES)
+                return list(infos.values())
+            return [self.client.info(section)]
 
     def eviction_policies(self) -> list[str]:
         """``maxmemory-policy`` of the store's Redis (each primary): CONFIG GET, or INFO

@@ -1,12 +1,23 @@
-"""The Django deployment check warns (delayq.W001) when the store's Redis may evict keys;
-the plain checks (run by every manage.py command and a worker's start) do not ask Redis."""
+"""The Django deployment checks warn when the store's Redis may evict keys (delayq.W001) or
+keeps no append-only file (delayq.W004); the plain checks (run by every manage.py command
+and a worker's start) do not ask Redis."""
 
 from __future__ import annotations
 
+import pytest
 from django.core import checks
 
 
-def test_the_system_check_warns_when_redis_may_evict_stored_jobs(shop_delayq, shop_redis):
+@pytest.fixture
+def durable(shop_redis):
+    """The shop's Redis with AOF on for the test (the test servers run without)."""
+    shop_redis.config_set("appendonly", "yes")
+    yield
+    shop_redis.config_set("appendonly", "no")
+
+
+def test_the_system_check_warns_when_redis_may_evict_stored_jobs(shop_delayq, shop_redis,
+                                                                 durable):
     assert checks.run_checks(tags=["delayq"], include_deployment_checks=True) == []
     assert checks.run_checks(tags=["delayq"]) == []
     shop_redis.config_set("maxmemory-policy", "allkeys-lru")
@@ -16,6 +27,14 @@ def test_the_system_check_warns_when_redis_may_evict_stored_jobs(shop_delayq, sh
         shop_redis.config_set("maxmemory-policy", "noeviction")
     assert [message.id for message in found] == ["delayq.W001"]
     assert "allkeys-lru" in found[0].msg
+
+
+def test_the_deployment_check_warns_when_redis_keeps_no_append_only_file(shop_delayq,
+                                                                        shop_redis):
+    found = checks.run_checks(tags=["delayq"], include_deployment_checks=True)
+    assert [message.id for message in found] == ["delayq.W004"]
+    assert "appendonly no" in found[0].msg and "appendonly yes" in found[0].hint
+    assert checks.run_checks(tags=["delayq"]) == []  # not without --deploy: no round trip
 
 
 def test_the_deployment_check_warns_when_the_store_url_holds_a_password(shop_app):

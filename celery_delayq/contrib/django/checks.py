@@ -1,6 +1,7 @@
 """Django system checks of the delay store: ``delayq.W001`` warns when its Redis may evict
 keys (a ``maxmemory-policy`` other than ``noeviction``), ``delayq.W002`` when that cannot
-be read, ``delayq.W003`` when ``CELERY_DELAYQ_REDIS_URL`` holds a password.
+be read, ``delayq.W003`` when ``CELERY_DELAYQ_REDIS_URL`` holds a password, ``delayq.W004``
+when its Redis keeps no append-only file (a stop loses the jobs since the last snapshot).
 
 They are deployment checks (``manage.py check --deploy``): the first two ask Redis, and
 every other ``manage.py`` command, and Celery's worker start (which runs Django's checks),
@@ -14,6 +15,7 @@ from django.core.checks import Warning, register
 from celery_delayq import DelayQError
 from celery_delayq.conf import password_shown
 from celery_delayq.memory import eviction_problem
+from celery_delayq.persistence import persistence_problem
 
 from .runtime import celery_app, delayq
 
@@ -30,6 +32,18 @@ def check_eviction_policy(app_configs=None, **kwargs) -> list[Warning]:
     return [Warning(problem, hint="Run `CONFIG SET maxmemory-policy noeviction` on the store's "
                     "Redis and set it in redis.conf.", id="delayq.W001")
             for problem in sorted({p for p in map(eviction_problem, policies) if p})]
+
+
+@register("delayq", deploy=True)
+def check_persistence(app_configs=None, **kwargs) -> list[Warning]:
+    """Warn when the delay store's Redis would lose stored jobs if it stopped."""
+    try:
+        persistence = delayq().store.persistence()
+    except DelayQError:
+        return []  # delayq.W002 says the store cannot be read
+    return [Warning(problem, hint="Set `appendonly yes` in the store's redis.conf (and "
+                    "`CONFIG SET appendonly yes` to turn it on now).", id="delayq.W004")
+            for problem in sorted({p for p in map(persistence_problem, persistence) if p})]
 
 
 @register("delayq", deploy=True)
