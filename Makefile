@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test lint demo bench bench-full clean docs test-matrix test-lowest test-install test-slow dist
+.PHONY: venv test lint demo bench bench-full clean docs test-matrix test-lowest test-install test-slow test-celery-suite dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ test-slow: $(STAMP)
 # The quickstart from a wheel built from this checkout, in a new virtualenv (tests/compat).
 test-install: $(STAMP)
 	$(VENV)/bin/pytest -m install tests/compat/test_fresh_install.py
+
+# Celery's own integration suite (from the installed Celery's sdist), natively and with every
+# countdown through the store, side by side (tests/compat/celery_suite.py; opt-in, ~40 min).
+test-celery-suite: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check pytest-rerunfailures pydantic
+	$(PY) -m tests.compat.celery_suite
 
 # The wheel and sdist in dist/, checked as PyPI would check them.
 dist: $(STAMP)
