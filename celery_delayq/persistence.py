@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .reading import counted
+
 logger = logging.getLogger("celery_delayq.carrier")
 
 
@@ -35,8 +37,8 @@ def persistence_problem(persistence: Persistence) -> str | None:
     if persistence.aof is not False:
         return None
     return (f"Redis keeps no append-only file (appendonly no): if it stops, it loses the "
-            f"{persistence.unsaved:,} writes since its last RDB snapshot, stored jobs among "
-            "them. Turn AOF on: `CONFIG SET appendonly yes`, and `appendonly yes` in "
+            f"{counted(persistence.unsaved, 'write')} since its last RDB snapshot, stored jobs "
+            "among them. Turn AOF on: `CONFIG SET appendonly yes`, and `appendonly yes` in "
             "redis.conf")
 
 

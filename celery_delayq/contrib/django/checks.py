@@ -3,7 +3,7 @@ keys (a ``maxmemory-policy`` other than ``noeviction``), ``delayq.W002`` when th
 be read, ``delayq.W003`` when ``CELERY_DELAYQ_REDIS_URL`` holds a password, ``delayq.W004``
 when its Redis keeps no append-only file (a stop loses the jobs since the last snapshot).
 
-They are deployment checks (``manage.py check --deploy``): the first two ask Redis, and
+They are deployment checks (``manage.py check --deploy``): W001, W002 and W004 ask Redis, and
 every other ``manage.py`` command, and Celery's worker start (which runs Django's checks),
 stays free of a Redis round trip and of its timeouts during an outage.
 """
