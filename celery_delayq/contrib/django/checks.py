@@ -21,29 +21,24 @@ from .runtime import celery_app, delayq
 
 
 @register("delayq", deploy=True)
-def check_eviction_policy(app_configs=None, **kwargs) -> list[Warning]:
-    """Warn when the delay store's Redis may evict stored jobs."""
+def check_store_redis(app_configs=None, **kwargs) -> list[Warning]:
+    """Warn when the delay store's Redis may evict stored jobs, or would lose them if it
+    stopped (one look, so an outage is waited out once)."""
     try:
-        policies = delayq().store.eviction_policies()
+        store = delayq().store
+        policies, persistence = store.eviction_policies(), store.persistence()
     except DelayQError as exc:
-        return [Warning(f"cannot read the delay store's maxmemory-policy: {exc}",
+        return [Warning(f"cannot read the delay store's Redis (maxmemory-policy, "
+                        f"persistence): {exc}",
                         hint="Check that Redis runs; `celery -A proj delayq health` says more.",
                         id="delayq.W002")]
-    return [Warning(problem, hint="Run `CONFIG SET maxmemory-policy noeviction` on the store's "
-                    "Redis and set it in redis.conf.", id="delayq.W001")
-            for problem in sorted({p for p in map(eviction_problem, policies) if p})]
-
-
-@register("delayq", deploy=True)
-def check_persistence(app_configs=None, **kwargs) -> list[Warning]:
-    """Warn when the delay store's Redis would lose stored jobs if it stopped."""
-    try:
-        persistence = delayq().store.persistence()
-    except DelayQError:
-        return []  # delayq.W002 says the store cannot be read
-    return [Warning(problem, hint="Set `appendonly yes` in the store's redis.conf (and "
-                    "`CONFIG SET appendonly yes` to turn it on now).", id="delayq.W004")
-            for problem in sorted({p for p in map(persistence_problem, persistence) if p})]
+    evicting = [Warning(problem, hint="Run `CONFIG SET maxmemory-policy noeviction` on the "
+                        "store's Redis and set it in redis.conf.", id="delayq.W001")
+                for problem in sorted({p for p in map(eviction_problem, policies) if p})]
+    return evicting + [
+        Warning(problem, hint="Set `appendonly yes` in the store's redis.conf (and `CONFIG "
+                "SET appendonly yes` to turn it on now).", id="delayq.W004")
+        for problem in sorted({p for p in map(persistence_problem, persistence) if p})]
 
 
 @register("delayq", deploy=True)
