@@ -47,24 +47,29 @@ def test_health_reads_the_policy_from_info_where_config_is_disabled():
     assert "volatile-lru" in done.stdout
 
 
-def test_the_carrier_logs_an_evicting_policy_at_start_and_when_it_changes(evicting_server,
-                                                                          caplog):
-    app = Celery("evicting", broker=f"{evicting_server.url}/0", set_as_current=False)
+def maintain_through(server: RedisServer, caplog, changes: list[tuple[str, str]]) -> None:
+    """A carrier on ``server`` passes its maintenance at start, once more unchanged (nothing
+    new to log), then after each ``CONFIG SET`` of ``changes``; its log is in ``caplog``."""
+    app = Celery("maintained", broker=f"{server.url}/0", set_as_current=False)
     app.conf.update(delayq_shards=2)
     DelayQ(app)
     carrier = Carrier(app)
-    client = redis.Redis(port=evicting_server.port)
+    client = redis.Redis(port=server.port)
     with caplog.at_level(logging.INFO, logger="celery_delayq.carrier"):
         carrier.run_once()
         carrier._next_maintenance = 0
-        carrier.run_once()  # unchanged: not logged again
-        client.config_set("maxmemory-policy", "noeviction")
-        carrier._next_maintenance = 0
-        carrier.run_once()
-        client.config_set("maxmemory-policy", "volatile-ttl")
-        carrier._next_maintenance = 0
-        carrier.run_once()
+        carrier.run_once()  # unchanged: nothing new to log
+        for name, value in changes:
+            client.config_set(name, value)
+            carrier._next_maintenance = 0
+            carrier.run_once()
     carrier.close()
+
+
+def test_the_carrier_logs_an_evicting_policy_at_start_and_when_it_changes(evicting_server,
+                                                                          caplog):
+    maintain_through(evicting_server, caplog, [("maxmemory-policy", "noeviction"),
+                                               ("maxmemory-policy", "volatile-ttl")])
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 2, errors
     assert "allkeys-lru" in errors[0] and "volatile-ttl" in errors[1]
