@@ -4,6 +4,8 @@ Without an append-only file (``appendonly no``) a Redis that stops loses every w
 its last RDB snapshot: jobs scheduled, cancelled or promoted in that window. The carrier
 logs it (WARNING, at start and whenever it changes), ``delayq health`` prints it (and stays
 healthy: restarting would not help), and Django's deployment check warns (``delayq.W004``).
+A Redis loading its append-only file after a restart says ``aof_enabled:0`` until it has
+loaded: its persistence is unknown until then, and not reported.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ logger = logging.getLogger("celery_delayq.carrier")
 class Persistence:
     """What INFO persistence says of one Redis server."""
 
-    aof: bool | None  # aof_enabled; None where the server does not say
+    aof: bool | None  # aof_enabled; None where the server does not say, or while loading
     unsaved: int  # rdb_changes_since_last_save
+    loading: bool = False  # loading its data (after a restart)
 
     @classmethod
     def from_info(cls, info: dict) -> Persistence:
         aof = str(info.get("aof_enabled", ""))
         unsaved = str(info.get("rdb_changes_since_last_save", "0"))
-        return cls(aof == "1" if aof in ("0", "1") else None,
-                   int(unsaved) if unsaved.isdigit() else 0)
+        loading = str(info.get("loading", "0")) != "0"
+        return cls(aof == "1" if aof in ("0", "1") and not loading else None,
+                   int(unsaved) if unsaved.isdigit() else 0, loading)
 
 
 def persistence_problem(persistence: Persistence) -> str | None:
@@ -50,7 +54,10 @@ class PersistenceWatch:
         self._durable: bool | None = None
 
     def check(self) -> None:
-        problems = sorted({p for p in map(persistence_problem, self._read()) if p})
+        readings = self._read()
+        if any(reading.loading for reading in readings):
+            return  # unknown until it has loaded: the last verdict stands
+        problems = sorted({p for p in map(persistence_problem, readings) if p})
         if problems and self._durable is not False:
             for problem in problems:
                 logger.warning("NOT DURABLE: %s", problem)

@@ -12,7 +12,13 @@ from typing import Any, cast
 import redis
 from redis.client import PubSub
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, TryAgainError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
+    RedisClusterException,
+    TryAgainError,
+)
 
 from ..conf import DelayQConfig
 from ..connection import connect, follow_cluster, redact
@@ -96,6 +102,11 @@ class StoreBase:
                 f"Redis Cluster at {redact(self.config.redis_url)} kept refusing the call "
                 f"({exc}): a slot of the store may be moving to another node (resharding) "
                 "or failing over; retry") from exc
+        except BusyLoadingError as exc:
+            raise StoreUnavailable(
+                f"Redis at {redact(self.config.redis_url)} is loading its data into memory "
+                "after a restart and refuses commands until it has (`INFO persistence`, "
+                "loading_loaded_perc, says how far it is); retry in a moment") from exc
         except _NETWORK_ERRORS as exc:
             follow_cluster(self.__dict__.get("client"))  # (None while it is being made)
             raise StoreUnavailable(
