@@ -122,6 +122,8 @@ class StoreBase:
                                    "`celery -A proj delayq health` names it") from exc
             if moving_slot(exc):
                 raise slot_moving(exc, redact(self.config.redis_url)) from exc
+            if running_script(exc):
+                raise script_busy(exc, redact(self.config.redis_url)) from exc
             if str(exc).startswith("DB index is out of range"):
                 raise ConfigurationError(
                     f"Redis at {redact(self.config.redis_url)} has no such database (the "
@@ -249,6 +251,22 @@ def moving_slot(exc: Exception) -> bool:
         "Multiple keys request during rehashing")
 
 
+def running_script(exc: Exception) -> bool:
+    """True for ``BUSY``: Redis runs a script (or function) past its busy threshold
+    (``busy-reply-threshold``, 5 s by default) and refuses every other command."""
+    return str(exc).startswith("BUSY ")
+
+
+def script_busy(exc: Exception, url: str = "") -> StoreUnavailable:
+    """The error of a call refused with ``BUSY`` (``url``: redacted)."""
+    return StoreUnavailable(
+        f"Redis{f' at {url}' if url else ''} is busy running a script and refuses every "
+        f"command until it ends ({exc}); retry then (the carrier does). The store's own "
+        "scripts do bounded work (docs/reliability.md, 'Calls that could block Redis'): a "
+        "script that runs this long is another client's; SCRIPT KILL stops it if it has "
+        "written nothing")
+
+
 def slot_moving(exc: Exception, url: str = "") -> StoreUnavailable:
     """The error of a call refused with ``TRYAGAIN`` (``url``: redacted)."""
     return StoreUnavailable(
@@ -272,4 +290,6 @@ def shard_error(exc: Exception) -> DelayQError:
         return acl_refusal(exc)
     if moving_slot(exc):
         return slot_moving(exc)
+    if running_script(exc):
+        return script_busy(exc)
     return DelayQError(f"Redis refused the call: {exc}")

@@ -228,3 +228,54 @@ def test_a_read_only_replica_refuses_every_write_with_an_error_that_names_the_fi
         admin.replicaof("no", "one")
         assert noop.apply_delayed(args=(1,), delay=60).job_id
         delayq.store.close()
+
+
+def test_a_redis_busy_with_another_clients_script_refuses_calls_as_unavailable(caplog):
+    """Another client's script that runs past Redis's busy threshold makes Redis answer
+    every other command ``BUSY``: producers get ``StoreUnavailable`` saying so (not a raw
+    ``ResponseError``), the carrier pauses its shards, and once the script ends every job
+    is promoted."""
+    with RedisServer(extra=("--lua-time-limit", "100")) as server:
+        app, noop = make_app("busy", f"{server.url}/0", f"{server.url}/0")
+        delayq = DelayQ.of(app)
+        jobs = {r.job_id for r in noop.apply_delayed_many(
+            [{"args": (n,), "delay": 0.5} for n in range(20)], queue=QUEUE)}
+        carrier = Carrier(app)
+        carrier.run_once()
+        spin = ("local s = redis.call('TIME')[1] "
+                "while tonumber(redis.call('TIME')[1]) < s + 3 do end return 1")
+        other = threading.Thread(target=redis.Redis(port=server.port).eval, args=(spin, 0))
+        other.start()
+        wait_for(lambda: _busy(server), timeout=5, what="Redis busy")
+        calls = {
+            "apply_delayed": lambda: noop.apply_delayed(args=(1,), delay=60, queue=QUEUE),
+            "pending": delayq.pending,
+            "cancel": lambda: delayq.cancel("j"),
+        }
+        for name, call in calls.items():
+            with pytest.raises(StoreUnavailable, match="busy running a script") as refused:
+                call()
+            assert "SCRIPT KILL" in str(refused.value), name
+        with caplog.at_level(logging.INFO, logger="celery_delayq.carrier"):
+            carrier._next_maintenance = float("inf")  # the claim itself meets BUSY
+            carrier.run_once()
+            assert _busy(server), "the script ended before the carrier's claim: no test"
+            other.join()
+
+            def drained() -> bool:
+                carrier.run_once()
+                return settled(delayq)
+
+            wait_for(drained, timeout=10, what="every job promoted")
+        carrier.close()
+        failing = [r.getMessage() for r in caplog.records if "cannot be served" in r.getMessage()]
+        assert failing and all("busy running a script" in m for m in failing), failing
+        assert jobs <= set(delivered_ids(redis.Redis(port=server.port)))
+
+
+def _busy(server: RedisServer) -> bool:
+    try:
+        redis.Redis(port=server.port).ping()
+    except redis.ResponseError as exc:
+        return str(exc).startswith("BUSY")
+    return False
