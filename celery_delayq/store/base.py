@@ -122,8 +122,9 @@ class StoreBase:
                                    "`celery -A proj delayq health` names it") from exc
             if moving_slot(exc):
                 raise slot_moving(exc, redact(self.config.redis_url)) from exc
-            if running_script(exc):
-                raise script_busy(exc, redact(self.config.redis_url)) from exc
+            for_now = refused_for_now(exc, redact(self.config.redis_url))
+            if for_now is not None:
+                raise for_now from exc
             if str(exc).startswith("DB index is out of range"):
                 raise ConfigurationError(
                     f"Redis at {redact(self.config.redis_url)} has no such database (the "
@@ -251,20 +252,27 @@ def moving_slot(exc: Exception) -> bool:
         "Multiple keys request during rehashing")
 
 
-def running_script(exc: Exception) -> bool:
-    """True for ``BUSY``: Redis runs a script (or function) past its busy threshold
-    (``busy-reply-threshold``, 5 s by default) and refuses every other command."""
-    return str(exc).startswith("BUSY ")
+#: Refusals Redis makes while a condition lasts (the reply's code, as Redis 7 words it;
+#: Redis 6.2 puts a script's inside its own error as "-CODE ..."), and what they mean.
+_WAIT_FOR = {
+    "BUSY": "is busy running a script and refuses every command until it ends; retry then "
+            "(the carrier does). The store's own scripts do bounded work (docs/reliability.md, "
+            "'Calls that could block Redis'): a script that runs this long is another "
+            "client's; SCRIPT KILL stops it if it has written nothing",
+    "NOREPLICAS": "refuses writes while fewer replicas than its min-replicas-to-write are "
+                  "connected and in sync; nothing was written: retry once they are back "
+                  "(INFO replication lists them)",
+}
 
 
-def script_busy(exc: Exception, url: str = "") -> StoreUnavailable:
-    """The error of a call refused with ``BUSY`` (``url``: redacted)."""
-    return StoreUnavailable(
-        f"Redis{f' at {url}' if url else ''} is busy running a script and refuses every "
-        f"command until it ends ({exc}); retry then (the carrier does). The store's own "
-        "scripts do bounded work (docs/reliability.md, 'Calls that could block Redis'): a "
-        "script that runs this long is another client's; SCRIPT KILL stops it if it has "
-        "written nothing")
+def refused_for_now(exc: Exception, url: str = "") -> StoreUnavailable | None:
+    """The error of a call Redis refused while a condition lasts (``BUSY``, ``NOREPLICAS``),
+    else None (``url``: redacted)."""
+    text = str(exc)
+    for code, meaning in _WAIT_FOR.items():
+        if text.startswith(f"{code} ") or f"-{code} " in text:
+            return StoreUnavailable(f"Redis{f' at {url}' if url else ''} {meaning} ({exc})")
+    return None
 
 
 def slot_moving(exc: Exception, url: str = "") -> StoreUnavailable:
@@ -290,6 +298,4 @@ def shard_error(exc: Exception) -> DelayQError:
         return acl_refusal(exc)
     if moving_slot(exc):
         return slot_moving(exc)
-    if running_script(exc):
-        return script_busy(exc)
-    return DelayQError(f"Redis refused the call: {exc}")
+    return refused_for_now(exc) or DelayQError(f"Redis refused the call: {exc}")

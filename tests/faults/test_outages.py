@@ -230,6 +230,34 @@ def test_a_read_only_replica_refuses_every_write_with_an_error_that_names_the_fi
         delayq.store.close()
 
 
+def test_a_redis_short_of_replicas_refuses_writes_as_unavailable_and_stores_nothing():
+    """``min-replicas-to-write`` with fewer replicas in sync (a replica lost): Redis refuses
+    every write (``NOREPLICAS``; Redis 6.2 inside a script's error). Each write raises
+    ``StoreUnavailable`` saying so, nothing is written, reads go on, and once the replicas
+    are back (here: the setting lowered) writes are taken again."""
+    with RedisServer() as server:
+        app, noop = make_app("noreplicas", f"{server.url}/0", f"{server.url}/0")
+        delayq = DelayQ.of(app)
+        kept = noop.apply_delayed(args=(0,), delay=60, job_id="kept").job_id
+        admin = redis.Redis(port=server.port)
+        admin.config_set("min-replicas-to-write", 1)
+        writes = {
+            "apply_delayed": lambda: noop.apply_delayed(args=(1,), delay=60),
+            "own job id": lambda: noop.apply_delayed(args=(1,), delay=60, job_id="j"),
+            "apply_delayed_many": lambda: noop.apply_delayed_many(
+                [{"args": (n,), "delay": 60} for n in range(20)]),
+            "cancel": lambda: delayq.cancel(kept),
+            "pause": lambda: delayq.pause(task=noop.name),
+        }
+        for name, write in writes.items():
+            with pytest.raises(StoreUnavailable, match="min-replicas-to-write") as refused:
+                write()
+            assert "nothing was written" in str(refused.value), name
+        assert [job.job_id for job in delayq.pending()] == [kept]
+        admin.config_set("min-replicas-to-write", 0)
+        assert delayq.cancel(kept)
+
+
 def test_a_redis_busy_with_another_clients_script_refuses_calls_as_unavailable(caplog):
     """Another client's script that runs past Redis's busy threshold makes Redis answer
     every other command ``BUSY``: producers get ``StoreUnavailable`` saying so (not a raw
