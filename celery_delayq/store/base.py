@@ -262,12 +262,15 @@ _WAIT_FOR = {
     "NOREPLICAS": "refuses writes while fewer replicas than its min-replicas-to-write are "
                   "connected and in sync; nothing was written: retry once they are back "
                   "(INFO replication lists them)",
+    "MISCONF": "failed to write its RDB snapshot and refuses writes until one succeeds "
+               "(stop-writes-on-bgsave-error); nothing was written: its log says why (a "
+               "full disk, a directory it cannot write); retry once it saves",
 }
 
 
 def refused_for_now(exc: Exception, url: str = "") -> StoreUnavailable | None:
-    """The error of a call Redis refused while a condition lasts (``BUSY``, ``NOREPLICAS``),
-    else None (``url``: redacted)."""
+    """The error of a call Redis refused while a condition lasts (``BUSY``, ``NOREPLICAS``,
+    ``MISCONF``), else None (``url``: redacted)."""
     text = str(exc)
     for code, meaning in _WAIT_FOR.items():
         if text.startswith(f"{code} ") or f"-{code} " in text:

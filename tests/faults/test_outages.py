@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -255,6 +256,35 @@ def test_a_redis_short_of_replicas_refuses_writes_as_unavailable_and_stores_noth
             assert "nothing was written" in str(refused.value), name
         assert [job.job_id for job in delayq.pending()] == [kept]
         admin.config_set("min-replicas-to-write", 0)
+        assert delayq.cancel(kept)
+
+
+def test_a_redis_that_cannot_save_its_snapshot_refuses_writes_as_unavailable(tmp_path):
+    """With ``stop-writes-on-bgsave-error`` (Redis's default) and save points, a failed RDB
+    snapshot (a full disk; here its directory removed) makes Redis refuse every write
+    (``MISCONF``) until a snapshot succeeds: ``StoreUnavailable`` says so, reads go on, and
+    writes are taken again once it may (here: its save points removed)."""
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    with RedisServer(directory=str(directory)) as server:
+        app, noop = make_app("misconf", f"{server.url}/0", f"{server.url}/0")
+        delayq = DelayQ.of(app)
+        kept = noop.apply_delayed(args=(0,), delay=60, job_id="kept").job_id
+        admin = redis.Redis(port=server.port)
+        admin.config_set("save", "3600 1")
+        shutil.rmtree(directory)
+        admin.bgsave()
+        wait_for(lambda: admin.info("persistence")["rdb_last_bgsave_status"] == "err",
+                 what="the snapshot failing")
+        try:
+            for name, write in {"apply_delayed": lambda: noop.apply_delayed(args=(1,), delay=60),
+                                "cancel": lambda: delayq.cancel(kept)}.items():
+                with pytest.raises(StoreUnavailable, match="RDB snapshot") as refused:
+                    write()
+                assert "nothing was written" in str(refused.value), name
+            assert [job.job_id for job in delayq.pending()] == [kept]
+        finally:
+            admin.config_set("save", "")  # and so Redis can stop without a snapshot
         assert delayq.cancel(kept)
 
 
