@@ -260,11 +260,11 @@ _WAIT_FOR = {
             "'Calls that could block Redis'): a script that runs this long is another "
             "client's; SCRIPT KILL stops it if it has written nothing",
     "NOREPLICAS": "refuses writes while fewer replicas than its min-replicas-to-write are "
-                  "connected and in sync; nothing was written: retry once they are back "
-                  "(INFO replication lists them)",
+                  "connected and in sync; a refused call writes nothing: retry once they are "
+                  "back (INFO replication lists them)",
     "MISCONF": "failed to write its RDB snapshot and refuses writes until one succeeds "
-               "(stop-writes-on-bgsave-error); nothing was written: its log says why (a "
-               "full disk, a directory it cannot write); retry once it saves",
+               "(stop-writes-on-bgsave-error); a refused call writes nothing: its log says "
+               "why (a full disk, a directory it cannot write); retry once it saves",
 }
 
 
