@@ -15,9 +15,9 @@ ARGV[4] bykey member or "" (then the envelope's business key, if it has one)
 ARGV[5] the lease claim_due gave the job ("": whatever holds it)
 ARGV[6] "1" when claim_due read an envelope for it, else "" (none was stored)
 
-Returns 1 when the job was dead-lettered, 0 when this lease no longer held it. A job
-scheduled again while in flight (pending again, or moved to another shard: no envelope
-here) only loses the lease: the new copy stays.
+Returns 1 when the job was dead-lettered, 0 when this lease no longer held it, 2 when a
+job scheduled again while in flight (pending again, or moved to another shard: no envelope
+here) superseded it: the claim only loses its lease, the new copy stays.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -34,9 +34,9 @@ local job_id, reason = ARGV[2], ARGV[3]
 local held = redis.call('ZSCORE', KEYS[1], job_id)
 if not held or (ARGV[5] ~= '' and tonumber(held) ~= tonumber(ARGV[5])) then return 0 end
 redis.call('ZREM', KEYS[1], job_id)
-if redis.call('ZSCORE', KEYS[7], job_id) then return 1 end  -- superseded by a new copy
+if redis.call('ZSCORE', KEYS[7], job_id) then return 2 end  -- superseded by a new copy
 local env = redis.call('HGET', KEYS[2], job_id)
-if not env and ARGV[6] == '1' then return 1 end  -- moved to another shard since: superseded
+if not env and ARGV[6] == '1' then return 2 end  -- moved to another shard since
 redis.call('HSET', KEYS[3], job_id, cjson.encode({
   reason = reason, envelope = env or '', at = now_ms()}))
 redis.call('HDEL', KEYS[2], job_id)

@@ -172,13 +172,18 @@ class Claims(StoreBase):
 
     def dead_letter(self, shard: ShardKeys, job: Claimed, reason: str) -> bool:
         """Move a claimed job that cannot be published to the dead letters (its business
-        key, if any, is read from its envelope by the script)."""
+        key, if any, is read from its envelope by the script); False when its lease had
+        ended. A job scheduled again meanwhile keeps its new copy (True, nothing written)."""
         reason = printable(reason)  # text read from bytes that are not UTF-8, as \xNN
+        stored = raw_id(job.stored_id)
         with self.unavailable():
-            return bool(SCRIPTS["dead"].call(
+            code = SCRIPTS["dead"].call(
                 self.client, SCRIPTS["dead"].keys_for(shard),
-                [self._maxlen, raw_id(job.stored_id), reason, "", job.lease,
-                 "" if job.envelope is None else "1"]))
+                [self._maxlen, stored, reason, "", job.lease,
+                 "" if job.envelope is None else "1"])
+        if code == 1:
+            self._supersede_dead_letters(stored, shard)
+        return bool(code)
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
         """Dead-letter a call that is no longer in the store (e.g. a task out of retries).
@@ -195,6 +200,21 @@ class Claims(StoreBase):
             if self._maxlen > 0:
                 pipe.xadd(shard.journal, {"event": Event.DEAD, "job": stored, "reason": reason},
                           maxlen=self._maxlen, approximate=True)
+            pipe.execute()
+        self._supersede_dead_letters(stored, shard)
+
+    def _supersede_dead_letters(self, stored: str | bytes, written: ShardKeys) -> None:
+        """A job id has one dead letter: the one just written on ``written`` replaces any
+        other shard's, of an earlier call of that id (dead under another business key), as
+        it replaces one on its own shard. No other carrier writes one meanwhile: one copy of
+        a job id at most is live."""
+        others = [shard for shard in self.keys if shard is not written]
+        if not others:
+            return
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in others:
+                pipe.hdel(shard.dead, stored)
             pipe.execute()
 
     # -- shard leases ------------------------------------------------------------------

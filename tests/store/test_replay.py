@@ -190,3 +190,29 @@ def test_cli_drops_all_selected_dead_letters_once_confirmed(proj, delayq, spawn)
     process = spawn("delayq", "drop", "keep-1")
     assert finish(process).strip() == "keep-1: dropped" and process.returncode == 0
     assert dead_ids(delayq) == set()
+
+
+@pytest.mark.parametrize("dies_again", ["claimed", "buried"])
+def test_a_job_id_dead_again_under_another_key_keeps_only_its_newest_dead_letter(
+        proj, delayq, dies_again):
+    """A job id has one dead letter. Scheduled again after it died, under a business key of
+    another shard, and dead again (its claim dead-lettered by a carrier, or buried by a
+    worker out of retries), the new dead letter supersedes the old one, as on one shard:
+    replay puts back the newest call, not the one it replaced (a Hypothesis run of
+    test_store_model found the two letters)."""
+    store, job_id = delayq.store, "order:42:close"
+    key = next(f"order:{n}" for n in range(100)
+               if store.keys.shard_for(job_id, f"order:{n}") is not store.keys.shard_for(job_id))
+    make_dead(proj, delayq, [job_id], "first")
+    if dies_again == "claimed":
+        proj.record.apply_delayed(args=("second",), delay=0, job_id=job_id, key=key,
+                                  queue=PARKED)
+        for claim in store.claim(list(store.keys), 10, 60_000):
+            for job in claim.jobs:
+                assert store.dead_letter(claim.shard, job, "second")
+    else:
+        envelope = store.dead(limit=1)[0]["envelope"].replace(f'["{job_id}"]', '["second"]')
+        store.bury(job_id, key, envelope, "second")
+    assert [letter["reason"] for letter in store.dead(limit=10)] == ["second"]
+    assert store.replay(job_id)
+    assert [job.args for job in delayq.pending()] == [["second"]]
