@@ -2,7 +2,8 @@
 
 Each example starts from an empty store and runs a random sequence of schedule /
 schedule_many (if_exists keep, replace, error), cancel, cancel_key, reschedule, run_now,
-claim (every shard), ack, recover (expired leases), release, dead_letter, replay, and pause /
+claim (every shard), ack, recover (expired leases), release, dead_letter, bury (a worker out
+of retries), replay, and pause /
 resume of a task or of the default queue (a claim holds a due job of what is paused: it
 stays pending, listed as paused, until a resume, a reschedule or a replace), with
 job ids and business keys chosen to collide: ids that differ only by case, UUIDs in
@@ -38,7 +39,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from celery_delayq import decoding
+from celery_delayq import decoding, envelope
 from celery_delayq.errors import InvalidOption, JobExists
 from celery_delayq.keys import pack_id
 from celery_delayq.store import CancelOutcome, Claimed, Promoted, ShardClaim
@@ -403,6 +404,16 @@ class StoreMachine(RuleBasedStateMachine):
         # else superseded (pending again, or moved to another shard): the new copy stays
         if ours and self.home(job_id) == held.shard.shard and job.due_ms is None:
             job.dead, job.stored = job.stored, None
+
+    @rule(job_id=ids, key=keys, task=tasks)
+    def bury(self, job_id, key, task) -> None:
+        """A worker out of retries dead-letters a call of this id (one the store no longer
+        holds; its id may have been scheduled again): the id's only dead letter."""
+        self.scheduled.add(job_id)
+        call = envelope.template(self.delayq.app, task, {}).call(
+            [self.seq], None, job_id=job_id, key=key, max_payload_bytes=4096, max_nesting=64)
+        self.store.bury(job_id, key, call.envelope, "out of retries")
+        self.jobs[job_id].dead = Call(task, key, call.task_id)
 
     @rule(job_id=ids)
     def replay(self, job_id) -> None:
