@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test lint demo bench bench-full clean docs test-matrix test-lowest test-install test-slow test-celery-suite dist
+.PHONY: venv test lint demo bench bench-full clean docs test-matrix test-lowest test-install test-slow test-fuzz test-celery-suite dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,15 @@ test-lowest: $(STAMP)
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -m slow --ignore=tests/django --ignore=tests/spark
 	$(VENV)/bin/pytest -m slow tests/spark
+
+# Longer property-based runs (opt-in, ~35 min): ten times the Hypothesis examples of the
+# stateful store model (50 steps each; on one Redis and on a cluster), the envelope fuzz and
+# the planted-data fuzz (tests/conftest.py, DELAYQ_FUZZ_SCALE).
+test-fuzz: $(STAMP)
+	DELAYQ_FUZZ_SCALE=10 $(VENV)/bin/pytest --timeout=0 tests/store/test_store_model.py \
+		tests/unit/test_envelope_fuzz.py tests/faults/test_planted_data_fuzz.py
+	DELAYQ_FUZZ_SCALE=10 DELAYQ_TEST_STORE=cluster $(VENV)/bin/pytest --timeout=0 \
+		tests/store/test_store_model.py
 
 # The quickstart from a wheel built from this checkout, in a new virtualenv (tests/compat).
 test-install: $(STAMP)

@@ -23,6 +23,15 @@ from redis.cluster import RedisCluster
 from celery_delayq.testing.redis_server import RedisClusterServer, RedisServer
 
 CLUSTER = os.environ.get("DELAYQ_TEST_STORE") == "cluster"
+#: ``make test-fuzz`` sets it to 10: the property-based tests draw ten times their examples
+#: (and the stateful store model walks 50 steps instead of 20), which found two store bugs
+#: that the short runs of ``make test`` had not (docs/reliability.md).
+FUZZ_SCALE = int(os.environ.get("DELAYQ_FUZZ_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+    """``n`` Hypothesis examples, times ``DELAYQ_FUZZ_SCALE``."""
+    return n * FUZZ_SCALE
 
 #: Markers of tests that run only when ``-m`` names them, and how to run them.
 OPT_IN = {

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_delayq.keys import unpack_id
-from tests.conftest import CLUSTER, PROMOTIONS
+from tests.conftest import CLUSTER, PROMOTIONS, examples
 from tests.faults.test_carrier_faults import PARKED, carry_until_quiet, schedule_due_now
 from tests.unit.test_envelope_fuzz import (
     DEEP,
@@ -170,7 +170,7 @@ def test_a_stored_id_that_only_looks_packed_is_published_as_it_is(proj, redis_cl
 @pytest.mark.parametrize("promotion", PROMOTIONS)
 def test_planted_jobs_are_published_or_dead_lettered_and_never_stop_the_others(
         proj, redis_client, promotion):
-    @settings(max_examples=20, deadline=None, report_multiple_bugs=False,
+    @settings(max_examples=examples(20), deadline=None, report_multiple_bugs=False,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(jobs=PLANTED, not_due=st.lists(st.tuples(STORED, st.sampled_from(NOT_DUE)),
                                           max_size=2))

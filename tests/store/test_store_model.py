@@ -43,6 +43,7 @@ from celery_delayq import decoding, envelope
 from celery_delayq.errors import InvalidOption, JobExists
 from celery_delayq.keys import pack_id
 from celery_delayq.store import CancelOutcome, Claimed, Promoted, ShardClaim
+from tests.conftest import FUZZ_SCALE, examples
 
 UUID = "0b5f6c2e-7f3a-4d2b-9c1e-2a3b4c5d6e7f"
 JOB_IDS = [
@@ -504,5 +505,6 @@ def test_store_agrees_with_its_model_after_every_step(delayq):
     the test timeout."""
     run_state_machine_as_test(
         lambda: StoreMachine(delayq),
-        settings=settings(max_examples=60, stateful_step_count=20, deadline=None,
+        settings=settings(max_examples=examples(60),
+                          stateful_step_count=20 if FUZZ_SCALE == 1 else 50, deadline=None,
                           report_multiple_bugs=False))

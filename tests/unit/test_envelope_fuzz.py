@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from celery_delayq import decoding
 from celery_delayq.errors import PayloadError
 from celery_delayq.message import MessageBuilder
+from tests.conftest import examples
 
-FUZZ = settings(max_examples=200, deadline=None,
+FUZZ = settings(max_examples=examples(200), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
 
