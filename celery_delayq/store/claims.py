@@ -181,8 +181,10 @@ class Claims(StoreBase):
                 self.client, SCRIPTS["dead"].keys_for(shard),
                 [self._maxlen, stored, reason, "", job.lease,
                  "" if job.envelope is None else "1"])
-        if code == 1:
-            self._supersede_dead_letters(stored, shard)
+            if code == 1 and self.keys.shards > 1:
+                pipe = self.client.pipeline(transaction=False)
+                self._supersede_dead_letters(pipe, stored, shard)
+                pipe.execute()
         return bool(code)
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
@@ -200,22 +202,17 @@ class Claims(StoreBase):
             if self._maxlen > 0:
                 pipe.xadd(shard.journal, {"event": Event.DEAD, "job": stored, "reason": reason},
                           maxlen=self._maxlen, approximate=True)
+            self._supersede_dead_letters(pipe, stored, shard)
             pipe.execute()
-        self._supersede_dead_letters(stored, shard)
 
-    def _supersede_dead_letters(self, stored: str | bytes, written: ShardKeys) -> None:
-        """A job id has one dead letter: the one just written on ``written`` replaces any
-        other shard's, of an earlier call of that id (dead under another business key), as
-        it replaces one on its own shard. No other carrier writes one meanwhile: one copy of
-        a job id at most is live."""
-        others = [shard for shard in self.keys if shard is not written]
-        if not others:
-            return
-        with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
-            for shard in others:
+    def _supersede_dead_letters(self, pipe, stored: str | bytes, written: ShardKeys) -> None:
+        """Queue on ``pipe`` what makes the dead letter written on ``written`` its id's only
+        one: it replaces any other shard's, of an earlier call of that id (dead under another
+        business key), as it replaces one on its own shard. No other carrier writes one
+        meanwhile: one copy of a job id at most is live."""
+        for shard in self.keys:
+            if shard is not written:
                 pipe.hdel(shard.dead, stored)
-            pipe.execute()
 
     # -- shard leases ------------------------------------------------------------------
 
