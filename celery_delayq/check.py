@@ -1,13 +1,14 @@
 """``delayq check [--repair]``: verify the store's invariants, report and repair damage.
 
 The invariants (what the scripts keep true on every shard, and how ``counts`` and
-``bykey`` are maintained) are written down once, in :mod:`keys` ("Invariants", 1-7 checked
+``bykey`` are maintained) are written down once, in :mod:`keys` ("Invariants", 1-8 checked
 here). An evicting Redis, a hand-edited key or a bug breaks them; this finds:
 
 - ``dangling_due`` / ``dangling_inflight``: members without an envelope (1., 2.);
 - ``orphaned``: envelopes in neither set (3.); jobs in both are counted, not repaired (4.);
 - ``dangling_bykey``: index members whose job is gone or has another key (5.);
 - ``counts``: a task's count that is not its number of envelopes (6.);
+- ``dangling_kept``: envelopes kept for a copy in flight (8.) whose id has no lease;
 - ``stranded``: held jobs (7.) that nothing in force holds: a job held by a pause whose
   task or queue the shard's ``paused`` hash no longer names, or one held by a rate limit
   whose queue has no limit in force in the shard's ``limits`` hash or whose ``waiting``
@@ -16,8 +17,9 @@ here). An evicting Redis, a hand-edited key or a bug breaks them; this finds:
 Repair (``repair-7.lua``, one call per finding, re-checked atomically so a job that changed
 since the scan is left alone): orphaned envelopes are dead-lettered with the reason
 ``orphaned: ...`` (listed by ``delayq ls --dead``, replayable), never deleted; dangling
-``due``/``inflight``/``bykey`` members are removed; counts get the difference added;
-stranded jobs get their due time back (the next claim holds them again if it must).
+``due``/``inflight``/``bykey`` members and kept envelopes are removed; counts get the
+difference added; stranded jobs get their due time back (the next claim holds them again
+if it must).
 
 Everything is read in chunks (HSCAN/ZSCAN, pipelined lookups per chunk) and repaired chunk
 by chunk, so a store of millions of jobs is never held in memory. Counts are compared only
@@ -36,7 +38,7 @@ import redis
 from .decoding import first_line
 from .errors import DamagedShard
 from .held import RANGES, split_score
-from .keys import ShardKeys, unpack_id
+from .keys import KEPT, ShardKeys, unpack_id
 from .ratelimit import in_force
 from .reading import MIN_MS, count_of
 from .scripts import SCRIPTS, execute
@@ -47,7 +49,7 @@ _CHUNK = 500
 _EXAMPLES = 5
 _ORPHANED = "orphaned: the envelope was in neither the due nor the in-flight set"
 KINDS = ("dangling_due", "dangling_inflight", "orphaned", "dangling_bykey", "counts",
-         "stranded")
+         "dangling_kept", "stranded")
 
 
 @dataclass
@@ -89,24 +91,32 @@ class _ShardCheck:
         return self.report
 
     def _jobs(self) -> None:
-        shard, tasks = self.shard, Counter[str]()
+        shard, tasks, fields = self.shard, Counter[str](), 0
         before = self.client.hlen(shard.jobs)
         for chunk in chunks(self.client.hscan_iter(shard.jobs, count=_CHUNK), _CHUNK):
-            ids = [stored for stored, _ in chunk]
+            ids = [name.removeprefix(KEPT) for name, _ in chunk]
             pipe = self.client.pipeline(transaction=False)
             pipe.zmscore(shard.due, ids)
             pipe.zmscore(shard.inflight, ids)
             due, inflight = pipe.execute()
-            orphaned = []
-            for (stored, envelope), in_due, in_flight in zip(chunk, due, inflight, strict=True):
+            orphaned, loose = [], []
+            for (name, envelope), stored, in_due, in_flight in zip(chunk, ids, due, inflight,
+                                                                  strict=True):
+                if name.startswith(KEPT):  # not a job: an envelope kept for its lease
+                    if in_flight is None:
+                        loose.append(stored)
+                    continue
                 task = first_line(envelope).get("t")
                 tasks[task if isinstance(task, str) else ""] += 1
+                self.report.jobs += 1
                 if in_due is None and in_flight is None:
                     orphaned.append(stored)
                 self.report.in_both += in_due is not None and in_flight is not None
-            self.report.jobs += len(chunk)
+            fields += len(chunk)
             self._found("orphaned", orphaned, [("orphan", s, _ORPHANED) for s in orphaned])
-        self._counts(tasks, same=before == self.client.hlen(shard.jobs) == self.report.jobs)
+            self._found("dangling_kept", loose, [("kept", s, "") for s in loose])
+        after = self.client.hlen(shard.jobs) + self.report.repaired["dangling_kept"]  # no job
+        self._counts(tasks, same=before == after == fields)
 
     def _counts(self, tasks: Counter[str], same: bool) -> None:
         if not same:

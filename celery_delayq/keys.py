@@ -6,7 +6,9 @@ members, fields, journal entries::
 
     <prefix>:{N}:due       ZSET  job id -> due time (ms, Redis clock)
     <prefix>:{N}:inflight  ZSET  job id -> lease deadline (ms) while a carrier publishes it
-    <prefix>:{N}:jobs      HASH  job id -> envelope (three lines of JSON, see envelope.py)
+    <prefix>:{N}:jobs      HASH  job id -> envelope (three lines of JSON, see envelope.py);
+                           KEPT + job id -> the envelope of the copy a carrier holds while
+                           a later call of that id stands in its place (invariant 8)
     <prefix>:{N}:bykey     ZSET  "<business key>\\0<job id>" (score 0), a lexicographic index
     <prefix>:{N}:dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
     <prefix>:{N}:journal   STREAM lifecycle events, capped
@@ -37,7 +39,7 @@ transport names them (:func:`broker_queue`).
 Invariants
 ----------
 What the scripts (``scripts/*.lua``) keep true on every shard, each in one atomic call.
-This is the one place they are written down: ``delayq check`` (check.py) verifies 1-7 and
+This is the one place they are written down: ``delayq check`` (check.py) verifies 1-8 and
 repairs what breaks them (an evicting Redis, a hand-edited key, a bug).
 
 1. Every ``due`` member has a ``jobs`` entry (a pending job has its envelope).
@@ -54,7 +56,7 @@ repairs what breaks them (an evicting Redis, a hand-edited key, a bug).
    and removed when the envelope goes or changes its key: ``schedule`` replacing it,
    ``cancel``, ``ack``, ``claim_due`` pushing it to the broker itself, ``dead``, ``repair``.
    A pending job with a key has its member. A job cancelled while an earlier copy was in
-   flight (the cancel answered "too late") keeps its envelope for that copy without a
+   flight (the cancel answered "too late") leaves that copy's envelope (8.) without a
    member; if the carrier dies, ``recover`` puts the member back with the copy it makes
    pending again.
 6. ``counts``: per task name, the number of ``jobs`` entries whose first line names that
@@ -62,7 +64,8 @@ repairs what breaks them (an evicting Redis, a hand-edited key, a bug).
    task is written where none was (``schedule`` new; ``schedule`` replacing: -1 for the old
    envelope's task, +1 for the new one's; ``replay``); -1 when an envelope leaves ``jobs``
    (``ack`` of a job not scheduled again, ``claim_due``'s direct push, ``cancel`` when no
-   carrier holds the job or it moves, ``dead``, ``repair`` of an orphan); ``repair`` adds
+   carrier holds the job or it moves, ``dead``, ``repair`` of an orphan); a ``cancel`` that
+   puts back the envelope of a copy in flight (8.) counts both; ``repair`` adds
    the difference ``check`` found. The field ``""`` (never a task name) is not a job count:
    +1 per job ``cancel`` removed (not for a move), never decremented (``Store.counts``
    returns it apart, as cancels so far).
@@ -73,6 +76,16 @@ repairs what breaks them (an evicting Redis, a hand-edited key, a bug).
    force: one held by a pause is of a task or queue the shard's ``paused`` hash names; one
    held by a rate limit is of a queue with a limit in force in ``limits`` and has its
    ``waiting`` member (else it is *stranded*: nothing would release it).
+8. A *kept* field (``KEPT`` + job id, never a job id: ids hold no control character) is in
+   ``jobs`` only for an id in ``inflight``. It holds the envelope of the copy that lease is
+   for, written when that envelope leaves its field while the lease lasts: ``schedule``
+   replacing a job that is not pending, ``cancel`` "move". A ``cancel`` of the pending copy
+   (the carrier still holds the old one: "too late") puts it back, so a carrier that dies
+   has its own call recovered or dead-lettered, never the cancelled one. A lease that ends
+   takes it (``ack``, ``recover``, ``dead``, ``claim_due`` leasing the id again, ``repair``
+   of a dangling member). It is not a job: not counted (6.), not an orphan (3.). In ``jobs``
+   rather than a key of its own so that every script keeps its keys: during a Redis
+   Cluster slot migration a call naming a key that does not exist yet meets TRYAGAIN.
 """
 
 from __future__ import annotations
@@ -85,6 +98,8 @@ from zlib import crc32
 
 #: Separator between business key and job id in the ``bykey`` index members.
 KEY_SEP = "\x00"
+#: First character of a ``jobs`` field that keeps a copy in flight (invariant 8, kept.lua).
+KEPT = "\x01"
 #: First character of a stored job id that packs a UUID (see :func:`pack_id`).
 PACKED = "~"
 _PACKED_UUID = re.compile(r"~[A-Za-z0-9_-]{21}", re.ASCII)  # what pack_id makes of a UUID

@@ -1,7 +1,7 @@
 --[[ ack: a carrier published these claimed jobs; forget them and journal "promoted".
 
 KEYS[1] inflight  ZSET  job id -> lease deadline ms
-KEYS[2] jobs      HASH  job id -> envelope
+KEYS[2] jobs      HASH  job id -> envelope, and kept(job id) (kept.lua): goes with the lease
 KEYS[3] due       ZSET  job id -> due ms
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
@@ -13,8 +13,8 @@ ARGV[2..] six values per job: job id, bykey member or "", task name, business ke
 
 A job that was scheduled again (same id) while it was in flight keeps its new envelope,
 and a lease that is no longer this one (the id claimed again) is left alone. The envelope
-an ack removes is counted down under its own task: the claimed copy's, or a replacement's
-that was cancelled while the copy was in flight (cancel leaves it for this ack).
+an ack removes is the claimed copy's (a cancel of a replacement put it back), counted down
+under its task.
 Returns the number of jobs acknowledged.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
@@ -22,8 +22,8 @@ its keys holds the wrong type of value.
 ]]
 -- include: counts.lua
 -- include: damaged.lua
--- include: first_line.lua
 -- include: journal.lua
+-- include: kept.lua
 local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream', 6, 'hash'})
 if problem then return redis.error_reply(problem) end
 local n = 0
@@ -33,15 +33,13 @@ for i = 2, #ARGV, 6 do
   local held = redis.call('ZSCORE', KEYS[1], job_id)
   local ours = ARGV[i + 5] == '' or (held and tonumber(held) == tonumber(ARGV[i + 5]))
   if ours then redis.call('ZREM', KEYS[1], job_id) end
-  if ours and not redis.call('ZSCORE', KEYS[3], job_id) then
-    local env = redis.call('HGET', KEYS[2], job_id)
-    if env then
-      redis.call('HDEL', KEYS[2], job_id)
-      local counted = task  -- an envelope's first line starts with its task (envelope.py)
-      if string.sub(env, 1, #task + 7) ~= '{"t":"' .. task .. '"' then
-        counted = text_field(first_line(env), 't')
-      end
-      if counted ~= '' then per_task[counted] = (per_task[counted] or 0) + 1 end
+  if ours and redis.call('ZSCORE', KEYS[3], job_id) then
+    redis.call('HDEL', KEYS[2], kept(job_id))  -- the copy scheduled again stays
+  elseif ours then
+    if redis.call('HDEL', KEYS[2], job_id) == 1 then
+      per_task[task] = (per_task[task] or 0) + 1
+    else
+      redis.call('HDEL', KEYS[2], kept(job_id))  -- moved to another shard meanwhile
     end
     if ARGV[i + 1] ~= '' then redis.call('ZREM', KEYS[4], ARGV[i + 1]) end
   end

@@ -14,7 +14,8 @@ passed. Args and kwargs go into the body verbatim: cjson never re-encodes user d
 
 KEYS[1]   due       ZSET  job id -> due ms
 KEYS[2]   inflight  ZSET  job id -> lease deadline ms
-KEYS[3]   jobs      HASH  job id -> envelope
+KEYS[3]   jobs      HASH  job id -> envelope; leasing an id again drops its kept(job id)
+                          field (kept.lua): the earlier lease is over
 KEYS[4]   bykey     ZSET  business-key index
 KEYS[5]   journal   STREAM
 KEYS[6]   counts    HASH  task name -> jobs stored (pending or being promoted)
@@ -60,6 +61,7 @@ its keys holds the wrong type of value.
 -- include: damaged.lua
 -- include: held.lua
 -- include: journal.lua
+-- include: kept.lua
 -- include: now.lua
 local problem = damaged({1, 'zset', 2, 'zset', 3, 'hash', 4, 'zset', 5, 'stream', 6, 'hash',
                          7, 'hash', 8, 'hash', 9, 'zset'})
@@ -397,7 +399,9 @@ if #names > 0 then
         journal_batch(5, 'promoted', 'job', job_id, 'task', fields['t'], 'key', key, 'due', due)
         direct[#direct + 1] = tonumber(due)
       else
-        redis.call('ZADD', KEYS[2], lease, job_id)
+        if redis.call('ZADD', KEYS[2], lease, job_id) == 0 then  -- leased again
+          redis.call('HDEL', KEYS[3], kept(job_id))
+        end
         out[#out + 1] = job_id
         out[#out + 1] = due
         out[#out + 1] = env

@@ -1,7 +1,7 @@
 --[[ dead: a carrier cannot publish a claimed job; keep it in the dead-letter hash.
 
 KEYS[1] inflight  ZSET  job id -> lease deadline ms
-KEYS[2] jobs      HASH  job id -> envelope
+KEYS[2] jobs      HASH  job id -> envelope, and kept(job id) (kept.lua): goes with the lease
 KEYS[3] dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
@@ -26,6 +26,7 @@ its keys holds the wrong type of value.
 -- include: damaged.lua
 -- include: first_line.lua
 -- include: journal.lua
+-- include: kept.lua
 -- include: now.lua
 local problem = damaged({1, 'zset', 2, 'hash', 3, 'hash', 4, 'zset', 5, 'stream', 6, 'hash',
                          7, 'zset'})
@@ -34,6 +35,7 @@ local job_id, reason = ARGV[2], ARGV[3]
 local held = redis.call('ZSCORE', KEYS[1], job_id)
 if not held or (ARGV[5] ~= '' and tonumber(held) ~= tonumber(ARGV[5])) then return 0 end
 redis.call('ZREM', KEYS[1], job_id)
+redis.call('HDEL', KEYS[2], kept(job_id))
 if redis.call('ZSCORE', KEYS[7], job_id) then return 2 end  -- superseded by a new copy
 local env = redis.call('HGET', KEYS[2], job_id)
 if not env and ARGV[6] == '1' then return 2 end  -- moved to another shard since

@@ -4,7 +4,8 @@ died), or the given ones (their carrier could not publish them).
 KEYS[1] inflight  ZSET  job id -> lease deadline ms
 KEYS[2] due       ZSET  job id -> due ms
 KEYS[3] journal   STREAM
-KEYS[4] jobs      HASH  job id -> envelope (for the task name in the journal)
+KEYS[4] jobs      HASH  job id -> envelope (for the task name in the journal); a lease that
+                        ends takes its kept(job id) field (kept.lua)
 KEYS[5] bykey     ZSET  business-key index: a recovered job with a key gets its member back
                         (a cancel of its pending copy while it was in flight removed it)
 
@@ -23,6 +24,7 @@ its keys holds the wrong type of value.
 -- include: damaged.lua
 -- include: first_line.lua
 -- include: journal.lua
+-- include: kept.lua
 -- include: now.lua
 local problem = damaged({1, 'zset', 2, 'zset', 3, 'stream', 4, 'hash', 5, 'zset'})
 if problem then return redis.error_reply(problem) end
@@ -38,6 +40,7 @@ for _, job_id in ipairs(ids) do
   local env = nil
   if (not lease or held == lease) and redis.call('ZREM', KEYS[1], job_id) == 1 then
     env = redis.call('HGET', KEYS[4], job_id)
+    redis.call('HDEL', KEYS[4], kept(job_id))
   end
   if env then  -- none: the job moved to another shard while in flight; its lease just ends
     recovered = recovered + 1

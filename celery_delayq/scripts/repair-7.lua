@@ -3,7 +3,7 @@ again here, atomically, so a job that changed since the scan is left alone.
 
 KEYS[1] due       ZSET  job id -> due ms
 KEYS[2] inflight  ZSET  job id -> lease deadline ms
-KEYS[3] jobs      HASH  job id -> envelope
+KEYS[3] jobs      HASH  job id -> envelope, and kept(job id) (kept.lua)
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
 KEYS[6] counts    HASH  task name -> jobs stored (pending or being promoted)
@@ -11,7 +11,9 @@ KEYS[7] journal   STREAM
 
 ARGV[1] journal maxlen (0: no journal)
 ARGV[2] what to repair:
-        "due" / "inflight"  a member (job id) without an envelope: removed
+        "due" / "inflight"  a member (job id) without an envelope: removed (an in-flight
+                            one with its kept field)
+        "kept"              a kept field of a job id (ARGV[3]) without a lease: removed
         "bykey"             a member "<key>\0<job id>" whose job is gone or has another key:
                             removed
         "orphan"            an envelope (job id) in neither due nor inflight: dead-lettered
@@ -29,12 +31,18 @@ Returns 1 when repaired, 0 when there was nothing (left) to repair.
 -- include: first_line.lua
 -- include: held.lua
 -- include: journal.lua
+-- include: kept.lua
 -- include: now.lua
 local what, value, extra = ARGV[2], ARGV[3], ARGV[4]
 if what == 'due' or what == 'inflight' then
   if redis.call('HEXISTS', KEYS[3], value) == 1 then return 0 end
   if what == 'due' then return redis.call('ZREM', KEYS[1], value) end
+  redis.call('HDEL', KEYS[3], kept(value))
   return redis.call('ZREM', KEYS[2], value)
+end
+if what == 'kept' then
+  if redis.call('ZSCORE', KEYS[2], value) then return 0 end
+  return redis.call('HDEL', KEYS[3], kept(value))
 end
 if what == 'bykey' then
   local cut = string.find(value, '\0', 1, true)

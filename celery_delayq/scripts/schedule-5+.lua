@@ -1,7 +1,8 @@
 --[[ schedule: store jobs of one shard and put them on its due set.
 
 KEYS[1] due       ZSET  job id -> due ms
-KEYS[2] jobs      HASH  job id -> envelope
+KEYS[2] jobs      HASH  job id -> envelope; a replaced envelope of a copy a carrier holds
+                        (not pending) is kept there under kept(job id) (include/kept.lua)
 KEYS[3] bykey     ZSET  business-key index
 KEYS[4] journal   STREAM
 KEYS[5] counts    HASH  task name -> jobs stored (pending or being promoted)
@@ -38,6 +39,7 @@ its keys holds the wrong type of value.
 -- include: damaged.lua
 -- include: first_line.lua
 -- include: journal.lua
+-- include: kept.lua
 -- include: now.lua
 local checks = {1, 'zset', 2, 'hash', 3, 'zset', 4, 'stream', 5, 'hash'}
 local outcome = ARGV[5] ~= '0' and KEYS[6]
@@ -77,6 +79,9 @@ for i = 7, #ARGV, outcome and 9 or 8 do
     else
       if old then
         code = 2
+        if not redis.call('ZSCORE', KEYS[1], job_id) then  -- a carrier holds the old copy
+          redis.call('HSETNX', KEYS[2], kept(job_id), old)
+        end
         local fields = first_line(old)
         if fields then
           if type(fields['y']) == 'string' then

@@ -7,7 +7,7 @@ import os
 import subprocess
 
 from celery_delayq.check import check
-from celery_delayq.keys import pack_id
+from celery_delayq.keys import KEPT, pack_id
 from tests.conftest import ROOT, celery_cli
 
 
@@ -37,24 +37,28 @@ def test_check_reports_each_kind_of_damage_and_repair_loses_no_job(proj, delayq,
     client.zadd(shard_of(2).bykey, {f"order-7\x00{pack_id(ids[2])}": 0})  # other key
     client.hincrby(shard_of(3).counts, "tests.proj.record", 5)  # 6: a wrong count
     client.zadd(shard_of(4).inflight, {pack_id(ids[4]): 1})  # 4: legal, not damage
+    client.hset(shard_of(5).jobs, KEPT + "ghost-kept", "{}")  # 8: kept, no lease
+    client.hset(shard_of(4).jobs, KEPT + pack_id(ids[4]), "{}")  # 8: legal, its lease holds
 
     found = check(store)
     totals = {kind: sum(r.found[kind] for r in found)
               for kind in ("dangling_due", "dangling_inflight", "orphaned", "dangling_bykey",
-                           "counts")}
+                           "counts", "dangling_kept")}
     assert totals == {"dangling_due": 1, "dangling_inflight": 1, "orphaned": 1,
-                      "dangling_bykey": 2, "counts": 1}
+                      "dangling_bykey": 2, "counts": 1, "dangling_kept": 1}
     assert sum(r.in_both for r in found) == 1
 
     reported = cli_check(redis_server)
     assert reported.returncode == 1, reported.stdout + reported.stderr
     assert "1 orphaned" in reported.stdout and "2 dangling bykey" in reported.stdout
-    assert "job-1" in reported.stdout
+    assert "job-1" in reported.stdout and "ghost-kept" in reported.stdout
 
     repaired = cli_check(redis_server, "--repair")
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     again = cli_check(redis_server)
     assert again.returncode == 0 and "clean: 29 jobs" in again.stdout, again.stdout
+    assert [field for shard in store.keys for field in client.hkeys(shard.jobs)
+            if field.startswith(KEPT)] == [KEPT + pack_id(ids[4])]
 
     dead = store.dead()
     assert [entry["job_id"] for entry in dead] == ["job-1"]

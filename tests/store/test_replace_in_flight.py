@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 import pytest
 
 from celery_delayq.check import check
+from celery_delayq.keys import KEPT
 from celery_delayq.store import CancelOutcome, Promoted
 from tests.store.test_one_id_one_job import keys_on_two_shards, stored_copies
 
@@ -121,20 +122,59 @@ def test_a_copy_recovered_after_its_pending_twin_was_cancelled_is_found_by_its_k
     assert delayq.pending() == []
 
 
-def test_the_ack_of_an_old_copy_counts_down_the_task_of_the_envelope_it_removes(proj, delayq):
-    """Replaced in flight by a call of another task, then that replacement cancelled (its
-    envelope stays for the old copy's ack): the ack removes the replacement's envelope, so
-    the replacement's task is counted down, not the old copy's (a Hypothesis run of
-    test_store_model found the per-task counts drifting)."""
+def test_counts_follow_the_envelope_a_cancel_gives_back_to_the_copy_in_flight(proj, delayq):
+    """Replaced in flight by a call of another task, then that replacement cancelled: the
+    old copy's envelope is back, counted under its task, and its ack counts it down (a
+    Hypothesis run of test_store_model once found these counts drifting)."""
     store, shards = delayq.store, list(delayq.store.keys)
     proj.record.apply_delayed(args=("stays",), delay=3600, job_id="other")
     proj.record.apply_delayed(args=("old",), eta=PAST, job_id="j")
     (claim,) = [claim for claim in store.claim(shards, 10, 60_000) if claim.jobs]
     (old,) = claim.jobs
     proj.flaky.apply_delayed(args=("new",), delay=3600, job_id="j", if_exists="replace")
-    assert delayq.cancel_outcome("j") is CancelOutcome.TOO_LATE
     assert store.counts()[0] == {proj.record.name: 1, proj.flaky.name: 1}
+    assert delayq.cancel_outcome("j") is CancelOutcome.TOO_LATE
+    assert store.counts()[0] == {proj.record.name: 2}
     store.ack({claim.shard: [Promoted("j", proj.record.name, None, old.due_ms,
                                       old.stored_id, old.lease)]})
     assert store.counts()[0] == {proj.record.name: 1}
     assert [report.found for report in check(store) if report.found] == []
+    assert [field for shard in shards for field in store.client.hkeys(shard.jobs)
+            if field.startswith(KEPT)] == []
+
+def lost_claim_then_cancelled_replacement(proj, delayq, key: str | None = None):
+    """``record("old")`` claimed under a lease of 0 (its carrier dies), replaced in flight
+    by ``flaky("new")``, and that replacement cancelled: "too late", the old call is owed."""
+    store, shards = delayq.store, list(delayq.store.keys)
+    proj.record.apply_delayed(args=("old",), eta=PAST, job_id="j", key=key)
+    (claim,) = [claim for claim in store.claim(shards, 10, 0) if claim.jobs]
+    proj.flaky.apply_delayed(args=("new",), delay=3600, job_id="j", key=key,
+                             if_exists="replace")
+    assert delayq.cancel_outcome("j") is CancelOutcome.TOO_LATE
+    return claim
+
+
+@pytest.mark.parametrize("key", [None, "order:7"])
+def test_a_cancelled_replacement_never_runs_when_the_carrier_of_the_old_call_dies(
+        proj, delayq, key):
+    """The cancel said "too late": the call in flight runs. If its carrier dies before
+    publishing it, recover makes that call pending again, not the cancelled one."""
+    store, shards = delayq.store, list(delayq.store.keys)
+    lost_claim_then_cancelled_replacement(proj, delayq, key)
+    after_zero_leases()
+    assert store.recover(shards, 10) == (1, {})
+
+    assert [(job.task, job.args, job.key) for job in delayq.pending()] == [
+        (proj.record.name, ["old"], key)]
+    assert store.counts()[0] == {proj.record.name: 1}
+    assert [report.found for report in check(store) if report.found] == []
+
+
+def test_a_cancelled_replacement_is_not_what_the_old_calls_carrier_dead_letters(proj, delayq):
+    store = delayq.store
+    claim = lost_claim_then_cancelled_replacement(proj, delayq)
+    assert store.dead_letter(claim.shard, claim.jobs[0], "cannot publish")
+
+    (letter,) = store.dead()
+    assert '"old"' in letter["envelope"] and proj.record.name in letter["envelope"]
+    assert store.counts()[0] == {}

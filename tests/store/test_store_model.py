@@ -66,6 +66,7 @@ class Call:
 
     task: str
     key: str | None
+    args: list  # [the step's number]: two calls of one task and key still differ
     task_id: str = ""
 
 
@@ -75,6 +76,7 @@ class Lease:
 
     token: str
     expired: bool
+    call: Call  # the call the carrier holds
 
 
 @dataclass
@@ -211,6 +213,14 @@ class StoreMachine(RuleBasedStateMachine):
         del leases[held.shard.shard]
         return True
 
+    def cancel_pending(self, job_id: str) -> None:
+        """A cancelled pending copy is gone; where a carrier holds an earlier copy on its
+        shard, that copy's call is what the store keeps (for its ack, recover or dead)."""
+        job = self.jobs[job_id]
+        lease = job.leases.get(self.home(job_id))
+        job.due_ms, job.held = None, False
+        job.stored = lease.call if lease else None
+
     def give_back(self, job_id: str, before_ms: int) -> None:
         """A lease ended by recover / release where the envelope is: the job is due now
         unless it is pending."""
@@ -224,7 +234,8 @@ class StoreMachine(RuleBasedStateMachine):
           if_exists=st.sampled_from(["keep", "replace", "error"]))
     def schedule(self, job_id, key, task, due, if_exists) -> None:
         eta = self.eta(due)
-        expected = self.expect_schedule(job_id, Call(task, key), ms_of(eta), if_exists)
+        expected = self.expect_schedule(job_id, Call(task, key, [self.seq]), ms_of(eta),
+                                        if_exists)
         if expected.code == "conflict":
             with pytest.raises(JobExists):
                 self.delayq.schedule(task, [self.seq], eta=eta, key=key, job_id=job_id,
@@ -250,7 +261,7 @@ class StoreMachine(RuleBasedStateMachine):
         for job_id, key, due in items:
             eta = self.eta(due)
             calls.append({"args": [self.seq], "eta": eta, "key": key, "job_id": job_id})
-            expected.append(self.expect_schedule(job_id, Call(task, key), ms_of(eta),
+            expected.append(self.expect_schedule(job_id, Call(task, key, [self.seq]), ms_of(eta),
                                                  if_exists))
         results = self.delayq.schedule_many(task, calls, if_exists=if_exists)
         for result, want, (job_id, _, _) in zip(results, expected, items, strict=True):
@@ -267,13 +278,24 @@ class StoreMachine(RuleBasedStateMachine):
             assert outcome is (CancelOutcome.TOO_LATE if job.leases else
                                CancelOutcome.CANCELLED)
             self.cancelled += 1
-            job.due_ms, job.held = None, False
-            if self.home(job_id) not in job.leases:  # else kept for the carrier's ack
-                job.stored = None
+            self.cancel_pending(job_id)
         elif job.leases:
             assert outcome is CancelOutcome.TOO_LATE
         else:
             assert outcome is CancelOutcome.UNKNOWN
+
+    # Two rules aimed at ids a carrier holds (random ids meet them too rarely): scheduled
+    # again, the old copy's envelope is kept for its lease; cancelled, the call it holds is
+    # what stays (keys.py, invariant 8).
+    @precondition(holding)
+    @rule(pick=st.integers(0, 50), key=keys, task=tasks, due=st.booleans())
+    def replace_held(self, pick, key, task, due) -> None:
+        self.schedule(self.held[pick % len(self.held)].claim.job_id, key, task, due, "replace")
+
+    @precondition(holding)
+    @rule(pick=st.integers(0, 50), by_key=st.booleans())
+    def cancel_held(self, pick, by_key) -> None:
+        self.cancel(self.held[pick % len(self.held)].claim.job_id, by_key)
 
     @rule(key=st.sampled_from(KEYS[1:]))
     def cancel_key(self, key) -> None:
@@ -281,10 +303,7 @@ class StoreMachine(RuleBasedStateMachine):
                    if job.due_ms is not None and job.stored.key == key]
         assert self.delayq.cancel_key(key) == len(pending)
         for job_id in pending:
-            job = self.jobs[job_id]
-            job.due_ms, job.held = None, False
-            if self.home(job_id) not in job.leases:
-                job.stored = None
+            self.cancel_pending(job_id)
         self.cancelled += len(pending)
 
     @rule(job_id=ids, due=st.booleans())
@@ -344,10 +363,11 @@ class StoreMachine(RuleBasedStateMachine):
         for shard, claimed_job in claimed:
             job = self.jobs[claimed_job.job_id]
             fields = decoding.decode(claimed_job.envelope)
-            call = Call(fields["t"], fields.get("y"), fields.get("i", claimed_job.job_id))
+            call = Call(fields["t"], fields.get("y"), fields["a"],
+                        fields.get("i", claimed_job.job_id))
             assert (call, claimed_job.due_ms) == (job.stored, job.due_ms)
             job.due_ms = None
-            job.leases[shard.shard] = Lease(claimed_job.lease, expired=not long_lease)
+            job.leases[shard.shard] = Lease(claimed_job.lease, not long_lease, call)
             self.held.append(Held(claimed_job, shard, call))
 
     @precondition(holding)
@@ -414,7 +434,7 @@ class StoreMachine(RuleBasedStateMachine):
         call = envelope.template(self.delayq.app, task, {}).call(
             [self.seq], None, job_id=job_id, key=key, max_payload_bytes=4096, max_nesting=64)
         self.store.bury(job_id, key, call.envelope, "out of retries")
-        self.jobs[job_id].dead = Call(task, key, call.task_id)
+        self.jobs[job_id].dead = Call(task, key, [self.seq], call.task_id)
 
     @rule(job_id=ids)
     def replay(self, job_id) -> None:
@@ -438,7 +458,7 @@ class StoreMachine(RuleBasedStateMachine):
                       and (task is None or job.stored.task == task))
 
     def assert_pending(self, listed, want) -> None:
-        got = [(ms_of(j.due), j.job_id, (j.task, j.key, j.task_id)) for j in listed]
+        got = [(ms_of(j.due), j.job_id, (j.task, j.key, j.args, j.task_id)) for j in listed]
         assert [due for due, _, _ in got] == sorted(due for due, _, _ in got), "not in due order"
         assert sorted(got) == want
 
@@ -454,7 +474,7 @@ class StoreMachine(RuleBasedStateMachine):
             if model.stored is not None:
                 assert job is not None, f"{job_id!r} is missing"
                 state = "scheduled" if model.due_ms is not None else "claimed"
-                assert (job.job_id, job.state, Call(job.task, job.key, job.task_id),
+                assert (job.job_id, job.state, Call(job.task, job.key, job.args, job.task_id),
                         ms_of(job.due), job.paused) == (job_id, state, model.stored,
                                                         model.due_ms, model.held)
                 if model.stored.key:
