@@ -16,7 +16,7 @@ from typing import Any, cast
 from ..envelope import canonical_json
 from ..held import NOT_HELD, RANGES, split_score
 from ..job import Job
-from ..keys import KEY_TYPES, ShardKeys, pack_id, raw_id
+from ..keys import KEPT, KEY_TYPES, ShardKeys, pack_id, raw_id
 from ..reading import (
     MAX_MS,
     MIN_MS,
@@ -76,6 +76,8 @@ class Listing(StoreBase):
     def get(self, job_id: str, key: str | None = None) -> Job | None:
         """The stored job: pending (``scheduled``), else being promoted (``claimed``: a job
         moved to another key while in flight has both), else ``dead``."""
+        if job_id.startswith(KEPT):  # a kept envelope's field (keys.py, 8.), never a job id
+            return None
         shards = [self.keys.shard_for(job_id, key)] if key else list(self.keys)
         stored = pack_id(job_id)
         with self.unavailable():

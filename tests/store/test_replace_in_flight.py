@@ -178,3 +178,16 @@ def test_a_cancelled_replacement_is_not_what_the_old_calls_carrier_dead_letters(
     (letter,) = store.dead()
     assert '"old"' in letter["envelope"] and proj.record.name in letter["envelope"]
     assert store.counts()[0] == {}
+
+
+def test_the_envelope_kept_for_a_copy_in_flight_is_no_job_of_its_own(proj, delayq):
+    """Its field in ``jobs`` is the job id behind a control character: asked for by that
+    name (ids with control characters are refused when scheduling, not when looking up),
+    nothing is found."""
+    proj.record.apply_delayed(args=("old",), eta=PAST, job_id="j")
+    delayq.store.claim(list(delayq.store.keys), 10, 60_000)
+    proj.record.apply_delayed(args=("new",), delay=3600, job_id="j", if_exists="replace")
+
+    assert delayq.get(KEPT + "j") is None
+    assert delayq.cancel_outcome(KEPT + "j") is CancelOutcome.UNKNOWN
+    assert [job.args for job in delayq.pending()] == [["new"]]
