@@ -288,9 +288,12 @@ class StoreMachine(RuleBasedStateMachine):
     # again, the old copy's envelope is kept for its lease; cancelled, the call it holds is
     # what stays (keys.py, invariant 8).
     @precondition(holding)
-    @rule(pick=st.integers(0, 50), key=keys, task=tasks, due=st.booleans())
-    def replace_held(self, pick, key, task, due) -> None:
-        self.schedule(self.held[pick % len(self.held)].claim.job_id, key, task, due, "replace")
+    @rule(pick=st.integers(0, 50), same_key=st.booleans(), key=keys, task=tasks,
+          due=st.booleans())
+    def replace_held(self, pick, same_key, key, task, due) -> None:
+        held = self.held[pick % len(self.held)]
+        self.schedule(held.claim.job_id, held.call.key if same_key else key, task, due,
+                      "replace")
 
     @precondition(holding)
     @rule(pick=st.integers(0, 50), by_key=st.booleans())
