@@ -3,7 +3,7 @@
 Each example starts from an empty store and runs a random sequence of schedule /
 schedule_many (if_exists keep, replace, error), cancel, cancel_key, reschedule, run_now,
 claim (every shard), ack, recover (expired leases), release, dead_letter, bury (a worker out
-of retries), replay, and pause /
+of retries), replay, a replace or cancel of an id a carrier holds, and pause /
 resume of a task or of the default queue (a claim holds a due job of what is paused: it
 stays pending, listed as paused, until a resume, a reschedule or a replace), with
 job ids and business keys chosen to collide: ids that differ only by case, UUIDs in
