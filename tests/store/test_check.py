@@ -32,6 +32,7 @@ def test_check_reports_each_kind_of_damage_and_repair_loses_no_job(proj, delayq,
 
     client.zadd(shard_of(0).due, {"ghost-due": 1})  # 1: a due member, no envelope
     client.zadd(shard_of(0).inflight, {"ghost-inflight": 1})  # 2: same, in flight
+    client.hset(shard_of(0).jobs, KEPT + "ghost-inflight", "{}")  # 8: goes with that lease
     client.zrem(shard_of(1).due, pack_id(ids[1]))  # 3: an orphaned envelope
     client.zadd(shard_of(2).bykey, {"order-9\x00nosuchjob": 0})  # 5: job gone
     client.zadd(shard_of(2).bykey, {f"order-7\x00{pack_id(ids[2])}": 0})  # other key

@@ -22,6 +22,12 @@ from tests.store.test_one_id_one_job import keys_on_two_shards, stored_copies
 PAST = datetime(2020, 1, 1, tzinfo=timezone.utc)
 
 
+def kept_fields(store) -> list[str]:
+    """The envelopes kept for copies in flight (keys.py, invariant 8), on every shard."""
+    return [name for shard in store.keys for name in store.client.hkeys(shard.jobs)
+            if name.startswith(KEPT)]
+
+
 def test_ack_of_the_old_copy_leaves_a_replacement_claimed_meanwhile(proj, delayq):
     store, shards = delayq.store, list(delayq.store.keys)
     proj.record.apply_delayed(args=("old",), eta=PAST, job_id="j")
@@ -35,19 +41,29 @@ def test_ack_of_the_old_copy_leaves_a_replacement_claimed_meanwhile(proj, delayq
 
     assert store.client.zscore(shard.inflight, "j") is not None, "replacement's lease gone"
     assert store.client.hget(shard.jobs, "j") is not None, "replacement's envelope gone"
+    _, claimed = new
+    store.ack({shard: [Promoted("j", proj.record.name, None, claimed.due_ms, claimed.stored_id,
+                                claimed.lease)]})
+    assert kept_fields(store) == []  # the old copy's, kept until the id was leased again
+    assert [report.found for report in check(store) if report.found] == []
 
 
-@pytest.mark.parametrize("step", ["release", "dead_letter"])
-def test_release_or_dead_letter_of_the_old_copy_leaves_the_replacement(proj, delayq, step):
+@pytest.mark.parametrize("step", ["ack", "release", "dead_letter"])
+def test_ack_release_or_dead_letter_of_the_old_copy_leaves_the_replacement(proj, delayq, step):
     store, shards = delayq.store, list(delayq.store.keys)
     proj.record.apply_delayed(args=("old",), eta=PAST, job_id="j")
     (claim,) = [claim for claim in store.claim(shards, 10, 60_000) if claim.jobs]
     proj.record.apply_delayed(args=("new",), eta=PAST, job_id="j", if_exists="replace")
-    if step == "release":
+    (old,) = claim.jobs
+    if step == "ack":
+        store.ack({claim.shard: [Promoted("j", proj.record.name, None, old.due_ms,
+                                          old.stored_id, old.lease)]})
+    elif step == "release":
         assert store.release([claim]) == 1  # due now again, as the replacement is
     else:
-        assert store.dead_letter(claim.shard, claim.jobs[0], "cannot publish")
+        assert store.dead_letter(claim.shard, old, "cannot publish")
     assert store.dead() == []
+    assert kept_fields(store) == []  # the old copy's envelope went with its lease
     (job,) = delayq.pending()
     assert (job.job_id, job.args) == ("j", ["new"])
     (again,) = [job for claim in store.claim(shards, 10, 60_000) for job in claim.jobs]
@@ -139,8 +155,7 @@ def test_counts_follow_the_envelope_a_cancel_gives_back_to_the_copy_in_flight(pr
                                       old.stored_id, old.lease)]})
     assert store.counts()[0] == {proj.record.name: 1}
     assert [report.found for report in check(store) if report.found] == []
-    assert [field for shard in shards for field in store.client.hkeys(shard.jobs)
-            if field.startswith(KEPT)] == []
+    assert kept_fields(store) == []
 
 def lost_claim_then_cancelled_replacement(proj, delayq, key: str | None = None):
     """``record("old")`` claimed under a lease of 0 (its carrier dies), replaced in flight
@@ -191,3 +206,24 @@ def test_the_envelope_kept_for_a_copy_in_flight_is_no_job_of_its_own(proj, delay
     assert delayq.get(KEPT + "j") is None
     assert delayq.cancel_outcome(KEPT + "j") is CancelOutcome.UNKNOWN
     assert [job.args for job in delayq.pending()] == [["new"]]
+
+
+def test_a_job_moved_away_in_flight_and_back_then_cancelled_gives_back_the_held_call(
+        proj, delayq):
+    """The held copy's envelope is kept when the job moves to another shard, for the case
+    it comes back and that call is cancelled: then the carrier's call is what stays."""
+    store, shards = delayq.store, list(delayq.store.keys)
+    old_key, new_key = keys_on_two_shards(delayq, "j")
+    proj.record.apply_delayed(args=("old",), eta=PAST, job_id="j", key=old_key)
+    assert [job for claim in store.claim(shards, 10, 0) for job in claim.jobs]
+    for key, args in ((new_key, ("moved",)), (old_key, ("back",))):
+        proj.flaky.apply_delayed(args=args, delay=3600, job_id="j", key=key,
+                                 if_exists="replace")
+    assert delayq.cancel_outcome("j") is CancelOutcome.TOO_LATE
+    after_zero_leases()
+    assert store.recover(shards, 10) == (1, {})
+
+    assert [(job.task, job.args, job.key) for job in delayq.pending()] == [
+        (proj.record.name, ["old"], old_key)]
+    assert stored_copies(delayq, "j") == 1
+    assert [report.found for report in check(store) if report.found] == []
