@@ -28,6 +28,9 @@ members, fields, journal entries::
                            Celery's revoke finds it; expires a day after the job's due time
     <prefix>:{N}:outcome:<run>  HASH  job id -> "<code> <row>": what a run (a Spark job)
                            did with each input row, so a row is written at most once in it
+    <prefix>:{N}:answer:<token>  STRING the reply of one cancel, replay or drop call, kept a
+                           minute: the call sent again after its reply was lost gets it
+                           instead of a second run's (scripts/include/answer.lua)
     <prefix>:meta          HASH  store-wide facts (the shard count it was created with)
     <prefix>:export        HASH  shard -> id of the last journal entry exported (delayq export)
     <prefix>:carriers      ZSET  carrier id -> heartbeat deadline (ms), the live carriers
@@ -179,6 +182,10 @@ class Keyspace:
     def task_index(self, shard: ShardKeys, stored_task_id: str) -> str:
         """Where a job on ``shard`` whose task id is not its job id is found by task id."""
         return f"{self.prefix}:{{{shard.shard}}}:task:{stored_task_id}"
+
+    def answer(self, shard: ShardKeys, token: str) -> str:
+        """Where one call on ``shard`` keeps its reply (``token``: unique per call)."""
+        return f"{self.prefix}:{{{shard.shard}}}:answer:{token}"
 
     def outcome(self, shard: ShardKeys, run: str) -> str:
         """What a run did with the input rows whose jobs live on ``shard``."""

@@ -4,6 +4,7 @@ translation of Redis errors into ours, and the store's memory (read only)."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator
 from functools import cached_property
 from itertools import islice
@@ -23,7 +24,7 @@ from redis.exceptions import (
 from ..conf import DelayQConfig
 from ..connection import connect, follow_cluster, redact
 from ..errors import ConfigurationError, DamagedShard, DelayQError, StoreFull, StoreUnavailable
-from ..keys import Keyspace
+from ..keys import Keyspace, ShardKeys
 from ..memory import Headroom, Memory
 from ..persistence import Persistence
 from ..reading import count_of, printable
@@ -49,6 +50,10 @@ class StoreBase:
         self.config = config
         self.keys = Keyspace(config.prefix, config.shards)
         self._maxlen = config.journal_maxlen
+
+    def answer_key(self, shard: ShardKeys) -> str:
+        """A key of its own for one call that keeps its reply (``answer.lua``)."""
+        return self.keys.answer(shard, os.urandom(9).hex())
 
     # -- connection --------------------------------------------------------------------
 

@@ -124,7 +124,7 @@ class DeadLetters(StoreBase):
         """The replay script's code for each of these dead letters of ``shard``, in one
         round trip."""
         script = SCRIPTS["replay"]
-        calls = [(script, script.keys_for(shard),
+        calls = [(script, script.keys_for(shard, self.answer_key(shard)),
                   [self._maxlen, stored, envelope, self.keys.wake_channel, shard.shard])
                  for stored in stored_ids]
         with self.unavailable():
@@ -136,7 +136,7 @@ class DeadLetters(StoreBase):
             return 0
         script = SCRIPTS["drop"]
         with self.unavailable():
-            return int(script.call(self.client, script.keys_for(shard),
+            return int(script.call(self.client, script.keys_for(shard, self.answer_key(shard)),
                                    [self._maxlen, by, *stored_ids]))
 
 

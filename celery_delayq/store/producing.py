@@ -149,6 +149,10 @@ class Producing(StoreBase):
             for offset, index in enumerate(chunk):
                 code, score, existing = reply[3 * offset:3 * offset + 3]
                 due_ms = cast("float", split_score(score)[0])  # a number: -1 when none
+                if code == ScheduleCode.CONFLICT and existing == items[index][0].envelope:
+                    # this very call, stored by a run whose reply was lost (redis-py sent
+                    # it again): its task id makes the envelope one call's own
+                    code = ScheduleCode.CREATED
                 results[index] = Scheduled(_CODES[code], int(due_ms), existing)
         for index, found in moved.items():  # the new copy is stored: the old one goes
             self._cancel(found, "move", items[index][0].job_id, "replaced under another key", "")
@@ -287,7 +291,7 @@ class Producing(StoreBase):
         """One call of the cancel script; ``more``: its ARGV past the fourth."""
         with self.unavailable():
             return SCRIPTS["cancel"].call(
-                self.client, SCRIPTS["cancel"].keys_for(shard),
+                self.client, SCRIPTS["cancel"].keys_for(shard, self.answer_key(shard)),
                 [self._maxlen, kind, value if kind == "key" else pack_id(value), by, *more])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:

@@ -3,6 +3,7 @@
 KEYS[1] dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
 KEYS[2] journal   STREAM
 KEYS[3] counts    HASH  task name -> jobs stored; the field "" counts cancels
+KEYS[4] answer    STRING this call's reply, kept for the call sent again (answer.lua)
 
 ARGV[1] journal maxlen (0: no journal)
 ARGV[2] who dropped them and why (the journal's "by", as a cancel's)
@@ -14,12 +15,15 @@ A dead letter that cannot be read is dropped too, journaled with an empty task a
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
+-- include: answer.lua
 -- include: counts.lua
 -- include: damaged.lua
 -- include: first_line.lua
 -- include: journal.lua
 local problem = damaged({1, 'hash', 2, 'stream', 3, 'hash'})
 if problem then return redis.error_reply(problem) end
+local again = answered(4)
+if again then return again end
 local dropped = 0
 for i = 3, #ARGV do
   local job_id = ARGV[i]
@@ -35,4 +39,4 @@ for i = 3, #ARGV do
 end
 if dropped > 0 then add_count(3, '', dropped) end
 trim_journal(2)
-return dropped
+return answer(4, dropped)

@@ -7,6 +7,7 @@ KEYS[3] inflight  ZSET  job id -> lease deadline ms
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
 KEYS[6] counts    HASH  task name -> jobs stored; field "" counts cancels
+KEYS[7] answer    STRING this call's reply, kept for the call sent again (answer.lua)
 
 ARGV[1] journal maxlen (0: no journal)
 ARGV[2] "id", "key", or "move": an id whose job is replaced under a business key of another
@@ -34,6 +35,7 @@ per job cancelled: its Celery task id ("" when it is the job id) and its job id.
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
+-- include: answer.lua
 -- include: counts.lua
 -- include: damaged.lua
 -- include: first_line.lua
@@ -41,6 +43,8 @@ its keys holds the wrong type of value.
 -- include: kept.lua
 local problem = damaged({1, 'zset', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream', 6, 'hash'})
 if problem then return redis.error_reply(problem) end
+local again = answered(7)
+if again then return again end
 local kind, value = ARGV[2], ARGV[3]
 local ids
 local more = ''  -- for "key": where the next call goes on, "" when this one reached the end
@@ -94,11 +98,11 @@ for _, job_id in ipairs(ids) do
 end
 if kind == 'key' then
   reply[2] = cancelled
-  return reply
+  return answer(7, reply)
 end
 -- a carrier holds an earlier copy (the job was scheduled again while in flight): that one
 -- is delivered, so the answer is "too late" even when the pending copy was cancelled
 local task_id = reply[3] or ''
-if redis.call('ZSCORE', KEYS[3], value) then return {0, cancelled, task_id} end
-if cancelled == 1 then return {1, 1, task_id} end
+if redis.call('ZSCORE', KEYS[3], value) then return answer(7, {0, cancelled, task_id}) end
+if cancelled == 1 then return answer(7, {1, 1, task_id}) end
 return {-1, 0, ''}

@@ -6,6 +6,7 @@ KEYS[3] due       ZSET  job id -> due ms
 KEYS[4] bykey     ZSET  business-key index
 KEYS[5] journal   STREAM
 KEYS[6] counts    HASH  task name -> jobs stored (pending or being promoted)
+KEYS[7] answer    STRING this call's reply, kept for the call sent again (answer.lua)
 
 ARGV[1] journal maxlen (0: no journal)
 ARGV[2] job id
@@ -20,6 +21,7 @@ envelope text in it) and ARGV[3] gives no envelope: nothing is written then.
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
 ]]
+-- include: answer.lua
 -- include: counts.lua
 -- include: damaged.lua
 -- include: first_line.lua
@@ -27,6 +29,8 @@ its keys holds the wrong type of value.
 -- include: now.lua
 local problem = damaged({1, 'hash', 2, 'hash', 3, 'zset', 4, 'zset', 5, 'stream', 6, 'hash'})
 if problem then return redis.error_reply(problem) end
+local again = answered(7)
+if again then return again end
 local job_id = ARGV[2]
 local dead = redis.call('HGET', KEYS[1], job_id)
 if not dead then return 0 end
@@ -55,4 +59,4 @@ if fields then
 end
 journal(5, 'replayed', 'job', job_id, 'task', task, 'due', now)
 redis.call('PUBLISH', ARGV[4], ARGV[5])
-return 1
+return answer(7, 1)

@@ -1,0 +1,199 @@
+"""Calls Redis ran whose reply came too late: later than ``delayq_redis_socket_timeout``.
+redis-py sends such a call again on a new connection (``delayq_redis_retries``), so Redis
+runs it twice: the answer the caller gets must still be the first run's.
+
+A proxy between the store and Redis forwards every call and, when armed, swallows the
+reply to the next call that names a given script, so the client times out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_delayq import DelayedTask, DelayQ
+from celery_delayq.carrier import Carrier
+from celery_delayq.scripts import SCRIPTS
+from celery_delayq.store import CancelOutcome
+from tests.conftest import CLUSTER
+
+pytestmark = pytest.mark.skipif(CLUSTER, reason="the proxy stands before one Redis server")
+
+PAST = datetime(2020, 1, 1, tzinfo=timezone.utc)
+
+
+class LosingProxy:
+    """A TCP proxy to a Redis server that swallows the reply to one armed call."""
+
+    def __init__(self, port: int) -> None:
+        self._target = ("127.0.0.1", port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._marker: bytes | None = None
+        self._lock = threading.Lock()
+        self.lost = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def lose_reply_to(self, script: str) -> None:
+        """Lose the reply to the next call of this script (its SHA in the request)."""
+        with self._lock:
+            self._marker = SCRIPTS[script].sha.encode()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            losing = threading.Event()  # this connection's next reply is lost
+            threading.Thread(target=self._requests, args=(client, server, losing),
+                             daemon=True).start()
+            threading.Thread(target=self._replies, args=(server, client, losing),
+                             daemon=True).start()
+
+    def _requests(self, client: socket.socket, server: socket.socket,
+                  losing: threading.Event) -> None:
+        while data := _recv(client):
+            with self._lock:
+                if self._marker is not None and self._marker in data:
+                    self._marker = None
+                    losing.set()
+            try:
+                server.sendall(data)
+            except OSError:
+                break
+        _close(client, server)
+
+    def _replies(self, server: socket.socket, client: socket.socket,
+                 losing: threading.Event) -> None:
+        lost = False
+        while data := _recv(server):
+            if losing.is_set() and not lost:  # Redis ran the call; its caller never hears
+                lost = True  # of it: this connection's replies are swallowed until it times out
+                self.lost += 1
+            if lost:
+                continue
+            try:
+                client.sendall(data)
+            except OSError:
+                break
+        _close(client, server)
+
+
+def _recv(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(65536)
+    except OSError:
+        return b""
+
+
+def _close(*socks: socket.socket) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+
+
+@pytest.fixture
+def lossy(redis_server, redis_client) -> Iterator[tuple[DelayQ, DelayedTask, LosingProxy]]:
+    """A store reached through a LosingProxy, a task of it, and the proxy."""
+    for script in SCRIPTS.values():  # loaded: the lost reply is a run's, not a NOSCRIPT
+        redis_client.script_load(script.source)
+    proxy = LosingProxy(redis_server.port)
+    app = Celery("lossy", broker=f"{redis_server.url}/1", set_as_current=False)
+    app.conf.update(delayq_redis_url=f"redis://127.0.0.1:{proxy.port}/0", delayq_shards=4,
+                    delayq_redis_socket_timeout=0.5)
+
+    @app.task(base=DelayedTask, name="lossy.noop", shared=False)
+    def noop(n):
+        return n
+
+    delayq = DelayQ(app)
+    yield delayq, noop, proxy
+    delayq.store.close()
+    proxy.close()
+
+
+def test_a_cancel_whose_reply_was_lost_still_answers_cancelled(lossy):
+    delayq, noop, proxy = lossy
+    noop.apply_delayed((1,), delay=600, job_id="j")
+    proxy.lose_reply_to("cancel")
+    assert delayq.cancel_outcome("j") is CancelOutcome.CANCELLED
+    assert proxy.lost == 1 and delayq.get("j") is None
+
+
+def test_a_cancel_by_key_whose_reply_was_lost_still_counts_what_it_cancelled(lossy):
+    delayq, noop, proxy = lossy
+    for n in range(3):
+        noop.apply_delayed((n,), delay=600, key="order:9")
+    proxy.lose_reply_to("cancel")
+    assert delayq.cancel_key("order:9") == 3
+    assert proxy.lost == 1 and delayq.pending() == []
+
+
+def test_a_schedule_whose_reply_was_lost_is_no_conflict_with_itself(lossy):
+    delayq, noop, proxy = lossy
+    proxy.lose_reply_to("schedule")
+    result = noop.apply_delayed((1,), delay=600, job_id="j", if_exists="error")
+    assert proxy.lost == 1
+    (job,) = delayq.pending()
+    assert (job.job_id, job.task_id, job.args) == ("j", result.id, [1])
+
+
+def dead_letter(delayq, noop) -> None:
+    noop.apply_delayed((1,), eta=PAST, job_id="j")
+    store = delayq.store
+    (claim,) = [claim for claim in store.claim(list(store.keys), 10, 60_000) if claim.jobs]
+    assert store.dead_letter(claim.shard, claim.jobs[0], "cannot publish")
+
+
+def test_a_replay_whose_reply_was_lost_still_answers_replayed(lossy):
+    delayq, noop, proxy = lossy
+    dead_letter(delayq, noop)
+    proxy.lose_reply_to("replay")
+    assert delayq.store.replay("j") is True
+    assert proxy.lost == 1 and [job.job_id for job in delayq.pending()] == ["j"]
+
+
+def test_a_drop_whose_reply_was_lost_still_answers_dropped(lossy):
+    delayq, noop, proxy = lossy
+    dead_letter(delayq, noop)
+    proxy.lose_reply_to("drop")
+    assert delayq.store.drop("j", by="test") is True
+    assert proxy.lost == 1 and delayq.store.dead() == []
+
+
+def test_jobs_of_a_claim_whose_reply_was_lost_are_published_once_a_lease_later(
+        lossy, redis_server):
+    """The claim ran (its jobs are leased) but the carrier never saw them: the claim sent
+    again finds nothing more, and the leased jobs come back when their lease ends."""
+    delayq, noop, proxy = lossy
+    broker = redis.Redis.from_url(f"{redis_server.url}/1")
+    for n in range(5):
+        noop.apply_delayed((n,), eta=PAST, queue="lossy.q", job_id=f"j{n}")
+    carrier = Carrier(delayq.app, lease=1.0)
+    proxy.lose_reply_to("claim_due")
+    started = time.monotonic()
+    try:
+        while broker.llen("lossy.q") < 5 and time.monotonic() - started < 15:
+            time.sleep(min(carrier.run_once(), 0.05))
+    finally:
+        carrier.close()
+    published = [json.loads(raw)["headers"]["delayq_job"]
+                 for raw in broker.lrange("lossy.q", 0, -1)]
+    assert proxy.lost == 1
+    assert sorted(published) == [f"j{n}" for n in range(5)]  # each once
+    assert time.monotonic() - started >= 1.0  # after the lease the lost claim took
