@@ -150,8 +150,9 @@ class Producing(StoreBase):
                 code, score, existing = reply[3 * offset:3 * offset + 3]
                 due_ms = cast("float", split_score(score)[0])  # a number: -1 when none
                 if code == ScheduleCode.CONFLICT and existing == items[index][0].envelope:
-                    # this very call, stored by a run whose reply was lost (redis-py sent
-                    # it again): its task id makes the envelope one call's own
+                    # this very call, stored by a run whose reply came too late (redis-py
+                    # sent it again): its task id, drawn per call unless the caller fixes
+                    # it, makes an envelope one call's own
                     code = ScheduleCode.CREATED
                 results[index] = Scheduled(_CODES[code], int(due_ms), existing)
         for index, found in moved.items():  # the new copy is stored: the old one goes
