@@ -98,11 +98,13 @@ for _, job_id in ipairs(ids) do
 end
 if kind == 'key' then
   reply[2] = cancelled
-  return answer(7, reply)
+  return answer(7, reply, cancelled > 0)
 end
 -- a carrier holds an earlier copy (the job was scheduled again while in flight): that one
 -- is delivered, so the answer is "too late" even when the pending copy was cancelled
 local task_id = reply[3] or ''
-if redis.call('ZSCORE', KEYS[3], value) then return answer(7, {0, cancelled, task_id}) end
-if cancelled == 1 then return answer(7, {1, 1, task_id}) end
+if redis.call('ZSCORE', KEYS[3], value) then
+  return answer(7, {0, cancelled, task_id}, cancelled > 0)
+end
+if cancelled == 1 then return answer(7, {1, 1, task_id}, true) end
 return {-1, 0, ''}

@@ -39,4 +39,4 @@ for i = 3, #ARGV do
 end
 if dropped > 0 then add_count(3, '', dropped) end
 trim_journal(2)
-return answer(4, dropped)
+return answer(4, dropped, dropped > 0)

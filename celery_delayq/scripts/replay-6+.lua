@@ -59,4 +59,4 @@ if fields then
 end
 journal(5, 'replayed', 'job', job_id, 'task', task, 'due', now)
 redis.call('PUBLISH', ARGV[4], ARGV[5])
-return answer(7, 1)
+return answer(7, 1, true)

@@ -19,6 +19,7 @@ from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, StoreFull
 from celery_delayq.carrier import Carrier
+from celery_delayq.store import CancelOutcome
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import ROOT, celery_cli, running_worker, wait_for
 
@@ -91,6 +92,22 @@ def test_a_pause_or_rate_limit_on_a_full_redis_is_store_full_and_sets_nothing(fu
     with pytest.raises(StoreFull, match="maxmemory"):
         delayq.set_rate_limit("full", "10/s")
     assert delayq.paused() == {"tasks": [], "queues": []} and delayq.rate_limits() == {}
+
+
+def test_cancels_and_drops_on_a_full_redis_answer_as_on_any_other(full_server):
+    """They free memory, so a full Redis runs them; those that find nothing to remove write
+    nothing either (no reply kept for a second run: it would answer the same)."""
+    app, work, _ = make_app(full_server.url, delayq_max_memory_fraction=1.0)
+    delayq = DelayQ.of(app)
+    work.apply_delayed(args=(1, PAD), delay=60, job_id="one", key="order:1")
+    work.apply_delayed(args=(2, PAD), delay=60, job_id="two")
+    fill_redis(redis.Redis(port=full_server.port))
+    assert delayq.cancel_outcome("nothing") is CancelOutcome.UNKNOWN
+    assert delayq.cancel_key("order:none") == 0
+    assert delayq.store.drop("nothing", by="test") is False
+    assert delayq.store.replay("nothing") is False
+    assert delayq.cancel_key("order:1") == 1
+    assert delayq.cancel("two") is True
 
 
 def test_a_refused_batch_lists_exactly_the_jobs_it_stored(full_server):
