@@ -44,6 +44,8 @@ CASES = [
     ({"delay": 1, "job_id": ""}, InvalidJobId, "must not be empty"),
     ({"delay": 1, "job_id": "j" * 201}, InvalidJobId, "delayq_max_id_length"),
     ({"delay": 1, "key": "order\x00:1"}, InvalidJobId, "control characters"),
+    # a jobs field that name would be an envelope kept for a copy in flight (keys.KEPT)
+    ({"delay": 1, "job_id": "\x01order:1"}, InvalidJobId, "control characters"),
     ({"delay": 1, "if_exists": "overwrite"}, InvalidOption, "keep, replace, error"),
     ({"delay": 1, "serializer": "pickle"}, PayloadError, "JSON only"),
     # what a carrier could not read back is refused here, not dead-lettered later
