@@ -183,12 +183,13 @@ class DelayQ(Holding):
             validation.identifier(options["task_id"], "task_id", config.max_id_length)
         if shared is None:
             shared = self._templates.get(name, options, task_type, args, kwargs)
+        for carried, given, what in ((shared.job_id, job_id, "job_id"), (shared.key, key, "key")):
+            if carried is not None and not given:  # from a retried task's headers
+                validation.identifier(carried, what, config.max_id_length)
         call = shared.call(args, kwargs, job_id=job_id, key=key,
                            max_payload_bytes=config.max_payload_bytes,
                            max_nesting=config.max_nesting)
         validation.arguments(task_type, args, kwargs)  # once they are known to be JSON
-        if call.key is not None and call.key != key:  # carried over from a retried task
-            validation.identifier(call.key, "key", config.max_id_length)
         return call, due
 
     def _eager_task(self, call: Call, task_type):

@@ -46,6 +46,9 @@ CASES = [
     ({"delay": 1, "key": "order\x00:1"}, InvalidJobId, "control characters"),
     # a jobs field that name would be an envelope kept for a copy in flight (keys.KEPT)
     ({"delay": 1, "job_id": "\x01order:1"}, InvalidJobId, "control characters"),
+    # the job id a retried task's message carries (the carrier's header), set by hand
+    ({"delay": 1, "headers": {"delayq_job": "\x01order:1"}}, InvalidJobId, "control char"),
+    ({"delay": 1, "headers": {"delayq_job": 42}}, InvalidJobId, "must be a string"),
     ({"delay": 1, "if_exists": "overwrite"}, InvalidOption, "keep, replace, error"),
     ({"delay": 1, "serializer": "pickle"}, PayloadError, "JSON only"),
     # what a carrier could not read back is refused here, not dead-lettered later
