@@ -14,7 +14,9 @@ ARGV[2..] six values per job: job id, bykey member or "", task name, business ke
 A job that was scheduled again (same id) while it was in flight keeps its new envelope,
 and a lease that is no longer this one (the id claimed again) is left alone. The envelope
 an ack removes is the claimed copy's (a cancel of a replacement put it back), counted down
-under its task.
+under its task. A job whose lease is not this one and that has left the shard altogether
+(no lease, not pending, no envelope) is not journaled again: that is an ack redis-py sent
+a second time after its reply was lost, and its first run journaled it.
 Returns the number of jobs acknowledged.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
@@ -43,8 +45,12 @@ for i = 2, #ARGV, 6 do
     end
     if ARGV[i + 1] ~= '' then redis.call('ZREM', KEYS[4], ARGV[i + 1]) end
   end
-  journal_batch(5, 'promoted', 'job', job_id, 'task', task, 'key', ARGV[i + 3],
-                'due', ARGV[i + 4])
+  local gone = not ours and not held and not redis.call('ZSCORE', KEYS[3], job_id)
+    and redis.call('HEXISTS', KEYS[2], job_id) == 0
+  if not gone then
+    journal_batch(5, 'promoted', 'job', job_id, 'task', task, 'key', ARGV[i + 3],
+                  'due', ARGV[i + 4])
+  end
   n = n + 1
 end
 for name, forgotten in pairs(per_task) do add_count(6, name, -forgotten) end

@@ -24,7 +24,7 @@ from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.carrier import Carrier
 from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import CancelOutcome
-from tests.conftest import CLUSTER
+from tests.conftest import CLUSTER, journal_events
 
 pytestmark = pytest.mark.skipif(CLUSTER, reason="the proxy stands before one Redis server")
 
@@ -127,6 +127,14 @@ def lossy(redis_server, redis_client) -> Iterator[tuple[DelayQ, DelayedTask, Los
     proxy.close()
 
 
+@pytest.fixture
+def broker(redis_server) -> redis.Redis:
+    """The lossy app's broker database, emptied."""
+    client = redis.Redis.from_url(f"{redis_server.url}/1")
+    client.flushdb()
+    return client
+
+
 def test_a_cancel_whose_reply_was_lost_still_answers_cancelled(lossy):
     delayq, noop, proxy = lossy
     noop.apply_delayed((1,), delay=600, job_id="j")
@@ -176,22 +184,36 @@ def test_a_drop_whose_reply_was_lost_still_answers_dropped(lossy):
     assert proxy.lost == 1 and delayq.store.dead() == []
 
 
-def test_jobs_of_a_claim_whose_reply_was_lost_are_published_once_a_lease_later(
-        lossy, redis_server):
-    """The claim ran (its jobs are leased) but the carrier never saw them: the claim sent
-    again finds nothing more, and the leased jobs come back when their lease ends."""
-    delayq, noop, proxy = lossy
-    broker = redis.Redis.from_url(f"{redis_server.url}/1")
-    for n in range(5):
-        noop.apply_delayed((n,), eta=PAST, queue="lossy.q", job_id=f"j{n}")
-    carrier = Carrier(delayq.app, lease=1.0)
-    proxy.lose_reply_to("claim_due")
+def run_carrier_until(carrier: Carrier, broker: redis.Redis, queue: str, count: int) -> None:
+    """Serve the store until ``count`` messages are on ``queue`` (15 s at most)."""
     started = time.monotonic()
     try:
-        while broker.llen("lossy.q") < 5 and time.monotonic() - started < 15:
+        while broker.llen(queue) < count and time.monotonic() - started < 15:
             time.sleep(min(carrier.run_once(), 0.05))
     finally:
         carrier.close()
+
+
+def test_an_ack_whose_reply_was_lost_journals_each_job_promoted_once(lossy, broker):
+    delayq, noop, proxy = lossy
+    for n in range(5):
+        noop.apply_delayed((n,), eta=PAST, queue="lossy.q", job_id=f"j{n}")
+    proxy.lose_reply_to("ack")
+    run_carrier_until(Carrier(delayq.app), broker, "lossy.q", 5)
+    assert proxy.lost == 1 and broker.llen("lossy.q") == 5
+    assert journal_events(delayq).count("promoted") == 5
+
+
+def test_jobs_of_a_claim_whose_reply_was_lost_are_published_once_a_lease_later(
+        lossy, broker):
+    """The claim ran (its jobs are leased) but the carrier never saw them: the claim sent
+    again finds nothing more, and the leased jobs come back when their lease ends."""
+    delayq, noop, proxy = lossy
+    for n in range(5):
+        noop.apply_delayed((n,), eta=PAST, queue="lossy.q", job_id=f"j{n}")
+    proxy.lose_reply_to("claim_due")
+    started = time.monotonic()
+    run_carrier_until(Carrier(delayq.app, lease=1.0), broker, "lossy.q", 5)
     published = [json.loads(raw)["headers"]["delayq_job"]
                  for raw in broker.lrange("lossy.q", 0, -1)]
     assert proxy.lost == 1
