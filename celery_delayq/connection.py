@@ -66,7 +66,7 @@ def connect(config: DelayQConfig) -> redis.Redis | RedisCluster:
         if tls is not None:
             options.update(ssl=True, **tls)
         return RedisCluster.from_url(url.replace(CLUSTER_SUFFIX, "", 1), **options)
-    options.update(health_check_interval=30, retry_on_error=_RETRY_ON)
+    options.update(retry_on_error=_RETRY_ON)
     if scheme == SENTINEL_SCHEME:
         return _sentinel_master(config, options, tls)
     if tls is not None:
