@@ -21,16 +21,12 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
 
-import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
 
-from ..connection import follow_cluster
+from ..connection import GET_CONNECTION_ARGS, follow_cluster
 from ..keys import ShardKeys
 
-#: What a pool's ``get_connection`` is given: redis-py before 5.3 needs a command name,
-#: later versions warn that it is deprecated.
-_GET_CONNECTION_ARGS = ("EVALSHA",) if redis.VERSION < (5, 3) else ()
 _FILE = re.compile(r"^(?P<name>[a-z_]+)-(?P<keys>\d+)(?P<more>\+?)\.lua$")
 _INCLUDE = re.compile(r"^-- include: (?P<file>[a-z_]+\.lua)$", re.M)
 _HEADER_KEY = re.compile(r"^KEYS\[(?P<n>\d+)\]\s+(?P<name>\w+)", re.M)
@@ -155,7 +151,7 @@ class Deferred:
         self._sent: list[tuple[Any, Any, list[int]]] = []  # (node client, connection, calls)
         try:
             for node, indexes in _by_node(client, calls):
-                connection = node.connection_pool.get_connection(*_GET_CONNECTION_ARGS)
+                connection = node.connection_pool.get_connection(*GET_CONNECTION_ARGS)
                 self._sent.append((node, connection, indexes))
                 connection.send_packed_command(connection.pack_commands(
                     [calls[i][0].command(calls[i][1], calls[i][2]) for i in indexes]))
