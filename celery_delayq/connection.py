@@ -124,7 +124,11 @@ class StoreRedis(redis.Redis):
 
 def _stale(connection: Any) -> bool:
     """Whether an idle connection has something to read: a reply left unread, or the end
-    of a connection the server closed (which redis-py raises)."""
+    of a connection the server closed (which redis-py raises). One not connected has not:
+    the send connects it (``can_read`` would connect it first, a second wait on a server
+    that is down)."""
+    if getattr(connection, "_sock", None) is None:
+        return False
     try:
         return bool(connection.can_read())
     except (redis.ConnectionError, redis.TimeoutError, OSError):

@@ -10,7 +10,7 @@ import select
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -122,29 +122,64 @@ def test_a_forked_child_schedules_on_a_connection_of_its_own():
         app.close()
 
 
-@pytest.fixture
-def hanging_up() -> Iterator[str]:
-    """The URL of an address that accepts each connection and closes it at once (a Redis
-    restarting, a proxy with no server behind it)."""
-    listener = socket.create_server(("127.0.0.1", 0))
+class HangingUp:
+    """An address that accepts each connection and closes it at once (a Redis restarting,
+    a proxy with no server behind it), counting the connections."""
 
-    def serve() -> None:
+    def __init__(self, port: int = 0) -> None:
+        self._listener = socket.create_server(("127.0.0.1", port))
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def accepted(self) -> int:
+        """Connections accepted, once every one made so far is (the kernel completes a
+        connect before this listener's thread accepts it)."""
+        count = -1
+        while count != self._accepted:
+            count = self._accepted
+            time.sleep(0.2)
+        return count
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _serve(self) -> None:
         while True:
             try:
-                connection, _ = listener.accept()
-            except OSError:  # closed at teardown
+                connection, _ = self._listener.accept()
+            except OSError:  # closed
                 return
+            self._accepted += 1
             connection.close()
 
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"redis://127.0.0.1:{listener.getsockname()[1]}"
-    listener.close()
 
-
-def test_a_store_that_hangs_up_on_every_connection_is_reported_unavailable(hanging_up):
-    app, probe = make_app(hanging_up, delayq_redis_retries=1, delayq_redis_socket_timeout=0.5)
+def test_a_store_that_hangs_up_on_every_connection_is_reported_unavailable():
+    hanging_up = HangingUp()
+    app, probe = make_app(hanging_up.url, delayq_redis_retries=1,
+                          delayq_redis_socket_timeout=0.5)
     with pytest.raises(StoreUnavailable, match="is unavailable after 1 retries"):
         probe.apply_delayed((1,), delay=60)
     with pytest.raises(StoreUnavailable, match="is unavailable after 1 retries"):
         DelayQ.of(app).pending()
     app.close()
+    hanging_up.close()
+
+
+def test_calls_on_a_server_gone_connect_at_most_once_per_try():
+    server = RedisServer().start()
+    app, probe = make_app(server.url, delayq_redis_retries=2, delayq_redis_socket_timeout=0.5)
+    probe.apply_delayed((1,), delay=60)  # the connection at hand is connected
+    server.stop()
+    hanging_up = HangingUp(server.port)  # in its place: each try's connection is counted
+    try:
+        for _ in range(3):
+            before = hanging_up.accepted()
+            with pytest.raises(StoreUnavailable):
+                probe.apply_delayed((2,), delay=60)
+            tries = hanging_up.accepted() - before
+            assert 1 <= tries <= 3, f"{tries} connections: more than one per try (1 + 2 retries)"
+    finally:
+        hanging_up.close()
+        server.close()
+        app.close()
