@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test lint demo bench bench-full clean docs test-matrix test-lowest test-install test-slow test-fuzz test-celery-suite dist
+.PHONY: venv test lint demo bench bench-full clean docs test-matrix test-lowest test-django-ends test-install test-slow test-fuzz test-celery-suite dist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ test-matrix: $(STAMP)
 # One pass of the core suite on the declared floors: what .ci/run adds to `make test`.
 test-lowest: $(STAMP)
 	$(VENV)/bin/nox -s 'core(lowest)'
+
+# The Django app's suite on Django 4.2 LTS with the declared floors and on the newest
+# releases (noxfile.py, ~4 min): their admin pages are laid out differently (the browser test).
+test-django-ends: $(STAMP)
+	$(VENV)/bin/nox -s 'django(lowest)' 'django(latest)'
 
 # The long runs, opt-in so `make test` stays short (.ci/run runs them, ~3 min): fault soaks
 # (a carrier SIGKILLed five times, a Sentinel failover, a full Redis drained) and the Spark

@@ -82,7 +82,7 @@ def connect(config: DelayQConfig) -> redis.Redis | RedisCluster:
 class StoreRedis(redis.Redis):
     """redis-py's client of one Redis server, keeping a connection of its pool at hand for
     script calls (``EVALSHA``): a call that finds it free uses it directly, without the
-    pool's checkout and return, which cost a one-job ``apply_delayed`` about a fifth of its
+XX
     time. A call that finds it taken (by another thread's call) goes through the pool.
 
     The call is what the pool's path makes it: the connection is checked as the pool checks
