@@ -52,16 +52,20 @@ TEMPLATES = [{
     ]},
 }]
 
+# Several processes write the demo's SQLite file: WAL, and transactions that wait for the
+# write lock (sqlite_immediate does the same before Django 5.1).
 _SQLITE_OPTIONS = {"timeout": 20}
-if django.VERSION >= (5, 1):  # several processes write the demo's SQLite file
+_SQLITE_ENGINE = "demo_project.sqlite_immediate"
+if django.VERSION >= (5, 1):
     _SQLITE_OPTIONS |= {"init_command": "PRAGMA journal_mode=WAL;",
                         "transaction_mode": "IMMEDIATE"}
+    _SQLITE_ENGINE = "django.db.backends.sqlite3"
 _DEFAULT_DB = BASE_DIR / ".data" / "db.sqlite3"
 if "DEMO_DB" not in os.environ:
     _DEFAULT_DB.parent.mkdir(exist_ok=True)
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.sqlite3",
+        "ENGINE": _SQLITE_ENGINE,
         "NAME": os.environ.get("DEMO_DB", str(_DEFAULT_DB)),
         "OPTIONS": _SQLITE_OPTIONS,
         # a file, so a test's Celery worker threads and live server share it
