@@ -4,10 +4,7 @@ pause / resume and the banner while anything is paused."""
 from __future__ import annotations
 
 import re
-import socket
 import sys
-import threading
-import time
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -20,6 +17,7 @@ from celery_delayq import DelayQ
 from celery_delayq.contrib.django.models import DelayedTask
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import wait_for
+from tests.hanging_up import HangingUp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CHANGELIST = "admin:delayq_delayedtask_changelist"
@@ -413,46 +411,22 @@ def test_pause_and_resume_while_redis_is_down_give_an_error_message_not_a_500(
 @pytest.fixture
 def store_hanging_up(pending, settings, monkeypatch):
     """The project's store at an address that accepts each connection and closes it at once
-    (a Redis restarting, a proxy with no server behind it); the list of them grows by one
-    per connection accepted."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    accepted: list[int] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except OSError:  # closed at teardown
-                return
-            accepted.append(1)
-            connection.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    (a Redis restarting, a proxy with no server behind it), and that address."""
+    hanging_up = HangingUp()
     app = Celery("hanging", broker="redis://127.0.0.1:1/0", set_as_current=False)
-    app.conf.update(delayq_redis_url=f"redis://127.0.0.1:{listener.getsockname()[1]}/0",
-                    delayq_redis_retries=1, delayq_redis_socket_timeout=0.5)
+    app.conf.update(delayq_redis_url=f"{hanging_up.url}/0", delayq_redis_retries=1,
+                    delayq_redis_socket_timeout=0.5)
     monkeypatch.setattr(sys.modules[__name__], "project_app", app)
     settings.DELAYQ_CELERY_APP = f"{__name__}:project_app"
-    yield DelayQ(app), accepted
-    listener.close()
-
-
-def _settled(accepted: list[int]) -> int:
-    """How many connections the listener took, once it took all made so far (the kernel
-    completes a connect before the listener's thread accepts it)."""
-    count = -1
-    while count != len(accepted):
-        count = len(accepted)
-        time.sleep(0.2)
-    return count
+    yield DelayQ(app), hanging_up
+    hanging_up.close()
 
 
 def test_an_action_stops_at_the_first_row_redis_is_unavailable_for(
         admin_client, store_hanging_up):
-    delayq, accepted = store_hanging_up
+    delayq, hanging_up = store_hanging_up
     _act(admin_client, "cancel_tasks", "order:1:close")
-    one_row = _settled(accepted)  # its action and the list page after it
-    accepted[:] = []
+    one_row = hanging_up.accepted()  # its action and the list page after it
     response = _act(admin_client, "cancel_tasks", "order:1:close", "order:2:close",
                     "refund:3:check:0")
     error = response.context["messages"]._loaded_messages[0]
@@ -462,7 +436,7 @@ def test_an_action_stops_at_the_first_row_redis_is_unavailable_for(
     listed = re.search(r"nothing done: 3 tasks \((.*)\)$", str(error))
     assert listed and sorted(listed[1].split(", ")) == [
         "order:1:close", "order:2:close", "refund:3:check:0"]
-    assert _settled(accepted) == one_row, "each row waited for Redis again"
+    assert hanging_up.accepted() - one_row == one_row, "each row waited for Redis again"
     assert DelayedTask.objects.filter(state="scheduled").count() == 3
 
 

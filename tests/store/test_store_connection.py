@@ -8,9 +8,7 @@ from __future__ import annotations
 import os
 import select
 import signal
-import socket
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -20,6 +18,7 @@ from celery import Celery
 from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import CLUSTER
+from tests.hanging_up import HangingUp
 
 pytestmark = pytest.mark.skipif(CLUSTER, reason="the store on one Redis server")
 
@@ -120,38 +119,6 @@ def test_a_forked_child_schedules_on_a_connection_of_its_own():
             os.waitpid(child, 0)
         assert pending(DelayQ.of(app)) == 1002
         app.close()
-
-
-class HangingUp:
-    """An address that accepts each connection and closes it at once (a Redis restarting,
-    a proxy with no server behind it), counting the connections."""
-
-    def __init__(self, port: int = 0) -> None:
-        self._listener = socket.create_server(("127.0.0.1", port))
-        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def accepted(self) -> int:
-        """Connections accepted, once every one made so far is (the kernel completes a
-        connect before this listener's thread accepts it)."""
-        count = -1
-        while count != self._accepted:
-            count = self._accepted
-            time.sleep(0.2)
-        return count
-
-    def close(self) -> None:
-        self._listener.close()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self._listener.accept()
-            except OSError:  # closed
-                return
-            self._accepted += 1
-            connection.close()
 
 
 def test_a_store_that_hangs_up_on_every_connection_is_reported_unavailable():
