@@ -55,6 +55,7 @@ _MAINTAIN_EVERY = 1.0  # longest time between shard-lease renewal + lease-recove
 _WAIT_SLICE = 0.25  # longest uninterrupted wait, so a stop request is seen promptly
 _BACKOFF_MAX = 5.0
 _MEMORY_WAIT = 0.1  # seconds between looks at a Redis too full to promote into
+_RELEASE_ROUNDS = 20  # release calls per shard and maintenance (~7 ms of Redis each)
 
 
 @dataclass
@@ -110,6 +111,7 @@ class Carrier:
         self._unacked: dict[ShardKeys, list[Promoted]] = {}  # to be acked with it
         self._failing: dict[int, str] = {}  # shards whose last claim or recover failed: why
         self._defaults_set = False  # delayq_rate_limits applied (once Redis answered)
+        self._releasing: set[str] = set()  # tokens of the stalled releases it goes on with
 
     # -- one iteration -----------------------------------------------------------------
 
@@ -147,6 +149,7 @@ class Carrier:
             self._shards = self.ownership.balance()
             # a carrier that died in a backlog held two batches: the last and the next
             recovered, failed = self.store.recover(self._shards, 2 * self.batch)
+            self._go_on_with_releases()
         self._note_failed_shards("recover", failed)
         self._next_maintenance = time.monotonic() + self._maintain_every
         if recovered:
@@ -156,6 +159,19 @@ class Carrier:
             logger.warning("recovered %s whose carrier lease expired",
                            counted(recovered, "job"))
         return recovered
+
+    def _go_on_with_releases(self) -> None:
+        """Give back, a few rounds per maintenance, the held jobs of a resume or a rate
+        limit's removal whose caller stopped part way (its release stalled)."""
+        walks = self.store.stalled_releases(self._shards, self._releasing)
+        done = self.store.release_held(walks, _RELEASE_ROUNDS)
+        self._releasing = {walk.token for walk in done.going_on}
+        self._note_failed_shards("release", done.failed)
+        if done.released:
+            logger.info("gave back %s that a pause or rate limit no longer holds: the "
+                        "resume or removal that began it stopped part way%s",
+                        counted(done.released, "held job"),
+                        ", going on" if done.going_on else "")
 
     def _claim(self) -> tuple[list[ShardClaim], float]:
         """The due jobs of the shards served (claimed ahead, or now) and when Redis ran

@@ -12,7 +12,8 @@ here). An evicting Redis, a hand-edited key or a bug breaks them; this finds:
 - ``stranded``: held jobs (7.) that nothing in force holds: a job held by a pause whose
   task or queue the shard's ``paused`` hash no longer names, or one held by a rate limit
   whose queue has no limit in force in the shard's ``limits`` hash or whose ``waiting``
-  member is gone. No resume and no room in a bucket would ever release it.
+  member is gone. No room in a bucket would ever release it, only the release of a
+  resume or a limit's removal still under way (``store/releasing.py``).
 
 Repair (``repair-7.lua``, one call per finding, re-checked atomically so a job that changed
 since the scan is left alone): orphaned envelopes are dead-lettered with the reason

@@ -21,6 +21,9 @@ members, fields, journal entries::
                            rate limit, "bucket:<queue>" -> its tokens (see ratelimit.py)
     <prefix>:{N}:waiting   ZSET  "<queue>\0<due>\0<job id>" (score 0): the jobs rate
                            limits hold, each queue's in the order they go (claim_due)
+    <prefix>:{N}:releasing HASH  "paused" / "rate:<queue>" -> "<token> <ms> <where>": the
+                           walk giving back held jobs after a resume or a rate limit's
+                           removal, while it is under way (scripts/include/releasing.lua)
     <prefix>:{N}:reserved:<job id>  STRING token of the producer scheduling that id (of
                            shard N's own, whatever its business key), expires by itself
     <prefix>:{N}:task:<task id>  STRING the job id of a job stored on shard N whose task
@@ -124,6 +127,7 @@ class ShardKeys:
     paused: str
     limits: str
     waiting: str
+    releasing: str
 
     def __hash__(self) -> int:  # a dict key per job when scheduling: the number suffices
         return self.shard
@@ -133,7 +137,7 @@ class ShardKeys:
 KEY_TYPES = {"due": "zset", "inflight": "zset", "jobs": "hash", "bykey": "zset",
              "dead": "hash", "journal": "stream", "owner": "string", "counts": "hash",
              "paused": "hash", "limits": "hash",
-             "waiting": "zset"}
+             "waiting": "zset", "releasing": "hash"}
 
 
 class Keyspace:
@@ -163,6 +167,7 @@ class Keyspace:
             paused=f"{tag}:paused",
             limits=f"{tag}:limits",
             waiting=f"{tag}:waiting",
+            releasing=f"{tag}:releasing",
         )
 
     def shard(self, n: int) -> ShardKeys:

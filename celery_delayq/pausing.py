@@ -3,9 +3,10 @@ promoted: pending, listed, cancellable and reschedulable, never claimed.
 
 What is paused lives on every shard (the ``paused`` hash, fields ``task:<name>`` and
 ``queue:<name>``), so each claim script reads it in its own call and every carrier obeys a
-pause from its next claim round, on Redis Cluster too. Resume (``pause-2.lua``) unmarks it, and
+pause from its next claim round, on Redis Cluster too. Resume (``pause-3.lua``) unmarks it, and
 the store puts the jobs nothing holds any more back at their due times, a chunk per
-script call (``release-5.lua``): already due, the carrier promotes them oldest first.
+script call (``release-6.lua``, ``store/releasing.py``): already due, the carrier promotes
+them oldest first.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The Redis delay store: every read and write of the keys named in :mod:`keys`.
 
 Writes go through the Lua scripts in ``scripts/``, one atomic call per shard; reads are
-plain commands, pipelined across shards. ``Store`` is one object made of six parts:
+plain commands, pipelined across shards. ``Store`` is one object made of seven parts:
 
 ``base.py``       the client, Redis errors turned into ours, the store's memory
-``producing.py``  producers' writes: schedule, cancel, reschedule, pause, rate limits
+``producing.py``  producers' writes: schedule, cancel, reschedule
+``releasing.py``  pauses and rate limits, and the releases of the jobs they held
 ``dead_letters.py`` an operator's: replay or drop dead letters, one or all
 ``claims.py``     from the claim on: claim, ack, recover, release, dead letters, shard
                   leases
@@ -26,6 +27,7 @@ from .producing import (
     ScheduleCode,
     Scheduled,
 )
+from .releasing import Releasing
 from .streams import Streams
 
 __all__ = [
@@ -45,5 +47,5 @@ __all__ = [
 ]
 
 
-class Store(Producing, DeadLetters, Claims, Listing, Streams):
+class Store(Producing, Releasing, DeadLetters, Claims, Listing, Streams):
     """The delay store of one app (see :mod:`keys` for the data layout)."""

@@ -1,5 +1,5 @@
-"""The producers' writes: schedule, cancel, reschedule, pause and rate-limit. Each is one
-script call per shard (``scripts/``)."""
+"""The producers' writes: schedule, cancel, reschedule. Each is one script call per shard
+(``scripts/``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from ..envelope import Call
 from ..errors import InvalidOption, StoreFull
 from ..held import split_score
 from ..keys import ShardKeys, bykey_member, pack_id, unpack_id
-from ..ratelimit import OFF
 from ..reservation import Reservation, reserving
-from ..scripts import SCRIPTS, Script, execute
+from ..scripts import SCRIPTS
 from ..validation import Due
 from .base import StoreBase, refused_for_memory
 
@@ -26,9 +25,6 @@ _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 OUTCOME_MS = 24 * 3600 * 1000
 #: Jobs of a business key one cancel script call looks at (``cancel_key``): ~12 ms of Redis.
 CANCEL_KEY_CHUNK = 1000
-#: Held jobs one release script call looks at (a resume, a rate limit's removal): ~7 ms of
-#: Redis.
-RELEASE_CHUNK = 1000
 #: How long a job's task id index (keys.py) outlives its due time: a job pending that much
 #: past due (no carrier running) is no longer found by its task id, only by its job id.
 TASK_INDEX_GRACE_MS = 24 * 3600 * 1000
@@ -331,54 +327,3 @@ class Producing(StoreBase):
             found = pipe.execute()
         step = 2 if in_flight else 1
         return [shard for n, shard in enumerate(order) if any(found[n * step:(n + 1) * step])]
-
-    # -- pausing -----------------------------------------------------------------------
-
-    def pause(self, field: str, by: str) -> None:
-        """Hold the due jobs of a task or queue (a ``pausing.field``) on every shard."""
-        self._on_every_shard(SCRIPTS["pause"], ["pause", field, by])
-
-    def resume(self, field: str, by: str) -> int:
-        """End a pause on every shard; returns how many held jobs were given back."""
-        self._on_every_shard(SCRIPTS["pause"], ["resume", field, by])
-        return self._release("paused", "")
-
-    def set_rate_limit(self, queue: str, limit: str, by: str) -> int:
-        """Set a queue's rate limit on every shard (``ratelimit.bucket``), or remove it with
-        ``ratelimit.OFF``; returns how many held jobs a removal gave back."""
-        self._on_every_shard(SCRIPTS["limit"], [queue, limit, by])
-        return self._release("rate", queue) if limit == OFF else 0
-
-    def _release(self, kind: str, queue: str) -> int:
-        """Give back the jobs held ``kind`` ("paused", or "rate" for ``queue``) that nothing
-        holds any more: :data:`RELEASE_CHUNK` per shard and script call, each round's calls
-        in one round trip, until every shard is done. A 200,000-job shard held Redis for
-        1.4 s in one call. A shard whose call fails (a damaged key) stops, the others go
-        on, then its error is raised. Stopped part way, the rest stay held by nothing:
-        ``delayq check`` finds them stranded; the same resume or removal again gives them
-        back."""
-        script = SCRIPTS["release"]
-        left, released, failed = [(shard, "") for shard in self.keys], 0, []
-        while left:
-            calls = [(script, script.keys_for(shard),
-                      [kind, queue, where, RELEASE_CHUNK, self.config.default_queue,
-                       self.keys.wake_channel, shard.shard]) for shard, where in left]
-            with self.unavailable():
-                replies = execute(self.client, calls, raise_errors=False)
-            failed += [reply for reply in replies if isinstance(reply, Exception)]
-            done = [reply for reply in replies if not isinstance(reply, Exception)]
-            released += sum(reply[0] for reply in done)
-            left = [(shard, reply[2]) for (shard, _), reply in zip(left, replies, strict=True)
-                    if not isinstance(reply, Exception) and reply[1]]
-        if failed:
-            with self.unavailable():
-                raise failed[0]
-        return released
-
-    def _on_every_shard(self, script: Script, args: list[Any]) -> None:
-        """Run a pause / limit script on every shard; it journals on shard 0 only."""
-        calls = [(script, script.keys_for(s), [self._maxlen if s.shard == 0 else 0, *args])
-                 for s in self.keys]
-        with self.unavailable():
-            execute(self.client, calls)
-

@@ -11,12 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from celery_delayq import carrier as carrier_module
 from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.errors import DamagedShard, InvalidOption
 from celery_delayq.keys import unpack_id
 from celery_delayq.scripts import SCRIPTS
-from celery_delayq.store import producing
+from celery_delayq.store import releasing
 from tests.conftest import CLUSTER, PROMOTIONS, command_calls, store_keys, wait_for
 
 PAST = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -213,7 +214,7 @@ def test_a_resume_gives_back_a_shards_held_jobs_call_by_call(proj, delayq, monke
     """Resume looks at RELEASE_CHUNK held jobs per script call, so a pause holding very
     many jobs never blocks Redis for long (one call for 200,000 held jobs took 1.4 s); the
     jobs another pause still holds are passed over, never looked at again."""
-    monkeypatch.setattr(producing, "RELEASE_CHUNK", 4)
+    monkeypatch.setattr(releasing, "RELEASE_CHUNK", 4)
     delayq.pause(queue=PARKED)
     delayq.pause(task=proj.flaky.name)
     hold(delayq, [(proj.flaky.name if n % 4 == 1 else proj.record.name, PARKED, n // 3)
@@ -238,7 +239,7 @@ def test_a_resume_call_by_call_gives_back_exactly_the_jobs_no_other_pause_holds(
         delayq, monkeypatch, jobs, paused_tasks, paused_queues, chunk):
     """Whatever the mix of pauses, ties of due time and chunk size (a cursor over held
     jobs that stay held must neither skip nor loop)."""
-    monkeypatch.setattr(producing, "RELEASE_CHUNK", chunk)
+    monkeypatch.setattr(releasing, "RELEASE_CHUNK", chunk)
     empty_and_pause(delayq, paused_tasks, paused_queues)
     jobs = [job for job in jobs if job[0] in paused_tasks or job[1] in paused_queues]
     hold(delayq, jobs)
@@ -258,13 +259,13 @@ def test_a_resume_goes_on_when_the_job_it_stopped_at_is_cancelled_between_calls(
     """The walk goes on after the last job it left held; cancelled before the next call,
     that job is gone, and the walk goes on from the first job of its due time, so it
     neither skips a job nor stops (chunks of 2, ties of due time)."""
-    monkeypatch.setattr(producing, "RELEASE_CHUNK", 2)
+    monkeypatch.setattr(releasing, "RELEASE_CHUNK", 2)
     delayq.pause(queue=PARKED)
     delayq.pause(task=proj.flaky.name)
     jobs = [(proj.flaky.name if n % 3 == 0 else proj.record.name, PARKED, n // 2)
             for n in range(18)]
     hold(delayq, jobs)
-    real, cancelled = producing.execute, []
+    real, cancelled = releasing.execute, []
 
     def cancel_where_it_stopped(client, calls, **options):
         replies = real(client, calls, **options)
@@ -276,34 +277,46 @@ def test_a_resume_goes_on_when_the_job_it_stopped_at_is_cancelled_between_calls(
                     assert delayq.cancel(job_id, key="tenant:1") is True
         return replies
 
-    monkeypatch.setattr(producing, "execute", cancel_where_it_stopped)
+    monkeypatch.setattr(releasing, "execute", cancel_where_it_stopped)
     assert delayq.resume(queue=PARKED) == 12
     assert len(cancelled) == 2
     kept = {f"job-{n}" for n in range(0, 18, 3)} - set(cancelled)
     assert {job.job_id for job in delayq.pending(limit=100) if job.paused} == kept
 
 
+def cut_after(monkeypatch, calls: int) -> None:
+    """Make the store's ``calls``-th round trip from now raise KeyboardInterrupt (Ctrl-C,
+    or the Django admin's request killed by its server's timeout)."""
+    made = []
+    real = releasing.execute
+
+    def cut(client, batch, **options):
+        made.append(batch)
+        if len(made) == calls:
+            monkeypatch.setattr(releasing, "execute", real)
+            raise KeyboardInterrupt
+        return real(client, batch, **options)
+
+    monkeypatch.setattr(releasing, "execute", cut)
+
+
+def resume_cut_short(proj, delayq, monkeypatch, *, chunk: int, calls: int) -> None:
+    """Ten jobs held by a pause of PARKED, then its resume stopped at the store's
+    ``calls``-th round trip (the first ends the pause), ``chunk`` jobs per release call."""
+    monkeypatch.setattr(releasing, "RELEASE_CHUNK", chunk)
+    delayq.pause(queue=PARKED)
+    hold(delayq, [(proj.record.name, PARKED, n) for n in range(10)])
+    cut_after(monkeypatch, calls)
+    with pytest.raises(KeyboardInterrupt):
+        delayq.resume(queue=PARKED)
+
+
 def test_a_resume_cut_short_leaves_jobs_a_second_resume_or_check_gives_back(
         proj, delayq, monkeypatch):
     """A resume stopped part way (Ctrl-C, a lost connection) has ended the pause and given
     back some jobs; the rest are found by ``delayq check`` and given back by running the
-    resume again (or by ``check --repair``)."""
-    monkeypatch.setattr(producing, "RELEASE_CHUNK", 3)
-    delayq.pause(queue=PARKED)
-    hold(delayq, [(proj.record.name, PARKED, n) for n in range(10)])
-    calls = []
-    real = producing.execute
-
-    def cut_after_two_rounds(client, batch, **options):
-        calls.append(batch)
-        if len(calls) == 4:  # the resume, two rounds of release, then Ctrl-C
-            raise KeyboardInterrupt
-        return real(client, batch, **options)
-
-    monkeypatch.setattr(producing, "execute", cut_after_two_rounds)
-    with pytest.raises(KeyboardInterrupt):
-        delayq.resume(queue=PARKED)
-    monkeypatch.setattr(producing, "execute", real)
+    resume again (or by ``check --repair``), or by a carrier (below)."""
+    resume_cut_short(proj, delayq, monkeypatch, chunk=3, calls=4)  # after two rounds
     assert delayq.paused() == {"tasks": [], "queues": []}
     assert len([job for job in delayq.pending(limit=100) if job.paused]) == 4
     assert stranded(delayq) == 4
@@ -313,9 +326,112 @@ def test_a_resume_cut_short_leaves_jobs_a_second_resume_or_check_gives_back(
     assert not [job for job in delayq.pending(limit=100) if job.paused]
 
 
+def test_a_carrier_finishes_a_resume_whose_caller_stopped_part_way(
+        proj, app, delayq, monkeypatch):
+    resume_cut_short(proj, delayq, monkeypatch, chunk=3, calls=4)  # after two rounds
+    serve_once(app)  # a resume that went on a moment ago is its caller's to finish
+    assert stranded(delayq) == 4
+
+    monkeypatch.setattr(releasing, "RELEASE_STALE_MS", 0)  # it stopped going on
+    serve_once(app)
+    assert stranded(delayq) == 0
+    assert not [job for job in delayq.pending(limit=100) if job.paused]
+    assert not any(delayq.store.client.hlen(shard.releasing) for shard in delayq.store.keys)
+
+
+def test_a_carrier_goes_on_with_a_release_it_took_over_a_few_rounds_a_maintenance(
+        proj, app, delayq, monkeypatch):
+    monkeypatch.setattr(carrier_module, "_RELEASE_ROUNDS", 1)
+    resume_cut_short(proj, delayq, monkeypatch, chunk=2, calls=2)  # before its first round
+    carrier = Carrier(app)
+    monkeypatch.setattr(releasing, "RELEASE_STALE_MS", 0)
+    carrier._maintain()
+    assert stranded(delayq) == 8
+    monkeypatch.setattr(releasing, "RELEASE_STALE_MS", 60_000)  # moved a moment ago: by it
+    for left in (6, 4, 2, 0):
+        carrier._maintain()
+        assert stranded(delayq) == left
+    carrier.close()
+
+
+def test_a_damaged_releasing_key_stops_no_other_shards_release(
+        proj, app, delayq, monkeypatch):
+    resume_cut_short(proj, delayq, monkeypatch, chunk=3, calls=2)  # before its first round
+    held_on = delayq.store.keys.shard_for("job-0", "tenant:1")
+    damaged = next(shard for shard in delayq.store.keys if shard is not held_on)
+    delayq.store.client.set(damaged.releasing, "not a hash")
+    delayq.store.client.hset(held_on.releasing, "no kind", "x")  # passed over
+    monkeypatch.setattr(releasing, "RELEASE_STALE_MS", 0)
+    carrier = Carrier(app)
+    carrier._maintain()
+    carrier.close()
+    assert not [job for job in delayq.pending(limit=100) if job.paused]
+    assert delayq.store.client.hgetall(held_on.releasing) == {"no kind": "x"}
+    delayq.store.client.delete(damaged.releasing, held_on.releasing)
+
+
+def test_a_carrier_finishes_a_rate_limit_removal_whose_caller_stopped_part_way(
+        proj, app, delayq, monkeypatch):
+    monkeypatch.setattr(releasing, "RELEASE_CHUNK", 3)
+    monkeypatch.setattr(releasing, "RELEASE_STALE_MS", 0)
+    delayq.set_rate_limit(PARKED, "1/h")
+    for n in range(10):
+        delayq.schedule(proj.record.name, (n,), eta=PAST, queue=PARKED, job_id=f"job-{n}",
+                        key="tenant:1")
+    delayq.store.claim(list(delayq.store.keys), 1000, 60_000)
+    held = sum(job.held == "rate limit" for job in delayq.pending(limit=100))
+    assert held >= 8
+    cut_after(monkeypatch, 3)  # the removal, one round of release, then Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        delayq.set_rate_limit(PARKED, None)
+    assert stranded(delayq) == held - 3
+
+    serve_once(app)
+    assert stranded(delayq) == 0
+    assert not any(delayq.store.client.hlen(shard.releasing) for shard in delayq.store.keys)
+
+
+def test_the_walk_of_an_earlier_resume_leaves_a_later_resumes_part_to_it(
+        proj, app, delayq, monkeypatch):
+    """Each resume walks the shard from its first held job. One that began while an
+    earlier one was walking may have jobs to give back behind that walk, so the earlier
+    walk's end does not mark the shard done: a carrier then finishes the later one."""
+    monkeypatch.setattr(releasing, "RELEASE_CHUNK", 2)
+    other = "other.pause"
+    delayq.pause(queue=PARKED)
+    delayq.pause(queue=other)
+    hold(delayq, [(proj.record.name, PARKED if n % 2 else other, n) for n in range(8)])
+    shard = delayq.store.keys.shard_for("job-0", "tenant:1")
+    walks = []
+    real = releasing.Releasing._release_round
+
+    def first_round_only(self, walks_now):
+        walks.extend(walks_now)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(releasing.Releasing, "_release_round", first_round_only)
+    with pytest.raises(KeyboardInterrupt):
+        delayq.resume(queue=PARKED)  # its walk has not begun
+    monkeypatch.setattr(releasing.Releasing, "_release_round", real)
+    earlier = next(walk for walk in walks if walk.shard == shard)
+    # the earlier walk's first round: job-0 is left held, job-1 given back
+    going_on = delayq.store._release_round([earlier]).going_on
+    cut_after(monkeypatch, 2)  # the later resume, then Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        delayq.resume(queue=other)
+    while going_on:  # the earlier walk goes on to its end
+        going_on = delayq.store._release_round(going_on).going_on
+    assert [job.job_id for job in delayq.pending(limit=100) if job.paused] == ["job-0"]
+
+    monkeypatch.setattr(releasing, "RELEASE_STALE_MS", 0)
+    serve_once(app)
+    assert stranded(delayq) == 0
+    assert not [job for job in delayq.pending(limit=100) if job.paused]
+
+
 def test_a_damaged_shard_stops_its_own_part_of_a_resume_and_no_other(proj, delayq,
                                                                       monkeypatch):
-    monkeypatch.setattr(producing, "RELEASE_CHUNK", 2)
+    monkeypatch.setattr(releasing, "RELEASE_CHUNK", 2)
     delayq.pause(queue=PARKED)
     for n in range(24):  # ids spread over every shard
         delayq.schedule(proj.record.name, (n,), eta=PAST, queue=PARKED, job_id=f"job-{n}")

@@ -14,7 +14,7 @@ from celery_delayq import ratelimit
 from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.errors import ConfigurationError, InvalidOption
-from celery_delayq.store import producing
+from celery_delayq.store import releasing
 from tests.conftest import PROMOTIONS, command_calls, store_keys, wait_for
 from tests.faults.test_carrier_faults import carry_until_quiet
 
@@ -139,7 +139,7 @@ def test_held_jobs_stay_pending_cancellable_and_go_at_once_when_the_limit_is_rem
 def test_removing_a_limit_gives_back_its_held_jobs_call_by_call(proj, delayq, monkeypatch):
     """The removal looks at RELEASE_CHUNK of the queue's held jobs per script call (one
     call for 200,000 held jobs took 1.6 s); another queue's limit keeps holding its own."""
-    monkeypatch.setattr(producing, "RELEASE_CHUNK", 4)
+    monkeypatch.setattr(releasing, "RELEASE_CHUNK", 4)
     for queue in (LIMITED, FREE):
         delayq.set_rate_limit(queue, "1/h")
     for queue, jobs in ((LIMITED, 14), (FREE, 7)):

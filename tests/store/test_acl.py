@@ -23,7 +23,7 @@ from celery import Celery
 
 from celery_delayq import ConfigurationError, DelayedTask, DelayQ
 from celery_delayq.carrier import Carrier
-from celery_delayq.store import producing
+from celery_delayq.store import releasing
 from celery_delayq.testing.redis_server import RedisClusterServer, RedisServer
 from tests.conftest import CLUSTER, ROOT, celery_cli, wait_for
 
@@ -72,7 +72,7 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
         # held on one shard by a pause that stays: more than a release call looks at, so
         # the resume at the end walks past them call by call
         noop.apply_delayed_many([{"args": (n,), "delay": 0.2, "key": "tenant:1"}
-                                 for n in range(producing.RELEASE_CHUNK + 100)],
+                                 for n in range(releasing.RELEASE_CHUNK + 100)],
                                 queue="kept")
         noop.apply_delayed(args=(0,), delay=600, job_id="later", key="order:1")
         noop.apply_delayed(args=(0,), delay=600, job_id="cancel-me")
@@ -104,7 +104,7 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
         try:
             wait_for(lambda: queue.llen("acl-test") >= 20, what="20 jobs promoted")
             wait_for(lambda: sum(row["paused"] for row in DelayQ.of(app).store.stats())
-                     == producing.RELEASE_CHUNK + 100, what="the kept queue's jobs held")
+                     == releasing.RELEASE_CHUNK + 100, what="the kept queue's jobs held")
         finally:
             carrier.stop()
             thread.join(10)
@@ -121,7 +121,7 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
     assert sorted({f"{d['username']}: {d['object']}" for d in denied
                    if d["object"].split("|")[0] not in ("client", "config")}) == []
     assert sum(row["pending"] for row in json.loads(outputs["stats"])) == (
-        1 + producing.RELEASE_CHUNK + 100)
+        1 + releasing.RELEASE_CHUNK + 100)
     assert "later" in outputs["ls"] and "later: cancelled" in outputs["cancel"]
     assert outputs["paused"] == "queue elsewhere\nqueue kept\n"
     assert "replayed 1 dead job" in outputs["replay"] and "dropped 0" in outputs["drop"]

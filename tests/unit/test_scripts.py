@@ -14,6 +14,7 @@ from celery_delayq.scripts import SCRIPTS, SHARD_KEYS
 _JOURNAL_CALL = r"\b(?:journal|journal_batch|trim_journal)\((\d+)"
 _COUNT_CALL = r"\badd_count\((\d+)"  # include/counts.lua: the counts HASH KEYS[n]
 _ANSWER_CALL = r"\banswer(?:ed)?\((\d+)"  # include/answer.lua: a call's own STRING KEYS[n]
+_RELEASE_CALL = r"\bnote_release\((\d+)"  # include/releasing.lua: the releasing HASH KEYS[n]
 
 EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead", "own",
             "replay", "drop", "exists", "repair", "reserve", "pause", "limit", "release"}
@@ -35,7 +36,8 @@ def test_header_documents_each_key_and_argument(name):
     body = script.source.split("]]", 1)[1]
     used = {int(n) for n in [*re.findall(r"KEYS\[(\d+)\]", body),
                              *re.findall(_JOURNAL_CALL, body), *re.findall(_COUNT_CALL, body),
-                             *re.findall(_ANSWER_CALL, body)]}
+                             *re.findall(_ANSWER_CALL, body),
+                             *re.findall(_RELEASE_CALL, body)]}
     if "#KEYS" in body:  # it loops over all its keys
         assert used <= set(documented), "no key it does not declare"
     else:

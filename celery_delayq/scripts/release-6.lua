@@ -1,13 +1,15 @@
 --[[ release: on one shard, give back up to ARGV[4] jobs that a pause or a rate limit held
 and nothing holds any more: their due times back, so the carrier promotes them oldest
-first. The store calls it after a resume (pause-2) or a limit's removal (limit-2) until it
-is done, so a shard holding a million jobs never blocks Redis for long.
+first. The store calls it after a resume (pause-3) or a limit's removal (limit-3) until it
+is done, so a shard holding a million jobs never blocks Redis for long; a carrier goes on
+with a release whose caller stopped part way (include/releasing.lua).
 
 KEYS[1] paused    HASH  "task:<name>" / "queue:<name>" -> who paused it (pausing.py)
 KEYS[2] limits    HASH  "rate:<queue>" -> its limit or "off" (ratelimit.py)
 KEYS[3] due       ZSET  job id -> due ms (held jobs: a base + due ms, see held.py)
 KEYS[4] jobs      HASH  job id -> envelope
 KEYS[5] waiting   ZSET  "<queue>\0<due>\0<job id>": the jobs rate limits hold (claim_due)
+KEYS[6] releasing HASH  the releases under way (include/releasing.lua)
 
 ARGV[1] "paused": the jobs held by a pause that no pause (KEYS[1]) holds any more
         "rate": the jobs held for queue ARGV[2] while it has no limit in force
@@ -18,6 +20,7 @@ ARGV[4] how many jobs to look at (at most)
 ARGV[5] the default queue (of envelopes that name none)
 ARGV[6] wake channel
 ARGV[7] shard number
+ARGV[8] the token of the resume or removal whose release this is
 
 "paused" walks the shard's paused jobs in due order, from just after the job ARGV[3]
 names: jobs given back leave that range and jobs left held stay, so the next one to look
@@ -27,6 +30,10 @@ members of the waiting set from the front (their order is the queue's), drops ea
 gives back its job if still held for the queue; a job held for it without a member (a
 damaged store) is left to `delayq check`, which finds it stranded.
 
+The release's entry in KEYS[6] is moved on to where this call stopped, or removed when it
+is done, only while it holds ARGV[8]: a later resume or removal began a walk of its own
+from the first held job, which this one's end does not finish.
+
 Returns {jobs given back, 1 if there may be more else 0, where to go on}; publishes the
 shard on the wake channel when it gave any back.
 
@@ -35,7 +42,8 @@ its keys holds the wrong type of value.
 ]]
 -- include: damaged.lua
 -- include: held.lua
-local problem = damaged({1, 'hash', 2, 'hash', 3, 'zset', 4, 'hash', 5, 'zset'})
+-- include: releasing.lua
+local problem = damaged({1, 'hash', 2, 'hash', 3, 'zset', 4, 'hash', 5, 'zset', 6, 'hash'})
 if problem then return redis.error_reply(problem) end
 local kind, queue, limit = ARGV[1], ARGV[2], tonumber(ARGV[4])
 local released, more, cursor = 0, 0, ARGV[3]
@@ -86,6 +94,15 @@ else
       if score and score == RATE_BASE + due then give_back(job_id, score, RATE_BASE) end
     end
     if #members == limit then more = 1 end
+  end
+end
+local entry = kind == 'paused' and 'paused' or 'rate:' .. queue
+local under_way = redis.call('HGET', KEYS[6], entry)
+if under_way and string.match(under_way, '^%S+') == ARGV[8] then
+  if more == 1 then
+    note_release(6, entry, ARGV[8], cursor)
+  else
+    redis.call('HDEL', KEYS[6], entry)
   end
 end
 if released > 0 then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
