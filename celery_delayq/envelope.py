@@ -62,7 +62,11 @@ _MESSAGE = (
     "expires", "group_id", "group_index", "retries", "chord", "callbacks", "errbacks",
     "time_limit", "soft_time_limit", "root_id", "parent_id", "shadow", "chain",
     "ignore_result", "replaced_task_nesting", "reply_to", "origin", "stamped_headers",
+    "argsrepr", "kwargsrepr",
 )
+# Of them, what logs and monitoring events show instead of the arguments (Celery's way to
+# keep secrets out of them): text.
+_REPRS = ("argsrepr", "kwargsrepr")
 # Values create_task_message uses when an option is absent.
 _MESSAGE_DEFAULTS = {"retries": 0, "replaced_task_nesting": 0, "ignore_result": False}
 # Routing options consumed by build (never stored as properties).
@@ -183,6 +187,11 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     message = {k: routed.pop(k) for k in _MESSAGE if k in routed}
     message = {k: v for k, v in message.items()
                if v is not None and v != _MESSAGE_DEFAULTS.get(k)}
+    for name_ in _REPRS:
+        if not isinstance(message.get(name_, ""), str):
+            raise PayloadError(f"{name_} must be a string (what worker logs and monitoring "
+                               f"events show instead of the arguments); got "
+                               f"{type(message[name_]).__name__}")
     _inherit_parent(app, message)
     if "expires" in message:
         message["expires"] = _absolute(message["expires"])

@@ -76,3 +76,10 @@ class Job:
         job = cls.read(job_id, entry["envelope"] or None, None, "dead", shard, default_queue)
         job.options["dead_reason"] = entry["reason"]
         return job
+
+
+def shown_arguments(args: Any, kwargs: Any, options: dict[str, Any]) -> tuple[Any, Any]:
+    """A call's arguments as the Django admin shows them: its own ``argsrepr`` /
+    ``kwargsrepr`` (``options``: its message options, the envelope's ``o``) where it gave
+    one, Celery's way to keep secrets out of logs and monitoring; else the arguments."""
+    return options.get("argsrepr", args), options.get("kwargsrepr", kwargs)

@@ -68,6 +68,7 @@ class _Shape:
     id_headers: tuple[str, ...]  # the headers and properties that hold the task id
     id_properties: tuple[str, ...]
     embed: str  # the body's third element (callbacks, errbacks, chain, chord), as JSON
+    reprs: dict[str, str]  # the argsrepr / kwargsrepr the call gave, if any
     expires_at: float | None  # the absolute expiry, as a timestamp
     queue: str
     exchange: str
@@ -111,6 +112,7 @@ class MessageBuilder:
         else:  # as Celery shortens them (it stops at a depth: never too deep)
             headers["argsrepr"] = saferepr(args, self._repr_max, **self._repr_levels)
             headers["kwargsrepr"] = saferepr(kwargs, self._repr_max, **self._repr_levels)
+        headers.update(shape.reprs)  # the call's own (its arguments may hold secrets)
         headers[HEADER_JOB], headers[HEADER_SHARD], headers[HEADER_DUE] = job_id, shard, due_ms
         headers["eta"] = eta_header(due_ms)
         if key:
@@ -141,11 +143,12 @@ class MessageBuilder:
         return shape, own
 
     def _build_shape(self, fields: dict[str, Any]) -> _Shape:
-        options = {"origin": ORIGIN, **fields.get("o", {})}
+        given = fields.get("o", {})
+        options = {"origin": ORIGIN, "argsrepr": "", "kwargsrepr": "", **given}
         expires = options.get("expires")
         try:
             headers, properties, body, _ = self._create(
-                _TASK_ID, fields["t"], [], {}, argsrepr="", kwargsrepr="", **options)
+                _TASK_ID, fields["t"], [], {}, **options)
             expires_at = iso_time(expires).timestamp() if expires else None
             embed = encode_json(body[2])
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
@@ -159,5 +162,6 @@ class MessageBuilder:
             id_properties=tuple(name for name, value in properties.items()
                                 if value == _TASK_ID),
             embed=embed,
+            reprs={name: headers[name] for name in ("argsrepr", "kwargsrepr") if name in given},
             expires_at=expires_at,
             queue=queue, exchange=fields.get("x", ""), routing_key=fields.get("r", queue))

@@ -111,16 +111,19 @@ def test_jobs_with_options_still_go_through_kombu(proj, app, redis_client):
     proj.record.apply_delayed(args=("expiring",), eta=DUE, queue=PARKED, expires=3600)
     proj.record.apply_delayed(args=("linked",), eta=DUE, queue=PARKED, link=callback)
     proj.record.apply_delayed(args=("tagged",), eta=DUE, queue=PARKED, headers={"tenant": "a"})
+    proj.record.apply_delayed(args=("secret",), eta=DUE, queue=PARKED, argsrepr="('***',)")
     promote_once(app, direct=True)
 
     by_label = {comparable(m)[0]["body"][0][0]: m for m in parked(redis_client)}
-    assert by_label.keys() == {"plain", "expiring", "linked", "tagged"}
+    assert by_label.keys() == {"plain", "expiring", "linked", "tagged", "secret"}
     assert "body_encoding" not in by_label["plain"]["properties"]
-    for label in ("expiring", "linked", "tagged"):
+    for label in ("expiring", "linked", "tagged", "secret"):
         assert by_label[label]["properties"]["body_encoding"] == "base64", label
     assert by_label["expiring"]["headers"]["expires"]
     assert by_label["linked"]["body"]
     assert by_label["tagged"]["headers"]["tenant"] == "a"
+    # what worker logs and events show: the call's own repr, not the argument
+    assert by_label["secret"]["headers"]["argsrepr"] == "('***',)"
 
 
 def test_long_arguments_get_a_truncated_repr_that_is_still_valid_utf8(

@@ -449,6 +449,29 @@ def _cells(html: str, column: str) -> list[str]:
             re.findall(rf'<t[dh] class="field-{column}[^"]*">(.*?)</t[dh]>', html, re.S)]
 
 
+def test_a_calls_own_argsrepr_is_what_the_mirror_and_its_pages_show(
+        admin_client, shop_delayq, sync, fast_shop):
+    """Celery's way to keep secrets out of logs and monitoring (``argsrepr`` /
+    ``kwargsrepr``) keeps them out of the admin, as django-celery-results does: the rows
+    hold the call's own text, whether the journal sync or a transaction wrote them."""
+    from django.db import transaction
+    from shop.tasks import close_unpaid_order
+
+    close_unpaid_order.apply_delayed(args=("card-4111",), delay=600, job_id="secret:1",
+                                     argsrepr="('card-****',)")
+    sync.run_once()
+    with transaction.atomic():
+        close_unpaid_order.apply_delayed(kwargs={"order_id": "card-4222"}, delay=600,
+                                         job_id="secret:2", kwargsrepr="{'order_id': '***'}")
+    rows = {row.job_id: row for row in DelayedTask.objects.filter(job_id__startswith="secret")}
+    assert (rows["secret:1"].args, rows["secret:1"].kwargs) == ("('card-****',)", {})
+    assert (rows["secret:2"].args, rows["secret:2"].kwargs) == ([], "{'order_id': '***'}")
+    pages = _page(admin_client) + "".join(
+        _page(admin_client, "admin:delayq_delayedtask_change", row.pk) for row in rows.values())
+    assert "card-****" in pages and "card-4111" not in pages and "card-4222" not in pages
+    assert shop_delayq.get("secret:1").args == ["card-4111"], "the store keeps the call"
+
+
 def test_business_key_links_to_the_admin_page_of_its_object_through_the_setting(
         admin_client, shop_delayq, sync, settings):
     from shop import services

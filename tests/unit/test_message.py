@@ -94,6 +94,28 @@ def test_long_arguments_get_celerys_shortened_repr(app):
     assert len(shortened) < len(repr(args))
 
 
+def test_a_calls_own_argsrepr_and_kwargsrepr_are_what_logs_and_events_show(app):
+    """Celery's way to keep secrets out of worker logs and monitoring events (Flower,
+    ``task-received``): the representations a call gives are its message's, as
+    ``apply_async`` sends them; the arguments themselves are unchanged."""
+    call = build(app, args=("4111-1111",), kwargs={"cvv": "123"}, argsrepr="('****',)",
+                 kwargsrepr="{'cvv': '***'}")
+    msg = promote(app, call)
+    assert (msg.headers["argsrepr"], msg.headers["kwargsrepr"]) == ("('****',)",
+                                                                   "{'cvv': '***'}")
+    assert loads(msg.body)[:2] == [["4111-1111"], {"cvv": "123"}]
+    assert "argsrepr" not in msg.properties
+    only_args = promote(app, build(app, args=("4111-1111",), argsrepr="('****',)"))
+    assert (only_args.headers["argsrepr"], only_args.headers["kwargsrepr"]) == (
+        "('****',)", "{}")
+
+
+@pytest.mark.parametrize("option", ["argsrepr", "kwargsrepr"])
+def test_an_argsrepr_that_is_no_text_is_refused_at_the_call(app, option):
+    with pytest.raises(PayloadError, match=f"{option} must be a string"):
+        build(app, **{option: {"cvv": "***"}})
+
+
 @pytest.mark.parametrize("raw", [
     *UNUSABLE_ENVELOPES, '{"t": "x", "o": {"expires": "soon"}}', '{"t": "x", "o": 5}\n[]\n',
 ])

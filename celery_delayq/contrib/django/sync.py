@@ -24,7 +24,7 @@ from django.utils import timezone
 from celery_delayq import DelayQ, DelayQError
 from celery_delayq.errors import DamagedShard
 from celery_delayq.events import Event
-from celery_delayq.job import Job
+from celery_delayq.job import Job, shown_arguments
 from celery_delayq.keys import ShardKeys
 from celery_delayq.reading import Unreadable, is_text
 from celery_delayq.stopping import StopFlag
@@ -315,7 +315,7 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
 
 def _fill_from_envelope(row: DelayedTask, envelope: str, job: Job) -> None:
     row.envelope = envelope
-    row.args, row.kwargs = job.args, job.kwargs
+    row.args, row.kwargs = shown_arguments(job.args, job.kwargs, job.options.get("o", {}))
     row.queue, row.task_id = job.queue, job.task_id
     row.retries = _int(job.options.get("o", {}).get("retries"), 0)
 

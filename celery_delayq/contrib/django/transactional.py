@@ -23,6 +23,7 @@ from celery_delayq import DelayedResult, DelayQ, DelayQError
 from celery_delayq.decoding import decode
 from celery_delayq.envelope import Call
 from celery_delayq.errors import JobExists, StoreUnavailable
+from celery_delayq.job import shown_arguments
 from celery_delayq.reading import utc_of_ms
 from celery_delayq.validation import Due
 
@@ -134,7 +135,8 @@ def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
 
 def _fields_of(envelope: str, default_queue: str) -> dict:
     env = decode(envelope)
-    return {"args": env.get("a", []), "kwargs": env.get("k", {}),
+    args, kwargs = shown_arguments(env.get("a", []), env.get("k", {}), env.get("o", {}))
+    return {"args": args, "kwargs": kwargs,
             "queue": env.get("q") or default_queue,
             "retries": int(env.get("o", {}).get("retries", 0) or 0)}
 
