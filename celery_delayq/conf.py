@@ -18,9 +18,11 @@ from .connection import (
     CLUSTER_SUFFIX,
     KOMBU_SOCKET,
     SENTINEL_OPTIONS,
+    SENTINEL_SCHEME,
     check_settings,
     holds_password,
     redis_py_url,
+    url_list,
 )
 from .connection import redact as redact
 from .errors import ConfigurationError, InvalidOption
@@ -44,7 +46,9 @@ class TlsOptions(dict):
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("redis_url", None, str,
-            "Redis URL of the delay store. Default: the broker URL when the broker is Redis."),
+            "Redis URL of the delay store. Default: the broker URL when the broker is one "
+            "Redis server (or the Sentinels of one master); a failover list of Redis "
+            "brokers asks for it."),
     Setting("redis_password", None, str,
             "Password of the store's Redis user (with Sentinel, of the master), kept out of "
             "delayq_redis_url: `celery report`, `celery inspect conf` and Django's error "
@@ -366,11 +370,21 @@ def _connect_as_broker(app, values: dict[str, Any]) -> None:
 
 
 def _broker_redis_url(app) -> str:
+    """The broker's URL as the store's: one Redis server, or the Sentinels of one master."""
     broker = app.conf.broker_url or ""
-    if isinstance(broker, (list, tuple)):
-        broker = broker[0] if broker else ""
-    if urlsplit(broker).scheme in _REDIS_SCHEMES:
-        return broker
+    urls = [str(url) for url in broker] if isinstance(broker, (list, tuple)) else url_list(
+        broker)
+    schemes = {urlsplit(url).scheme for url in urls}
+    if schemes == {SENTINEL_SCHEME}:  # a list of Sentinels is one list, whichever form
+        return ";".join(urls)
+    if len(urls) > 1 and schemes <= set(_REDIS_SCHEMES):
+        raise ConfigurationError(
+            f"the broker URL lists {len(urls)} Redis servers ({redact(urls)}): kombu moves "
+            "to the next one when one fails, but the delay store must stay on one server "
+            "(each would hold a store of its own). Set delayq_redis_url to the one that "
+            "holds it (CELERY_DELAYQ_REDIS_URL in Django settings)")
+    if urls and urlsplit(urls[0]).scheme in _REDIS_SCHEMES:
+        return urls[0]
     raise ConfigurationError(
         "celery-delayq needs a Redis URL: set app.conf.delayq_redis_url "
         "(or CELERY_DELAYQ_REDIS_URL in Django settings) to e.g. redis://localhost:6379/0, "

@@ -198,7 +198,7 @@ def sentinel_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     password, query options) given in any of its ``;``-separated parts."""
     nodes: list[tuple[str, int]] = []
     master: dict[str, Any] = {}
-    for part in _parts(url):
+    for part in url_list(url):
         try:
             options = parse_url("redis" + part.removeprefix(SENTINEL_SCHEME))
         except ValueError as exc:
@@ -232,7 +232,7 @@ def check_settings(config: DelayQConfig) -> None:
     """Raise :class:`ConfigurationError` if the URL's scheme or connection options are wrong."""
     scheme = urlsplit(config.redis_url).scheme
     if scheme == SENTINEL_SCHEME:
-        if any(not p.startswith(f"{SENTINEL_SCHEME}://") for p in _parts(config.redis_url)):
+        if any(not p.startswith(f"{SENTINEL_SCHEME}://") for p in url_list(config.redis_url)):
             raise ConfigurationError(
                 "every part of a sentinel delayq_redis_url must be sentinel://host:port, "
                 f"separated by ';'; got {redact(config.redis_url)!r}")
@@ -285,7 +285,7 @@ _SECRET_PARAM = re.compile(
 _PLAIN_USER = re.compile(r"[\w.~%+-]*")
 
 
-def _parts(url: str) -> list[str]:
+def url_list(url: str) -> list[str]:
     """The URLs of a ``;``-separated list (Sentinels, or failover brokers)."""
     return _NEXT_URL.split(url)
 
@@ -295,13 +295,13 @@ def redact(url: object) -> str:
     and in query parameters such as ``?password=``. Safe to log, raise and print."""
     if isinstance(url, (list, tuple)):
         url = ";".join(map(str, url))
-    return ";".join(_redact_one(part) for part in _parts(str(url)))
+    return ";".join(_redact_one(part) for part in url_list(str(url)))
 
 
 def holds_password(url: str) -> bool:
     """True when the URL (or one of its ``;``-separated URLs) holds a password: after the
     user name of its userinfo, or in a query parameter such as ``?password=``."""
-    for part in _parts(url):
+    for part in url_list(url):
         match = _USERINFO.match(part)
         if match is not None and match["userinfo"].partition(":")[2]:
             return True

@@ -68,6 +68,29 @@ def test_a_carrier_batch_that_would_hold_redis_long_is_refused():
     assert Carrier(app, batch=10_000).batch == 10_000
 
 
+@pytest.mark.parametrize("broker", [
+    "redis://h1:6379/0;redis://h2:6379/0",
+    ["redis://h1:6379/0", "redis://h2:6379/0"],
+    ("redis://:pw@h1:6379/0", "rediss://h2:6380/0"),
+])
+def test_a_failover_list_of_redis_brokers_asks_which_one_holds_the_store(broker):
+    """kombu moves to the next URL when one fails; a store cannot: two servers would hold
+    two stores. Refused at start, instead of a store on the first that fails with it."""
+    with pytest.raises(ConfigurationError, match="lists 2 Redis servers") as refused:
+        DelayQConfig.from_app(make_app(celery={"broker": broker}))
+    assert "delayq_redis_url" in str(refused.value) and "pw" not in str(refused.value)
+    config = DelayQConfig.from_app(make_app(celery={"broker": broker},
+                                            delayq_redis_url="redis://h2:6379/0"))
+    assert config.redis_url == "redis://h2:6379/0"
+
+
+def test_a_list_of_sentinels_is_one_sentinel_url():
+    broker = ["sentinel://s1:26379", "sentinel://s2:26379"]
+    config = DelayQConfig.from_app(make_app(celery={"broker": broker},
+                                            delayq_redis_transport_options={"master_name": "m"}))
+    assert config.redis_url == "sentinel://s1:26379;sentinel://s2:26379"
+
+
 @pytest.mark.parametrize(("broker", "store"), [
     ("redis+socket:///run/redis.sock", "unix:///run/redis.sock"),
     ("redis+socket:///run/redis.sock?virtual_host=3", "unix:///run/redis.sock?db=3"),
