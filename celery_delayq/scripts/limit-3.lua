@@ -26,9 +26,8 @@ local problem = damaged({1, 'hash', 2, 'stream', 3, 'hash'})
 if problem then return redis.error_reply(problem) end
 local queue, limit = ARGV[2], ARGV[3]
 journal(2, 'rate_limit', 'queue', queue, 'rate', string.match(limit, '(%S+)$'), 'by', ARGV[4])
+-- writes that need memory first: a full Redis refuses the call before it changes anything
+if limit == 'off' then note_release(3, 'rate:' .. queue, ARGV[5], '') end
 redis.call('HSET', KEYS[1], 'rate:' .. queue, limit)
-if limit == 'off' then
-  redis.call('HDEL', KEYS[1], 'bucket:' .. queue)
-  note_release(3, 'rate:' .. queue, ARGV[5], '')
-end
+if limit == 'off' then redis.call('HDEL', KEYS[1], 'bucket:' .. queue) end
 return 0

@@ -11,7 +11,7 @@ ARGV[4] who did it (journaled)
 ARGV[5] the resume's token (unique per call; "" for a pause)
 
 Pause marks the field; the claim script holds each job of it as it falls due. Resume
-unmarks it and begins a release: the store then gives back the jobs no pause holds any
+begins a release and unmarks it: the store then gives back the jobs no pause holds any
 more (release-6.lua, call by call), and a carrier finishes it if the store stops part way.
 Returns 0.
 
@@ -29,8 +29,8 @@ local kind, name = string.match(field, '^(%a+):(.*)$')
 journal(2, action == 'pause' and 'paused' or 'resumed', kind, name, 'by', by)
 if action == 'pause' then
   redis.call('HSET', KEYS[1], field, cjson.encode({by = by, at = now_ms()}))
-else
-  redis.call('HDEL', KEYS[1], field)
+else  -- a write that needs memory first: a full Redis refuses the call, removing nothing
   note_release(3, 'paused', ARGV[5], '')
+  redis.call('HDEL', KEYS[1], field)
 end
 return 0

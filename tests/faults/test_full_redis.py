@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from datetime import datetime, timezone
 
 import pytest
 import redis
@@ -19,11 +20,13 @@ from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, StoreFull
 from celery_delayq.carrier import Carrier
+from celery_delayq.check import check
 from celery_delayq.store import CancelOutcome
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import ROOT, celery_cli, running_worker, wait_for
 
 PAD = "x" * 120  # an argument, so each job holds a few hundred bytes
+PAST = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 @pytest.fixture
@@ -92,6 +95,31 @@ def test_a_pause_or_rate_limit_on_a_full_redis_is_store_full_and_sets_nothing(fu
     with pytest.raises(StoreFull, match="maxmemory"):
         delayq.set_rate_limit("full", "10/s")
     assert delayq.paused() == {"tasks": [], "queues": []} and delayq.rate_limits() == {}
+
+
+def test_a_resume_or_a_limits_removal_on_a_full_redis_is_store_full_and_changes_nothing(
+        full_server):
+    """Refused on every shard, not only on the one that journals: a pause ended on some
+    shards would leave their held jobs held by nothing."""
+    app, work, _ = make_app(full_server.url, delayq_max_memory_fraction=1.0)
+    delayq = DelayQ.of(app)
+    delayq.pause(queue="full")
+    work.apply_delayed_many([{"args": (n, PAD), "eta": PAST} for n in range(40)])
+    delayq.store.claim(list(delayq.store.keys), 1000, 60_000)
+    delayq.set_rate_limit("paused.too", "1/h")
+    fill_redis(redis.Redis(port=full_server.port))
+    with pytest.raises(StoreFull, match="maxmemory"):
+        delayq.resume(queue="full")
+    with pytest.raises(StoreFull, match="maxmemory"):
+        delayq.set_rate_limit("paused.too", None)
+    client = delayq.store.client
+    assert all(client.hexists(shard.paused, "queue:full") for shard in delayq.store.keys)
+    assert all(client.hget(shard.limits, "rate:paused.too") != "off"
+               for shard in delayq.store.keys)
+
+    client.config_set("maxmemory", 0)
+    assert delayq.resume(queue="full") == 40
+    assert sum(report.found["stranded"] for report in check(delayq.store)) == 0
 
 
 def test_cancels_and_drops_on_a_full_redis_answer_as_on_any_other(full_server):
