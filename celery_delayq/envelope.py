@@ -64,9 +64,9 @@ _MESSAGE = (
     "ignore_result", "replaced_task_nesting", "reply_to", "origin", "stamped_headers",
     "argsrepr", "kwargsrepr",
 )
-# Of them, what logs and monitoring events show instead of the arguments (Celery's way to
-# keep secrets out of them): text.
-_REPRS = ("argsrepr", "kwargsrepr")
+#: Of them, what logs and monitoring events show instead of the arguments (Celery's way to
+#: keep secrets out of them): text.
+REPRS = ("argsrepr", "kwargsrepr")
 # Values create_task_message uses when an option is absent.
 _MESSAGE_DEFAULTS = {"retries": 0, "replaced_task_nesting": 0, "ignore_result": False}
 # Routing options consumed by build (never stored as properties).
@@ -187,7 +187,7 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     message = {k: routed.pop(k) for k in _MESSAGE if k in routed}
     message = {k: v for k, v in message.items()
                if v is not None and v != _MESSAGE_DEFAULTS.get(k)}
-    for name_ in _REPRS:
+    for name_ in REPRS:
         if not isinstance(message.get(name_, ""), str):
             raise PayloadError(f"{name_} must be a string (what worker logs and monitoring "
                                f"events show instead of the arguments); got "

@@ -20,7 +20,15 @@ from typing import Any, NamedTuple
 from celery.utils.saferepr import saferepr
 
 from .decoding import decode_arguments, decode_fields, split
-from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD, ORIGIN, encode_json
+from .envelope import (
+    HEADER_DUE,
+    HEADER_JOB,
+    HEADER_KEY,
+    HEADER_SHARD,
+    ORIGIN,
+    REPRS,
+    encode_json,
+)
 from .errors import PayloadError
 from .reading import MAX_MS, MIN_MS, is_text, iso_time
 
@@ -144,7 +152,7 @@ class MessageBuilder:
 
     def _build_shape(self, fields: dict[str, Any]) -> _Shape:
         given = fields.get("o", {})
-        options = {"origin": ORIGIN, "argsrepr": "", "kwargsrepr": "", **given}
+        options = {"origin": ORIGIN, **dict.fromkeys(REPRS, ""), **given}
         expires = options.get("expires")
         try:
             headers, properties, body, _ = self._create(
@@ -162,6 +170,6 @@ class MessageBuilder:
             id_properties=tuple(name for name, value in properties.items()
                                 if value == _TASK_ID),
             embed=embed,
-            reprs={name: headers[name] for name in ("argsrepr", "kwargsrepr") if name in given},
+            reprs={name: headers[name] for name in REPRS if name in given},
             expires_at=expires_at,
             queue=queue, exchange=fields.get("x", ""), routing_key=fields.get("r", queue))
