@@ -5,7 +5,8 @@ schedule_many (if_exists keep, replace, error), cancel, cancel_key, reschedule, 
 claim (every shard), ack, recover (expired leases), release, dead_letter, bury (a worker out
 of retries), replay, a replace or cancel of an id a carrier holds, and pause /
 resume of a task or of the default queue (a claim holds a due job of what is paused: it
-stays pending, listed as paused, until a resume, a reschedule or a replace), with
+stays pending, listed as paused, until a resume, a reschedule or a replace; a resume cut
+short as the pause ends leaves it held until a carrier goes on with that resume), with
 job ids and business keys chosen to collide: ids that differ only by case, UUIDs in
 canonical form (stored packed), ``~``-prefixed ids and an id equal to another's packed form,
 unicode. After every step, what the store says (``get``, ``pending`` in due order, by key
@@ -26,6 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import astuple, dataclass, field
 from datetime import datetime, timedelta, timezone
+from unittest import mock
 
 import pytest
 from hypothesis import settings
@@ -42,7 +44,8 @@ from hypothesis.stateful import (
 from celery_delayq import decoding, envelope
 from celery_delayq.errors import InvalidOption, JobExists
 from celery_delayq.keys import pack_id
-from celery_delayq.store import CancelOutcome, Claimed, Promoted, ShardClaim
+from celery_delayq.store import CancelOutcome, Claimed, Promoted, ShardClaim, releasing
+from celery_delayq.store.releasing import Releasing
 from tests.conftest import FUZZ_SCALE, examples
 
 UUID = "0b5f6c2e-7f3a-4d2b-9c1e-2a3b4c5d6e7f"
@@ -91,6 +94,11 @@ class Model:
     leases: dict[int, Lease] = field(default_factory=dict)
     dead: Call | None = None  # dead-lettered
     held: bool = False  # pending, due, and held by a pause (a claim found it paused)
+    stranded: bool = False  # held, and no pause holds it since a resume cut short: the
+    # store has it held until a carrier goes on with that resume (it is never claimed)
+
+    def unhold(self) -> None:
+        self.held = self.stranded = False
 
 
 @dataclass
@@ -125,6 +133,14 @@ def ms_of(moment: datetime | None) -> int | None:
 # which took most of three minutes on Python 3.10.
 def holding(machine: StoreMachine) -> bool:
     return bool(machine.held)
+
+
+def holding_due_jobs(machine: StoreMachine) -> bool:
+    return any(job.held for job in machine.jobs.values())
+
+
+def stranding(machine: StoreMachine) -> bool:
+    return any(job.stranded for job in machine.jobs.values())
 
 
 def leases_expired(machine: StoreMachine) -> bool:
@@ -170,7 +186,8 @@ class StoreMachine(RuleBasedStateMachine):
             if if_exists == "error":
                 return Expected("conflict")
             return Expected("kept", job.stored, job.due_ms)
-        job.stored, job.due_ms, job.held = call, due_ms, False
+        job.stored, job.due_ms = call, due_ms
+        job.unhold()
         return Expected("created", call, due_ms)
 
     @staticmethod
@@ -218,7 +235,8 @@ class StoreMachine(RuleBasedStateMachine):
         shard, that copy's call is what the store keeps (for its ack, recover or dead)."""
         job = self.jobs[job_id]
         lease = job.leases.get(self.home(job_id))
-        job.due_ms, job.held = None, False
+        job.due_ms = None
+        job.unhold()
         job.stored = lease.call if lease else None
 
     def give_back(self, job_id: str, before_ms: int) -> None:
@@ -318,7 +336,8 @@ class StoreMachine(RuleBasedStateMachine):
             assert new_due is None
         else:
             assert new_due == eta
-            job.due_ms, job.held = ms_of(eta), False
+            job.due_ms = ms_of(eta)
+            job.unhold()
 
     @rule(job_id=ids)
     def run_now(self, job_id) -> None:
@@ -326,7 +345,8 @@ class StoreMachine(RuleBasedStateMachine):
         job = self.jobs[job_id]
         assert self.delayq.run_now(job_id) is (job.due_ms is not None)
         if job.due_ms is not None:
-            job.due_ms, job.held = self.due_now(job_id, before_ms), False
+            job.due_ms = self.due_now(job_id, before_ms)
+            job.unhold()
 
     # -- pausing -----------------------------------------------------------------------
 
@@ -343,10 +363,38 @@ class StoreMachine(RuleBasedStateMachine):
         kind, name = what
         name = name or self.delayq.config.default_queue
         self.paused.discard(f"{kind}:{name}")
-        freed = [job for job in self.jobs.values() if job.held and not self.pausing(job.stored)]
-        assert self.delayq.resume(**{kind: name}, by="model") == len(freed)
-        for job in freed:
-            job.held = False
+        assert self.delayq.resume(**{kind: name}, by="model") == len(self.freed())
+        for job in self.freed():
+            job.unhold()
+
+    @precondition(holding_due_jobs)
+    @rule(what=pauses)
+    def resume_cut_short(self, what) -> None:
+        """A resume whose caller stopped as the pause ended (Ctrl-C, a web request killed
+        by its server's timeout): the jobs no pause holds stay held until a carrier goes
+        on with it."""
+        kind, name = what
+        name = name or self.delayq.config.default_queue
+        self.paused.discard(f"{kind}:{name}")
+        with mock.patch.object(Releasing, "release_held", side_effect=KeyboardInterrupt), \
+                pytest.raises(KeyboardInterrupt):
+            self.delayq.resume(**{kind: name}, by="model")
+        for job in self.freed():
+            job.stranded = True
+
+    @precondition(stranding)
+    @rule()
+    def carrier_goes_on(self) -> None:
+        """A carrier's maintenance, once the releases have stood still long enough."""
+        with mock.patch.object(releasing, "RELEASE_STALE_MS", 0):
+            walks = self.store.stalled_releases(list(self.store.keys), set())
+        assert self.store.release_held(walks).released == len(self.freed())
+        for job in self.freed():
+            job.unhold()
+
+    def freed(self) -> list[Model]:
+        """The held jobs no pause in force holds: a resume gives them back."""
+        return [job for job in self.jobs.values() if job.held and not self.pausing(job.stored)]
 
     # -- carrier side ------------------------------------------------------------------
 
@@ -359,7 +407,8 @@ class StoreMachine(RuleBasedStateMachine):
         due = {job_id for job_id, job in self.jobs.items()
                if job.due_ms is not None and job.due_ms <= now_ms}
         for job_id in due:
-            self.jobs[job_id].held = self.pausing(self.jobs[job_id].stored)
+            job = self.jobs[job_id]
+            job.held = job.stranded or self.pausing(job.stored)
         due = {job_id for job_id in due if not self.jobs[job_id].held}
         claimed = [(c.shard, job) for c in claims for job in c.jobs]
         assert sorted(job.job_id for _, job in claimed) == sorted(due)
