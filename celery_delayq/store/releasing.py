@@ -122,11 +122,14 @@ class Releasing(StoreBase):
             for shard in shards:
                 pipe.hgetall(shard.releasing)
             entries = pipe.execute(raise_on_error=False)
+        found = [(shard, under_way) for shard, under_way in zip(shards, entries, strict=True)
+                 if under_way and not isinstance(under_way, Exception)]
+        if not found:  # the carrier asks every maintenance: Redis's clock only when needed
+            return []
+        with self.unavailable():
             now_ms = self.now_ms()
         walks = []
-        for shard, under_way in zip(shards, entries, strict=True):
-            if isinstance(under_way, Exception):
-                continue
+        for shard, under_way in found:
             for entry, value in under_way.items():
                 kind, _, queue = entry.partition(":")
                 token, _, rest = value.partition(" ")
