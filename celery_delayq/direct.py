@@ -1,7 +1,8 @@
 """Direct promotion: the broker queues the claim script pushes plain jobs to itself.
 
 With ``delayq_direct_promotion`` the carrier first makes sure the broker is the store's
-Redis server and database (else a :class:`ConfigurationError` that says how to fix it),
+Redis server and database, and one broker rather than a failover list (else a
+:class:`ConfigurationError` that says how to fix it),
 then hands ``claim_due`` the broker list of every queue in ``app.amqp.queues`` (kombu's
 Redis transport names it ``global_keyprefix`` + queue; queues with ``expires`` are left out)
 and the delivery mode of each. A queue the carrier meets later through kombu (e.g. created
@@ -17,7 +18,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from .connection import redact
+from .connection import SENTINEL_SCHEME, redact
 from .envelope import ORIGIN
 from .errors import ConfigurationError
 from .keys import broker_queue
@@ -53,6 +54,13 @@ class DirectRouter:
                     and isinstance(store, redis.Redis)
                     and _same_database(connection.default_channel.client, store))
             options = connection.transport_options
+            failover = _failover_list(connection.alt)
+        if failover:
+            raise ConfigurationError(
+                f"delayq_direct_promotion cannot follow a failover list of brokers "
+                f"({redact(failover)}): kombu moves to the next one when one fails, while "
+                "the claim script pushes to the store's server. List one broker (a Sentinel "
+                "URL follows failovers) or turn delayq_direct_promotion off.")
         if not same:
             raise ConfigurationError(
                 "delayq_direct_promotion needs the delay store on the broker's Redis server "
@@ -81,6 +89,15 @@ class DirectRouter:
             queues=[(name, self._queue(name)[1]) for name in routed],
             origin=ORIGIN, repr_max=self.app.amqp.argsrepr_maxsize)
         logger.info("direct promotion into %s", ", ".join(routed))
+
+
+def _failover_list(urls: list) -> str:
+    """The broker URLs kombu fails over between, joined; "" for one broker or Sentinels
+    (whose list names one master)."""
+    texts = [url for url in urls if isinstance(url, str)]
+    if len(urls) < 2 or all(url.startswith(f"{SENTINEL_SCHEME}://") for url in texts):
+        return ""
+    return ";".join(texts)
 
 
 def broker_is_store_server(app, store: Store) -> bool:

@@ -156,6 +156,22 @@ def test_direct_promotion_refuses_a_broker_on_another_database(proj, app, redis_
     assert proj.delayq.pending()[0].args == ["x"], "nothing was lost"
 
 
+def test_direct_promotion_refuses_a_failover_list_of_brokers(proj, app, redis_client):
+    """kombu may move to the list's next broker at any time; the claim script would still
+    push to the store's server, where no worker listens then."""
+    store_url = app.conf.broker_url
+    app.conf.update(delayq_redis_url=store_url,
+                    broker_url=f"{store_url};redis://:secret@127.0.0.1:1/0")
+    try:
+        proj.record.apply_delayed(args=("x",), eta=DUE, queue=PARKED)
+        with pytest.raises(ConfigurationError, match="failover list") as refused:
+            promote_once(app, direct=True)
+    finally:
+        app.conf.update(delayq_redis_url=None, broker_url=store_url)
+    assert "secret" not in str(refused.value)
+    assert proj.delayq.pending()[0].args == ["x"], "nothing was lost"
+
+
 def test_a_queue_the_carrier_did_not_know_is_pushed_to_directly_after_its_first_batch(
         proj, app, redis_client):
     late = "parked.late"
