@@ -21,8 +21,25 @@ from .reading import is_text
 _NAMES = ("t", "i", "y", "q", "x", "r")
 #: Properties a caller may not set: the payload is always JSON.
 RESERVED_PROPERTIES = frozenset({"content_type", "content_encoding", "serializer"})
+
+
+class _KombuObjectError(ValueError):
+    """A ``{"__type__": ..., "__value__": ...}`` object kombu's JSON cannot decode."""
+
+
+def _object_hook(obj: dict) -> Any:
+    """kombu's ``object_hook`` (such objects back to datetime, UUID, Decimal ...), whose
+    decoders raise TypeError, AttributeError, ... on a value of the wrong type: any of them
+    a :class:`_KombuObjectError`, so such an object is unreadable data."""
+    try:
+        return object_hook(obj)
+    except Exception as exc:
+        raise _KombuObjectError(
+            f"a {obj.get('__type__')!r} object kombu cannot decode ({exc!r})") from exc
+
+
 # kombu's loads() builds a decoder per call; this one decodes as it does, built once.
-_json_decode = json.JSONDecoder(object_hook=object_hook).decode
+_json_decode = json.JSONDecoder(object_hook=_object_hook).decode
 # The tokens that nest (and strings, skipped whole).
 _NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
@@ -39,7 +56,7 @@ def nesting(text: str) -> int:
     return deepest
 
 
-def _decode_json(text: str) -> Any:
+def decode_json(text: str) -> Any:
     """A stored JSON text as Python, nested at most ``MAX_NESTING`` deep (what every
     carrier and worker can decode): deeper is a :class:`RecursionError`, as the json module
     raises one at a depth that depends on the Python version (3.13 decodes 985 levels)."""
@@ -66,7 +83,7 @@ def split(raw: str | bytes | None) -> tuple[str, str, str]:
 def decode_fields(line: str) -> dict[str, Any]:
     """An envelope's first line; :class:`PayloadError` says why it is unusable."""
     try:
-        env = _decode_json(line)
+        env = decode_json(line)
     except (ValueError, RecursionError) as exc:
         raise _unreadable(exc) from exc
     if not isinstance(env, dict) or not isinstance(env.get("t"), str) or not env["t"]:
@@ -88,7 +105,7 @@ def first_line(envelope: str | None) -> dict[str, Any]:
     """An envelope's first line as it is, for readers that only look at a field (``delayq
     check``, replaying the dead letters of a task); {} when it cannot be read."""
     try:
-        fields = _decode_json((envelope or "").split("\n", 1)[0])
+        fields = decode_json((envelope or "").split("\n", 1)[0])
     except (ValueError, RecursionError):
         return {}
     return fields if isinstance(fields, dict) else {}
@@ -97,7 +114,7 @@ def first_line(envelope: str | None) -> dict[str, Any]:
 def decode_arguments(args: str, kwargs: str) -> tuple[list, dict]:
     """An envelope's args and kwargs lines; :class:`PayloadError` says why unusable."""
     try:
-        decoded = _decode_json(args) if args else [], _decode_json(kwargs) if kwargs else {}
+        decoded = decode_json(args) if args else [], decode_json(kwargs) if kwargs else {}
     except (ValueError, RecursionError) as exc:
         raise _unreadable(exc) from exc
     if not isinstance(decoded[0], list) or not isinstance(decoded[1], dict):
@@ -108,6 +125,8 @@ def decode_arguments(args: str, kwargs: str) -> tuple[list, dict]:
 def _unreadable(exc: Exception) -> PayloadError:
     if isinstance(exc, RecursionError):
         return PayloadError("envelope is nested too deeply to decode")
+    if isinstance(exc, _KombuObjectError):
+        return PayloadError(f"envelope holds {exc}")
     return PayloadError(f"envelope is not valid JSON: {exc}")
 
 

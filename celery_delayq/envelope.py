@@ -40,7 +40,7 @@ from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import JSONEncoder
 
-from .decoding import RESERVED_PROPERTIES, decode_fields, nesting
+from .decoding import RESERVED_PROPERTIES, decode_fields, decode_json, nesting
 from .errors import PayloadError, UnknownQueue
 from .keys import new_job_id, pack_id
 from .reading import iso_time
@@ -325,12 +325,23 @@ def _not_json(name: str | None, exc: Exception) -> PayloadError:
 
 def _check_readable(encoded: str, name: str, max_nesting: int) -> None:
     """Refuse what a carrier could not read back: lists and objects nested deeper than
-    ``delayq_max_nesting``, strings holding half of a surrogate pair."""
+    ``delayq_max_nesting``, kombu's ``__type__`` objects it cannot decode, strings holding
+    half of a surrogate pair."""
     if encoded.count("[") + encoded.count("{") > max_nesting and \
             nesting(encoded) > max_nesting:
         raise PayloadError(
             f"arguments or options of {name} are nested more than delayq_max_nesting="
             f"{max_nesting} levels deep; flatten them or raise the setting")
+    if '"__type__"' in encoded:
+        try:
+            for line in encoded.split("\n"):
+                if line:
+                    decode_json(line)
+        except ValueError as exc:
+            raise PayloadError(
+                f"arguments or options of {name} hold {exc}; a dict with exactly the keys "
+                "__type__ and __value__ is how kombu's JSON writes a datetime, UUID, "
+                "Decimal ...: pass the value itself, or rename the keys") from None
     if "\\ud" in encoded and _lone_surrogate(encoded):
         raise PayloadError(
             f"arguments or options of {name} hold a lone surrogate (half of a UTF-16 pair), "

@@ -174,7 +174,8 @@ end
 -- False when a worker might not decode these args and kwargs lines (producers never write
 -- such lines; the carrier decodes what this passes over and dead-letters what it must):
 -- not an array and an object, a NaN / Infinity token, digits past Python's 4,300 limit for
--- an int, more brackets than delayq_max_nesting (maybe nested too deeply).
+-- an int, more brackets than delayq_max_nesting (maybe nested too deeply), a "__type__" key
+-- (kombu's JSON object for a datetime, UUID ..., which may hold what kombu cannot decode).
 local function decodable(args, kwargs)
   if args ~= '' and (string.byte(args, 1) ~= 91 or string.byte(args, -1) ~= 93) then
     return false  -- not [ ... ]
@@ -183,7 +184,9 @@ local function decodable(args, kwargs)
     return false  -- not { ... }
   end
   local text = args .. kwargs
-  if string.find(text, '[%[,:]%s*-?[NI]') then return false end
+  if string.find(text, '[%[,:]%s*-?[NI]') or string.find(text, '"__type__"', 1, true) then
+    return false
+  end
   if #text > max_nesting and select(2, string.gsub(text, '[%[{]', '')) > max_nesting then
     return false
   end

@@ -40,6 +40,9 @@ POISON = {
                  .encode("latin-1"), 0, "envelope is not valid UTF-8"),
     "minus-inf": (f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n[1]\n', "-inf",
                   "its stored due time is not a finite number"),
+    "bad-kombu-object": (f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n'
+                         '[{"__type__":"datetime","__value__":5}]\n', 0,
+                         "envelope holds a 'datetime' object kombu cannot decode"),
     "bad-options": ('{"t":"tests.proj.record","o":{"expires":"soon"}}\n[1]\n', 0,
                     "envelope options are unusable"),
     "\xff-id-not-utf8".encode("latin-1"): (

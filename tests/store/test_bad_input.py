@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from uuid import UUID
 
 import pytest
 from celery import Celery
@@ -63,6 +65,15 @@ CASES = [
     ({"delay": 1, "args": ("\ude00\ud83d",)}, PayloadError, "lone surrogate"),
     ({"delay": 1, "expires": 10 ** 12}, PayloadError, "expires"),
     ({"delay": 1, "expires": "next tuesday"}, PayloadError, "expires"),
+    # what kombu's JSON turns back into a datetime, UUID, Decimal ... but cannot from these
+    ({"delay": 1, "args": ({"__type__": "datetime", "__value__": 5},)}, PayloadError,
+     "__type__"),
+    ({"delay": 1, "kwargs": {"d": {"__type__": "decimal", "__value__": "one"}}}, PayloadError,
+     "__type__"),
+    ({"delay": 1, "args": ([{"__type__": "no such type", "__value__": 1}],)}, PayloadError,
+     "__type__"),
+    ({"delay": 1, "headers": {"h": {"__type__": "bytes", "__value__": 5}}}, PayloadError,
+     "__type__"),
     ({"delay": 1, "job_id": "id-\udc80"}, InvalidJobId, "not text"),
     ({"delay": 1, "key": "\ud800"}, InvalidJobId, "not text"),
 ]
@@ -102,7 +113,10 @@ def test_negative_countdown_runs_now_as_in_celery(proj, delayq):
     ("emoji \U0001f600 make surrogate pairs in JSON",),
     ("a backslash then ud800: \\ud800",),
     ([1e308, -1e308, 0.1],),
-], ids=["nesting-at-the-limit", "surrogate-pair", "escaped-backslash", "large-floats"])
+    ([datetime(2030, 1, 1, tzinfo=timezone.utc), Decimal("1.5"), UUID(int=7),
+      {"__type__": "only a look-alike"}],),
+], ids=["nesting-at-the-limit", "surrogate-pair", "escaped-backslash", "large-floats",
+        "kombu-json-types"])
 def test_data_a_carrier_can_read_is_accepted_as_it_was_given(proj, delayq, redis_client, args):
     result = proj.record.apply_delayed(args=args, delay=60)
     assert delayq.get(result.job_id).args == list(args)

@@ -5,7 +5,7 @@ The carrier dead-letters a job on PayloadError and serves the others; any other 
 promotion for every job. So ``split``, ``decode_fields``, ``decode_arguments``, ``decode``
 and ``MessageBuilder.build`` are fed arbitrary text and bytes: invalid UTF-8, lone
 surrogates, nesting far deeper than the recursion limit, numbers too big for Python's int
-parser, NaN / Infinity tokens, fields of every JSON type.
+parser, NaN / Infinity tokens, fields of every JSON type, kombu's ``__type__`` objects.
 """
 
 from __future__ import annotations
@@ -38,9 +38,13 @@ ODD_NUMBERS = st.sampled_from([
 ])
 LEAVES = (st.none() | st.booleans() | st.integers() | st.integers(min_value=2**64)
           | st.floats() | TEXT)
+#: kombu's JSON object for a datetime, UUID, Decimal ..., its value of any type.
+KOMBU_TYPES = st.sampled_from(["datetime", "date", "time", "decimal", "uuid", "bytes",
+                               "base64", "set", "no such type"]) | TEXT
 VALUES = st.recursive(
     LEAVES,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4)
+    | st.fixed_dictionaries({"__type__": KOMBU_TYPES, "__value__": inner}),
     max_leaves=24)
 #: Option names create_task_message takes, and headers / properties the builder merges.
 OPTION_NAMES = st.sampled_from([
