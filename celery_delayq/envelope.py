@@ -41,7 +41,7 @@ from celery.utils.nodenames import anon_nodename
 from kombu.utils.json import JSONEncoder
 
 from .decoding import RESERVED_PROPERTIES, decode_fields, decode_json, nesting
-from .errors import PayloadError, UnknownQueue
+from .errors import InvalidOption, PayloadError, UnknownQueue
 from .keys import new_job_id, pack_id
 from .reading import iso_time
 
@@ -69,6 +69,8 @@ _MESSAGE = (
 REPRS = ("argsrepr", "kwargsrepr")
 # Values create_task_message uses when an option is absent.
 _MESSAGE_DEFAULTS = {"retries": 0, "replaced_task_nesting": 0, "ignore_result": False}
+# kombu's names of the delivery modes a call may give (or an int, as 1 and 2).
+_DELIVERY_MODES = (None, "transient", "persistent")
 # Routing options consumed by build (never stored as properties).
 _ROUTING = frozenset({"queue", "exchange", "routing_key", "exchange_type"})
 _JSON = "json"
@@ -198,6 +200,10 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     for stamp in message.get("stamped_headers") or ():
         message[stamp] = routed.pop(stamp, None)
     properties = {k: v for k, v in routed.items() if k not in _ROUTING and v is not None}
+    mode = properties.get("delivery_mode")
+    if type(mode) is not int and mode not in _DELIVERY_MODES:  # (bool is no mode)
+        raise InvalidOption(f"delivery_mode must be 1, 2, 'transient' or 'persistent' (kombu's "
+                            f"delivery modes); got {mode!r}")
 
     fixed: dict[str, Any] = {}
     if exchange or routing_key != queue:

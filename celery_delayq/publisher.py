@@ -153,6 +153,9 @@ class Publisher:
     def deliver(self, message: Message) -> None:
         """Into the channel's publish batch, or published now when there is none."""
         queue, delivery_mode = self.queue(message.queue)
+        mode = message.properties.pop("delivery_mode", None)  # the call's own, as in kombu
+        if mode:
+            delivery_mode = maybe_delivery_mode(mode)
         if self._session is not None:
             self._send(message, queue, delivery_mode)
             return

@@ -53,6 +53,8 @@ CASES = [
     ({"delay": 1, "headers": {"delayq_job": 42}}, InvalidJobId, "must be a string"),
     ({"delay": 1, "if_exists": "overwrite"}, InvalidOption, "keep, replace, error"),
     ({"delay": 1, "serializer": "pickle"}, PayloadError, "JSON only"),
+    ({"delay": 1, "delivery_mode": "fast"}, InvalidOption, "delivery_mode must be"),
+    ({"delay": 1, "delivery_mode": True}, InvalidOption, "delivery_mode must be"),
     # what a carrier could not read back is refused here, not dead-lettered later
     ({"delay": 1, "args": (nested(65),)}, PayloadError, "delayq_max_nesting=64"),
     ({"delay": 1, "args": (nested(985),)}, PayloadError,
