@@ -195,6 +195,8 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
                                f"events show instead of the arguments); got "
                                f"{type(message[name_]).__name__}")
     _inherit_parent(app, message)
+    if "reply_to" not in message and replies_to_caller(app):
+        message["reply_to"] = app.thread_oid  # as send_task sets it
     if "expires" in message:
         message["expires"] = _absolute(message["expires"])
     for stamp in message.get("stamped_headers") or ():
@@ -223,7 +225,8 @@ class Templates:
     router and queues are fixed at first use. Calls whose template could differ from one
     call to the next are resolved each time: inside a task (parent and root ids), with a
     relative ``expires``, with options that are not plain values (headers, links), or when
-    ``task_routes`` has routers, which may look at the arguments.
+    ``task_routes`` has routers, which may look at the arguments. With the RPC result
+    backend they are kept per calling thread too (its ``reply_to``).
     """
 
     _MAX = 256  # distinct (task, options) kept; a caller varying task_id per call fills it
@@ -231,6 +234,12 @@ class Templates:
     def __init__(self, app) -> None:
         self.app = app
         self._found: dict[tuple, Template] = {}
+
+    @cached_property
+    def _replies(self) -> bool:
+        """Whether a call's template holds its thread's ``reply_to`` (fixed, as the result
+        backend is once made)."""
+        return replies_to_caller(self.app)
 
     @cached_property
     def _routers(self) -> bool:
@@ -241,6 +250,8 @@ class Templates:
             kwargs=None) -> Template:
         """What ``template`` would answer for this call."""
         key = _template_key(name, options, task_type)
+        if key is not None and self._replies:
+            key = (*key, self.app.thread_oid)
         if key is None or self._routers or self.app.current_worker_task is not None:
             return template(self.app, name, options, task_type=task_type,
                             args=_check_args(args, kwargs), kwargs=kwargs)
@@ -400,6 +411,15 @@ def _inherit_parent(app, message: dict[str, Any]) -> None:
     if parent and parent.request.id:
         message.setdefault("root_id", parent.request.root_id or parent.request.id)
         message.setdefault("parent_id", parent.request.id)
+
+
+def replies_to_caller(app) -> bool:
+    """True when the app's result backend sends each result to the calling thread's reply
+    queue, named by the message's ``reply_to`` (Celery's ``rpc://``): the stored call then
+    keeps the caller's, which ``send_task`` sets."""
+    from celery.backends.rpc import RPCBackend
+
+    return isinstance(app.backend, RPCBackend)
 
 
 def _absolute(expires) -> str:

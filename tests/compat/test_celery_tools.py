@@ -265,3 +265,17 @@ def test_cancel_by_job_id_marks_the_cancelled_jobs_task_id_revoked(proj, delayq,
     assert delayq.cancel(result.job_id) is True  # no key: found on its key's shard too
     assert AsyncResult(result.id, app=proj.app).state == celery_states.REVOKED
     assert delayq.cancel(result.job_id) is False
+
+
+def test_the_rpc_result_backend_returns_a_delayed_tasks_result_to_its_caller(proj):
+    """Celery's ``rpc://`` backend sends a result to the calling thread's reply queue,
+    named by the message's ``reply_to``, which the stored call keeps."""
+    from tests.compat.rpc_proj import add, delayq
+
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    try:
+        with worker_and_carrier("tests.compat.rpc_proj", "rpc", env):
+            assert add.apply_delayed((2, 3), delay=0.2).get(timeout=30) == 5
+            assert add.apply_async((4, 5), countdown=0.2).get(timeout=30) == 9
+    finally:
+        delayq.store.close()

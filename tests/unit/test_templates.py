@@ -3,6 +3,7 @@ except where a template could differ from one call to the next."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime
 
@@ -64,3 +65,21 @@ def test_a_router_sees_each_calls_arguments(app):
     assert "q" not in stored(templates, args=(5,))
     assert stored(templates, args=(500,))["q"] == "refunds"
     assert "q" not in stored(templates, args=(7,))
+
+
+def test_with_the_rpc_backend_each_thread_stores_its_own_reply_queue(app):
+    """Celery's ``rpc://`` sends a result to the queue the message's ``reply_to`` names:
+    the calling thread's (``app.thread_oid``), as ``send_task`` sets it."""
+    app.conf.result_backend = "rpc://"
+    templates = Templates(app)
+    replies = [stored(templates)["o"]["reply_to"]]
+    thread = threading.Thread(target=lambda: replies.append(stored(templates)["o"]["reply_to"]))
+    thread.start()
+    thread.join()
+    assert replies[0] == app.thread_oid and replies[1] not in ("", replies[0])
+    assert stored(templates, reply_to="own.queue")["o"]["reply_to"] == "own.queue"
+
+
+def test_without_the_rpc_backend_no_reply_queue_is_stored(app):
+    app.conf.result_backend = "redis://127.0.0.1:1/0"
+    assert "o" not in stored(Templates(app))
