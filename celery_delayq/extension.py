@@ -249,13 +249,15 @@ class DelayQ(Holding):
         if (countdown is None and eta is None) or self.app.conf.task_always_eager:
             return None
         threshold = self.config.countdown_threshold
+        if countdown:  # Celery's order: a countdown becomes the eta, replacing one given
+            return {"delay": countdown} if countdown > threshold else None
         if eta is not None:
             if isinstance(eta, str):
                 eta = iso_time(eta)
             eta = maybe_make_aware(eta, self.app.timezone)  # naive: Celery's timezone rules
             seconds = (eta - self.app.now()).total_seconds()
             return {"eta": eta} if seconds > threshold else None
-        return {"delay": countdown} if countdown is not None and countdown > threshold else None
+        return None
 
     def _route_send_task(self) -> None:
         """Send ``app.send_task(..., countdown=|eta=)`` through the store too.

@@ -51,3 +51,23 @@ def test_routing_send_task_can_be_turned_off(proj, delayq, configure):
     result = proj.app.send_task("elsewhere.remind", args=(1,), countdown=600,
                                 queue="native-only")
     assert delayq.get(result.id) is None
+
+
+@pytest.mark.parametrize("call", ["apply_async", "send_task"])
+def test_a_countdown_given_with_an_eta_wins_as_in_celery(proj, delayq, call):
+    """Celery turns a countdown into the eta, replacing one given beside it."""
+    eta = datetime.now(timezone.utc) + timedelta(days=1)
+    before = datetime.now(timezone.utc)
+    if call == "apply_async":
+        result = proj.record.apply_async(("both",), countdown=600, eta=eta)
+    else:
+        result = proj.app.send_task("elsewhere.remind", countdown=600, eta=eta)
+    due = delayq.get(result.id).due
+    assert before + timedelta(seconds=599) < due < datetime.now(timezone.utc) + \
+        timedelta(seconds=601)
+
+
+def test_a_zero_countdown_leaves_the_eta_as_in_celery(proj, delayq):
+    eta = datetime.now(timezone.utc) + timedelta(days=1)
+    result = proj.record.apply_async(("eta",), countdown=0, eta=eta)
+    assert abs((delayq.get(result.id).due - eta).total_seconds()) < 0.002
