@@ -294,6 +294,7 @@ class DelayQ(Holding):
         The cancelled job's task id is marked REVOKED (``task_id``, when the caller knows
         it, else the one the store answers).
         """
+        validation.looked_up(job_id, key)
         outcome, cancelled_task = self.store.cancel(job_id, key, by)
         revoked = task_id or cancelled_task
         if outcome is CancelOutcome.CANCELLED and revoked is not None:
@@ -320,6 +321,7 @@ class DelayQ(Holding):
         return len(task_ids)
 
     def get(self, job_id: str, key: str | None = None) -> Job | None:
+        validation.looked_up(job_id, key)
         return self.store.get(job_id, key)
 
     def pending(self, task: str | None = None, key: str | None = None,
@@ -329,6 +331,7 @@ class DelayQ(Holding):
         ``close(order=42)``; a value is compared whole, as JSON: ``1`` is not ``true``).
         Searching by arguments reads the store from its earliest job until ``limit`` match.
         """
+        validation.listing(task, key, limit)
         contains = (None if args_contains is None
                     else validation.json_value(args_contains, "args_contains"))
         return self.store.pending(task=task, key=key, limit=limit, args_contains=contains)
@@ -337,6 +340,7 @@ class DelayQ(Holding):
                    eta: datetime | None = None, key: str | None = None) -> datetime | None:
         """Give a pending job a new due time; None if it is no longer pending."""
         due = validation.due(delay, eta, self.config.max_delay)
+        validation.looked_up(job_id, key)
         due_ms = self.store.reschedule(job_id, due, key)
         return datetime_of_ms(due_ms)
 

@@ -94,6 +94,28 @@ def identifier(value: object, what: str, max_length: int) -> str:
     return value
 
 
+def looked_up(job_id: object, key: object = None) -> None:
+    """Refuse a job id (or business key, None for none) to look for that no job can have:
+    not a string. Odd strings are looked for: a stored job may hold one."""
+    if not isinstance(job_id, str):
+        raise InvalidJobId(f"job_id must be a string, got {type(job_id).__name__}")
+    _key_or_none(key)
+
+
+def _key_or_none(key: object) -> None:
+    if key is not None and not isinstance(key, str):
+        raise InvalidJobId(f"key must be a string, got {type(key).__name__}")
+
+
+def listing(task: object, key: object, limit: object) -> None:
+    """Refuse a listing's task name or key that is not text, or limit that is no count."""
+    _key_or_none(key)
+    if task is not None and not isinstance(task, str):
+        raise InvalidOption(f"task must be a task name (a string), got {type(task).__name__}")
+    if type(limit) is not int or limit < 0:  # (bool is no count)
+        raise InvalidOption(f"limit must be a whole number >= 0, got {limit!r}")
+
+
 def arguments(task: Any, args: Any, kwargs: Any) -> None:
     """Refuse arguments ``task``'s function cannot take, as ``apply_async`` does for a task
     with ``typing`` on: Celery's own ``TypeError`` from the task's signature. Tasks without

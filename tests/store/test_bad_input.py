@@ -176,3 +176,23 @@ def test_iso_times_ending_in_z_are_utc_as_with_an_offset(proj, delayq):
     job = delayq.get(result.id)
     assert job.due == due
     assert datetime.fromisoformat(job.options["o"]["expires"]) == expires
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda d: d.cancel(123), InvalidJobId, "job_id must be a string, got int"),
+    (lambda d: d.cancel("x", key=5), InvalidJobId, "key must be a string, got int"),
+    (lambda d: d.get(None), InvalidJobId, "job_id must be a string, got NoneType"),
+    (lambda d: d.get(b"x"), InvalidJobId, "job_id must be a string, got bytes"),
+    (lambda d: d.reschedule(7, delay=5), InvalidJobId, "job_id must be a string"),
+    (lambda d: d.run_now(["x"]), InvalidJobId, "job_id must be a string"),
+    (lambda d: d.pending(limit=1.5), InvalidOption, "limit must be a whole number"),
+    (lambda d: d.pending(limit=-1), InvalidOption, "limit must be a whole number"),
+    (lambda d: d.pending(limit=True), InvalidOption, "limit must be a whole number"),
+    (lambda d: d.pending(task=123), InvalidOption, "task must be a task name"),
+    (lambda d: d.pending(key=5), InvalidJobId, "key must be a string"),
+], ids=["cancel-id", "cancel-key", "get-none", "get-bytes", "reschedule", "run-now",
+        "limit-float", "limit-negative", "limit-bool", "task-int", "pending-key"])
+def test_a_lookup_of_something_no_job_can_have_is_refused_clearly(delayq, call, error,
+                                                                    message):
+    with pytest.raises(error, match=message):
+        call(delayq)
