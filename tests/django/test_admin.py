@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import sys
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -543,3 +545,47 @@ def test_action_messages_say_task_and_tasks(admin_client, pending):
     two = _act(admin_client, "run_now", "order:2:close", "refund:3:check:0")
     assert _messages(one) == ["due now: 1 task (order:1:close)"]
     assert _messages(two)[0].startswith("due now: 2 tasks (")
+
+
+# -- times at the edge of the calendar -------------------------------------------------
+
+_LAST_MS = 253_402_300_799_999  # 9999-12-31 23:59:59.999 UTC
+_FIRST_MS = -62_135_596_800_000  # 0001-01-01 00:00 UTC
+
+
+@pytest.mark.parametrize("zone, due_ms", [
+    ("Europe/Berlin", _LAST_MS),  # past year 9999 there
+    ("Pacific/Kiritimati", _LAST_MS - 86_400_000 * 180),  # year 9999: no year after it
+    ("America/New_York", _FIRST_MS + 1),  # before year 1 there
+])
+def test_every_page_and_date_the_changelist_offers_opens_after_syncing_a_far_due_time(
+        admin_client, pending, shop_delayq, shop_redis, sync, settings, zone, due_ms):
+    settings.TIME_ZONE = zone
+    shop_redis.xadd(shop_delayq.store.keys.shard_for("edge:1").journal,
+                    {"event": "scheduled", "job": "edge:1", "task": ORDER_TIMEOUT,
+                     "due": str(due_ms)})
+    sync.run_once()
+
+    assert not DelayedTask.objects.filter(job_id="edge:1").exists(), "no time: skipped"
+    html = _page(admin_client)
+    dates = re.findall(r'href="(\?[^"]*due__[^"]*)"', html)
+    assert dates
+    for query in dates:
+        assert admin_client.get(reverse(CHANGELIST) + query.replace("&amp;", "&")
+                                ).status_code == 200
+    for row in DelayedTask.objects.all():
+        _page(admin_client, "admin:delayq_delayedtask_change", row.pk)
+
+
+def test_detail_page_writes_a_time_the_local_zone_has_no_date_for_in_its_own_zone(
+        admin_client, pending, settings):
+    """Times no sync writes any more, in rows an older one (or a hand) wrote."""
+    settings.TIME_ZONE = "Europe/Berlin"
+    row = pending["order:1:close"]
+    last = datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt_timezone.utc)
+    DelayedTask.objects.filter(pk=row.pk).update(due=last)
+    row.events.update(at=last, due=last)
+
+    html = _page(admin_client, "admin:delayq_delayedtask_change", row.pk)
+
+    assert html.count("9999-12-31 23:59:59 UTC") == 3  # due, and the event's time and due

@@ -107,3 +107,29 @@ def test_prune_reads_naive_times_of_a_project_without_use_tz(settings, shop_dela
                                    finished_at=local - timedelta(days=days))
     assert prune(timedelta(days=30), shop_delayq) == 1
     assert _left() == ["ended:29"]
+
+
+def test_a_shard_whose_journal_never_had_an_entry_does_not_hold_back_pruning(
+        shop_delayq, sync):
+    keys = shop_delayq.store.keys
+    job_ids = [job_id for job_id in (f"order:{n}:close" for n in range(40))
+               if keys.shard_for(job_id).shard != 3]
+    for job_id in job_ids:
+        shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600,
+                             job_id=job_id)
+    sync.run_once()
+    assert JournalCursor.objects.get(shard=3).last_id == "0-0"
+    DelayedTask.objects.update(state=State.SUCCEEDED, finished_at=NOW - timedelta(days=40))
+
+    assert prune(timedelta(days=30), shop_delayq) == len(job_ids)
+
+
+def test_a_shard_the_sync_read_to_its_end_long_ago_still_holds_back_pruning(shop_delayq):
+    _cursors(shop_delayq, NOW)
+    JournalCursor.objects.filter(shard=0).update(last_id="0-0",
+                                                 caught_up_at=NOW - timedelta(days=45))
+    _row("ended:50", State.SUCCEEDED, 50)
+    _row("ended:40", State.SUCCEEDED, 40)
+
+    assert prune(timedelta(days=30), shop_delayq) == 1
+    assert _left() == ["ended:40"]

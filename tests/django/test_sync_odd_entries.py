@@ -3,13 +3,17 @@ and every healthy entry around it is mirrored."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
 from celery_delayq.contrib.django.models import DelayedTask, DelayedTaskEvent, JournalCursor
 from celery_delayq.contrib.django.sync import JournalSync
+from celery_delayq.contrib.django.sync import logger as sync_logger
+from celery_delayq.reading import MAX_MS, MIN_MS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,13 +31,24 @@ ODD_ENTRIES = [
     {"event": "scheduled", "job": "odd:" + "x" * 300, "task": TASK},
     {"event": "started", "job": "odd:retries", "retries": "99999999999999999999"},
     {"event": "scheduled", "job": "~!!", "task": TASK},
+    # Times a datetime holds in UTC, but not in every time zone (within a day of year 1 or
+    # 9999): the admin could not show them there.
+    {"event": "scheduled", "job": "odd:9999", "task": TASK, "due": str(MAX_MS)},
+    {"event": "rescheduled", "job": "odd:year1", "task": TASK, "due": str(MIN_MS + 1)},
 ]
-#: Envelopes that cannot be decoded, behind readable "scheduled" entries: the row is
-#: mirrored from the entry, without arguments.
+#: Envelopes that cannot be decoded or mirrored, behind readable "scheduled" entries: the
+#: row is mirrored from the entry, without arguments.
 ODD_ENVELOPES = {
     "odd:deep": f'{{"t":"{TASK}"}}\n' + "[" * 1000 + "]" * 1000 + "\n",
     "odd:utf8": f'{{"t":"{TASK}"}}\n["'.encode() + b"\xff" + b'"]\n',
     "odd:types": f'{{"t":"{TASK}","q":["x"]}}\n\n',
+    # Python's json reads them, but no database's JSON takes NaN or Infinity, and
+    # PostgreSQL's takes no NUL or lone surrogate (nor its text columns a NUL).
+    "odd:nan-arg": f'{{"t":"{TASK}"}}\n[NaN]\n',
+    "odd:inf-argsrepr": f'{{"t":"{TASK}","o":{{"argsrepr":Infinity}}}}\n[1]\n',
+    "odd:nul-kwarg": f'{{"t":"{TASK}"}}\n\n{{"note\\u0000":1}}\n',
+    "odd:lone-surrogate": f'{{"t":"{TASK}"}}\n["\\ud800"]\n',
+    "odd:nul-queue": f'{{"t":"{TASK}","q":"orders\\u0000"}}\n[1]\n',
 }
 
 
@@ -115,3 +130,40 @@ def test_a_damaged_journal_key_stops_only_its_shard(shop_delayq, caplog):
     assert set(DelayedTask.objects.values_list("job_id", flat=True)) == on_other_shards
     [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert damaged.journal in error.getMessage() and "delayq check" in error.getMessage()
+
+
+@contextlib.contextmanager
+def _refused(job_id: str):
+    """The database refuses a row for ``job_id`` (an SQLite trigger: IntegrityError), as
+    it refuses a value it does not take."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TRIGGER delayq_test_refuse BEFORE INSERT ON "
+                       f"{DelayedTask._meta.db_table} WHEN NEW.job_id = '{job_id}' "
+                       f"BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER delayq_test_refuse")
+
+
+def test_a_batch_the_database_refuses_stops_only_its_shard_and_the_error_names_it(
+        shop_delayq, caplog):
+    keys = shop_delayq.store.keys
+    refused = next(f"order:refused:{n}" for n in range(100)
+                   if keys.shard_for(f"order:refused:{n}").shard == 0)
+    jobs = [f"order:{n}:close" for n in range(12)]
+    for job_id in [refused, *jobs]:
+        shop_delayq.schedule(TASK, args=(1,), delay=600, job_id=job_id)
+    sync = JournalSync(shop_delayq)
+
+    with _refused(refused), caplog.at_level(logging.ERROR, logger=sync_logger.name):
+        sync.run_once()
+
+    assert set(DelayedTask.objects.values_list("job_id", flat=True)) == {
+        job_id for job_id in jobs if keys.shard_for(job_id).shard != 0}
+    assert JournalCursor.objects.get(shard=0).last_id == "0-0"
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "shard 0" in error and "refused by the test" in error
+    sync.run_once()  # the database takes the batch now: the shard goes on
+    assert DelayedTask.objects.count() == 13

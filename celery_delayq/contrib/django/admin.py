@@ -3,6 +3,7 @@ pause / resume the selected rows' tasks and a banner while anything is paused.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import defaultdict
@@ -347,8 +348,12 @@ def _level(done: bool, message: str) -> int:
 
 
 def when(moment: datetime) -> str:
-    """A date and time as every delayq admin page writes it: local, with the time zone."""
-    return f"{timezone.localtime(from_db(moment)):%Y-%m-%d %H:%M:%S %Z}"
+    """A date and time as every delayq admin page writes it: local, with the time zone (in
+    the zone it is held in where the local one has no date for it: near year 1 or 9999)."""
+    moment = from_db(moment)
+    with contextlib.suppress(OverflowError):
+        moment = timezone.localtime(moment)
+    return f"{moment:%Y-%m-%d %H:%M:%S %Z}"
 
 
 def _relative_due(row) -> str:

@@ -156,6 +156,10 @@ class JournalCursor(models.Model):
         "lost until", max_length=64, blank=True, default="",
         help_text="Journal entries after the last applied one were trimmed (or lost with "
                   "Redis's data) up to this id: rows not updated since may show an old state.")
+    caught_up_at = models.DateTimeField(
+        "caught up at", null=True, blank=True,
+        help_text="When delayq_sync last read the journal to its end (Redis's clock): every "
+                  "entry made before then is applied.")
     updated_at = models.DateTimeField(
         "updated at", auto_now=True, help_text="When the cursor last moved.")
 

@@ -6,12 +6,20 @@ holds, replayable) stay. So does every row whose end the sync has not passed on 
 shard (a lagging ``delayq_sync``): a journal event still to come for it would make it again,
 with only that event's fields. Rows go in chunks, each in a transaction that holds the
 journal cursors, so a sync batch meanwhile waits, then sees them gone.
+
+How far the sync has passed on a shard is the later of two times. Its position (the last
+applied entry's id, a time on Redis's clock): every entry up to it is applied. And when it
+last read the shard's journal to its end (``caught_up_at``, Redis's clock before the read):
+every entry made before then is applied, since an entry's id is never earlier than the
+time it is made. The position alone held pruning back for good on a shard with no new
+entries (or none ever: its position ``0-0`` reads as 1970); a shard the sync has not read
+to its end since a time still holds rows that ended after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import router, transaction
 from django.db.models import Q
@@ -30,11 +38,10 @@ CHUNK = 1000
 def prune(older_than: timedelta, delayq: DelayQ | None = None, *, chunk: int = CHUNK,
           progress: Callable[[int], None] | None = None) -> int:
     """Delete the rows (and their events) that succeeded, failed or were cancelled more
-    than ``older_than`` ago and before every shard's journal cursor; how many went.
-    ``progress`` is given the running count after each chunk."""
+    than ``older_than`` ago and before the sync passed that time on every shard; how many
+    went. ``progress`` is given the running count after each chunk."""
     prefix = (delayq or project_delayq()).store.keys.prefix
-    applied = [db_time_of_ms(cursor.last_id.split("-")[0])
-               for cursor in JournalCursor.objects.filter(prefix=prefix)]
+    applied = [_passed(cursor) for cursor in JournalCursor.objects.filter(prefix=prefix)]
     bounds = [to_db(from_db(timezone.now()) - older_than), *applied]
     if not applied or None in bounds:  # no sync yet (no row can have finished)
         return 0
@@ -52,3 +59,11 @@ def prune(older_than: timedelta, delayq: DelayQ | None = None, *, chunk: int = C
             return deleted
         if progress is not None:
             progress(deleted)
+
+
+def _passed(cursor: JournalCursor) -> datetime | None:
+    """The time up to which the sync has applied a shard's journal: the later of its
+    position and when it last read the journal to its end (None: neither is a time)."""
+    times = [at for at in (db_time_of_ms(cursor.last_id.split("-")[0]), cursor.caught_up_at)
+             if at is not None]
+    return max(times, default=None)

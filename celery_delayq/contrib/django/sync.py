@@ -4,21 +4,28 @@ Each shard's journal stream is read from the last applied entry on; a batch of e
 and the shard's cursor are saved in one database transaction, so a restarted sync
 resumes exactly where it stopped and never applies an event twice.
 
-An entry that cannot be mirrored (a due time or id that is no time, text that is not
-UTF-8 or holds NUL, a value longer than its column) is skipped; a job whose envelope
-cannot be decoded is mirrored without its arguments. Both are counted and logged once
-per :meth:`JournalSync.run_once`, and the cursor moves past them.
+An entry that cannot be mirrored (a due time or id that is no time or one a field does
+not hold, text that is not UTF-8 or holds NUL, a value longer than its column) is skipped;
+a job whose envelope cannot be decoded or mirrored (arguments a database's JSON column
+refuses: NaN, Infinity, a NUL or a lone surrogate) is mirrored without its arguments. Both
+are counted and logged once per :meth:`JournalSync.run_once`, and the cursor moves past
+them.
+
+Reading a shard's journal to its end is noted on its cursor (``caught_up_at``, by Redis's
+clock), so ``delayq_prune`` knows that a shard with no new entries holds nothing back.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
-from django.db import DatabaseError, router, transaction
-from django.db.models import Max
+from django.db import DatabaseError, DataError, IntegrityError, router, transaction
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from celery_delayq import DelayQ, DelayQError
@@ -53,6 +60,19 @@ _LIMITED = {"job": DelayedTask._meta.get_field("job_id").max_length,
             "queue": DelayedTask._meta.get_field("queue").max_length,
             "event": DelayedTaskEvent._meta.get_field("event").max_length}
 _MAX_RETRIES = 2**31 - 1  # the largest PositiveIntegerField on every database
+#: How old an idle shard's ``caught_up_at`` grows before a pass writes it again (prune,
+#: which reads it, counts in days).
+_CAUGHT_UP_EVERY = timedelta(minutes=1)
+
+
+class _Mirrored(NamedTuple):
+    """A job's stored envelope, the job read from it, and its arguments as its row holds
+    them."""
+
+    envelope: str
+    job: Job
+    args: Any
+    kwargs: Any
 
 
 class JournalSync:
@@ -67,27 +87,37 @@ class JournalSync:
     def run_once(self) -> int:
         """Apply every event journaled so far; returns how many entries were read
         (skipped ones included). A shard whose journal key holds another type of value
-        (damaged) is passed over, with an error logged: the others are mirrored."""
+        (damaged), or whose batch the database refuses (``IntegrityError``, ``DataError``),
+        is passed over with an error logged: the others are mirrored. Other database
+        errors (the database away) stop the pass."""
         total = 0
         skipped = Unreadable("delayq_sync", logger)
+        with self.store.unavailable():
+            began = db_time_of_ms(self.store.now_ms())
         try:
             for shard in self.store.keys:
                 try:
-                    total += self._apply_shard(shard, skipped)
+                    total += self._apply_shard(shard, began, skipped)
                 except DamagedShard as exc:
                     logger.error("delayq_sync: shard %d's journal %s cannot be read, its "
                                  "events are not mirrored until it is repaired: %s",
                                  shard.shard, shard.journal, exc)
+                except (DataError, IntegrityError) as exc:
+                    logger.error("delayq_sync: the database refused a batch of shard %d's "
+                                 "journal, its events are not mirrored while it does: %s",
+                                 shard.shard, exc)
         finally:
             skipped.log()
         return total
 
-    def _apply_shard(self, shard: ShardKeys, skipped: Unreadable) -> int:
-        """Apply a shard's events journaled so far, batch by batch."""
+    def _apply_shard(self, shard: ShardKeys, began: datetime | None,
+                     skipped: Unreadable) -> int:
+        """Apply a shard's events journaled so far, batch by batch; ``began``: when the
+        pass began (Redis's clock, as a field holds it)."""
         self._note_lost_events(shard)
         total = 0
         while True:
-            applied = self._apply_batch(shard, skipped)
+            applied = self._apply_batch(shard, began, skipped)
             total += applied
             if applied < self.batch:
                 return total
@@ -147,10 +177,15 @@ class JournalSync:
                                                         shard=shard.shard)
         return cursor
 
-    def _apply_batch(self, shard: ShardKeys, skipped: Unreadable) -> int:
+    def _apply_batch(self, shard: ShardKeys, began: datetime | None,
+                     skipped: Unreadable) -> int:
+        """Apply the next batch of a shard's entries; one short of ``batch`` reaches the
+        journal's end, and the cursor notes that at ``began`` its journal was applied."""
         cursor = self._cursor(shard)
         entries = self.store.read_journal(shard, cursor.last_id, count=self.batch)
+        caught_up = began if len(entries) < self.batch else None
         if not entries:
+            _note_caught_up(cursor, caught_up)
             return 0
         readable = []
         for stream_id, fields in entries:
@@ -188,6 +223,7 @@ class JournalSync:
             DelayedTaskEvent.objects.bulk_create(events)
             locked.last_id = entries[-1][0]
             locked.save(update_fields=["last_id", "updated_at"])
+        _note_caught_up(locked, caught_up)
         return len(entries)
 
     def backfill(self, progress: Callable[[int], None] | None = None) -> int:
@@ -214,7 +250,7 @@ class JournalSync:
                     new.append(row)
                 else:
                     changed.append(row)
-                _fill_from_envelope(row, *envelopes[job.job_id])
+                _fill_from_envelope(row, envelopes[job.job_id])
                 row.key, row.due, row.state = job.key or "", to_db(job.due), State.SCHEDULED
                 row.stored, row.store_error = True, ""
             with transaction.atomic(using=router.db_for_write(DelayedTask)):
@@ -227,32 +263,87 @@ class JournalSync:
         return written
 
     def _envelopes(self, shard: ShardKeys, entries: list[tuple[str, dict[str, str]]],
-                   skipped: Unreadable) -> dict[str, tuple[str, Job]]:
+                   skipped: Unreadable) -> dict[str, _Mirrored]:
         """The stored envelopes of the jobs these entries schedule, read; those that cannot
         be read are counted and left out."""
         return self._readable(shard, sorted(
             {f["job"] for _, f in entries if f.get("event") in _ENVELOPE_EVENTS}), skipped)
 
     def _readable(self, shard: ShardKeys, job_ids: list[str],
-                  skipped: Unreadable) -> dict[str, tuple[str, Job]]:
-        """The stored envelopes of these jobs and the jobs read from them; those gone, or
-        that cannot be read or mirrored, are left out (the latter counted)."""
+                  skipped: Unreadable) -> dict[str, _Mirrored]:
+        """The stored envelopes of these jobs, read; those gone, or that cannot be read or
+        mirrored, are left out (the latter counted)."""
         envelopes = {}
         for job_id, raw in self.store.envelopes(shard, job_ids).items():
             if raw is None:
                 continue  # promoted or cancelled since
             job = Job.read(job_id, raw, None, "", shard.shard, self.store.config.default_queue)
-            why = job.unreadable or next(
-                (f"{name} is longer than {_LIMITED[name]} characters"
-                 for name, value in (("task_id", job.task_id), ("queue", job.queue),
-                                     ("job", job_id), ("task", job.task),
-                                     ("key", job.key or ""))
-                 if len(value) > _LIMITED[name]), "")
+            shown = shown_arguments(job.args, job.kwargs, job.options.get("o", {}))
+            args, args_refused = _column_json("args", shown[0])
+            kwargs, kwargs_refused = _column_json("kwargs", shown[1])
+            why = (job.unreadable or _unmirrorable(job_id, job) or args_refused
+                   or kwargs_refused)
             if why:
                 skipped.add(f"envelope of job {job_id!r} on shard {shard.shard}", why)
             else:
-                envelopes[job_id] = (raw, job)
+                envelopes[job_id] = _Mirrored(raw, job, args, kwargs)
         return envelopes
+
+
+def _note_caught_up(cursor: JournalCursor, at: datetime | None) -> None:
+    """Note on ``cursor`` that its shard's journal was applied up to ``at`` (None: it was
+    not read to its end); an idle shard's at most once per ``_CAUGHT_UP_EVERY``, and never
+    moved back (by another sync)."""
+    if at is None or (cursor.caught_up_at is not None
+                      and cursor.caught_up_at > at - _CAUGHT_UP_EVERY):
+        return
+    JournalCursor.objects.filter(Q(caught_up_at=None) | Q(caught_up_at__lt=at),
+                                 pk=cursor.pk).update(caught_up_at=at)
+
+
+def _unmirrorable(job_id: str, job: Job) -> str:
+    """Why a job read from its envelope has no row ("" when it has): a name longer than its
+    column, or holding NUL (PostgreSQL's text refuses it)."""
+    for name, value in (("task_id", job.task_id), ("queue", job.queue), ("job", job_id),
+                        ("task", job.task), ("key", job.key or "")):
+        if len(value) > _LIMITED[name]:
+            return f"{name} is longer than {_LIMITED[name]} characters"
+        if "\x00" in value:
+            return f"{name} holds NUL"
+    return ""
+
+
+def _column_json(name: str, value: Any) -> tuple[Any, str]:
+    """``value`` as a JSON column holds it on every database, and ""; or None and why one
+    would refuse it: NaN or Infinity (Python's json reads them; no database's JSON does), a
+    NUL or a lone surrogate in a string (PostgreSQL's jsonb refuses them). What kombu's JSON
+    decodes to an object (datetime, Decimal, UUID, bytes) becomes its text, as the admin
+    shows it."""
+    try:
+        text = json.dumps(value, default=str, allow_nan=False)
+    except ValueError:
+        return None, f"{name} hold NaN or Infinity"
+    value = json.loads(text)
+    # json.dumps escapes every NUL and surrogate: most values need no closer look.
+    if ("\\u0000" in text or "\\ud" in text) and not all(
+            "\x00" not in string and is_text(string) for string in _strings(value)):
+        return None, f"{name} hold NUL or a lone surrogate"
+    return value, ""
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string of a JSON value, object keys included."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+
 
 def _unreadable(stream_id: str, fields: dict[str, str]) -> str:
     """Why a journal entry cannot be mirrored ("" when it can)."""
@@ -274,9 +365,9 @@ def _unreadable(stream_id: str, fields: dict[str, str]) -> str:
 
 
 def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
-                envelope: tuple[str, Job] | None = None) -> None:
+                envelope: _Mirrored | None = None) -> None:
     """Move ``row`` to what one journal event says (events of a shard arrive in order);
-    ``envelope``: the job's stored envelope and the job read from it."""
+    ``envelope``: the job's stored envelope, read."""
     event = fields.get("event", "")
     due = _ms(fields.get("due"))
     if fields.get("task"):
@@ -285,7 +376,7 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
         row.key = fields["key"]
     if event in _DUE_EVENTS:
         if envelope and event in _ENVELOPE_EVENTS:
-            _fill_from_envelope(row, *envelope)
+            _fill_from_envelope(row, envelope)
         row.state = State.SCHEDULED
         row.due = due or row.due
         row.stored, row.store_error = True, ""
@@ -313,9 +404,9 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
         row.state, row.dead_at, row.reason = State.DEAD, at, fields.get("reason", "")
 
 
-def _fill_from_envelope(row: DelayedTask, envelope: str, job: Job) -> None:
-    row.envelope = envelope
-    row.args, row.kwargs = shown_arguments(job.args, job.kwargs, job.options.get("o", {}))
+def _fill_from_envelope(row: DelayedTask, envelope: _Mirrored) -> None:
+    job = envelope.job
+    row.envelope, row.args, row.kwargs = envelope.envelope, envelope.args, envelope.kwargs
     row.queue, row.task_id = job.queue, job.task_id
     row.retries = _int(job.options.get("o", {}).get("retries"), 0)
 

@@ -4,11 +4,17 @@ The store's times are aware (UTC). A model field holds what Django's ``USE_TZ`` 
 datetimes with it, naive ones in the project's ``TIME_ZONE`` without it (SQLite and MySQL
 refuse aware ones then). Every time written to a field goes through :func:`to_db`; every
 field's time given to the store or shown goes through :func:`from_db`.
+
+A field holds no time before :data:`EARLIEST` or after :data:`LATEST` (a day inside years 2
+to 9998): every time zone has a date for each time between them, and a year after that
+date's (the admin's date drill-down works one out). No producer writes a time outside them
+(``delayq_max_delay`` is at most 100 years); damaged or planted journal entries may.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import overload
 
 from django.conf import settings
@@ -16,16 +22,19 @@ from django.utils import timezone
 
 from celery_delayq.reading import datetime_of_ms
 
+#: The earliest and latest time a model field holds (aware, UTC).
+EARLIEST = datetime(2, 1, 1, tzinfo=dt_timezone.utc) + timedelta(days=1)
+LATEST = datetime(9999, 1, 1, tzinfo=dt_timezone.utc) - timedelta(days=1)
+
 
 def to_db(at: datetime | None) -> datetime | None:
     """An aware datetime as a model field holds it: as is with ``USE_TZ``, else naive in
-    the project's time zone (None when it has no such time: past year 9999 there)."""
-    if at is None or settings.USE_TZ:
-        return at
-    try:
-        return timezone.make_naive(at, timezone.get_default_timezone())
-    except OverflowError:
+    the project's time zone; None outside :data:`EARLIEST` to :data:`LATEST`."""
+    if at is None or not EARLIEST <= at <= LATEST:
         return None
+    if settings.USE_TZ:
+        return at
+    return timezone.make_naive(at, timezone.get_default_timezone())
 
 
 @overload
@@ -41,5 +50,5 @@ def from_db(at: datetime | None) -> datetime | None:
 
 def db_time_of_ms(ms: float | int | str | None) -> datetime | None:
     """Epoch milliseconds as a model field holds them; None when they are no time
-    (:func:`~celery_delayq.reading.datetime_of_ms`) or none in the project's time zone."""
+    (:func:`~celery_delayq.reading.datetime_of_ms`) or one it does not hold (:func:`to_db`)."""
     return to_db(datetime_of_ms(ms))

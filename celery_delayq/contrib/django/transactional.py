@@ -4,7 +4,8 @@ Inside ``transaction.atomic()``, ``apply_delayed`` writes a ``DelayedTask`` row 
 transaction and the Redis write runs on commit: a rolled-back transaction schedules
 nothing. Task retries are written at once (a retry raised inside ``atomic()`` rolls it
 back). A row whose Redis write failed stays ``stored=False``; ``push_unstored`` (the
-``delayq_reconcile`` command) writes it later.
+``delayq_reconcile`` command) writes it later. A row the admin cancelled while it was not
+in Redis is not written, or, cancelled during its write, has the job just written cancelled.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from celery_delayq.envelope import Call
 from celery_delayq.errors import JobExists, StoreUnavailable
 from celery_delayq.job import shown_arguments
 from celery_delayq.reading import utc_of_ms
+from celery_delayq.store import CancelOutcome
 from celery_delayq.validation import Due
 
 from .models import DelayedTask, DelayedTaskEvent, State
@@ -84,10 +86,8 @@ def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str) -> No
         rows.update(store_error=str(exc))
         _local_event(pk, "store write failed", str(exc))
         return
-    changes = {"stored": True, "store_error": ""}
-    if result.eta is not None:
-        changes["due"] = to_db(result.eta)
-    rows.update(**changes)
+    due_at = {} if result.eta is None else {"due": to_db(result.eta)}
+    _written(delayq, pk, call, **due_at)
 
 
 @dataclass
@@ -102,12 +102,15 @@ class PushReport:
 
 def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
     """Write pending rows that are not in Redis (``stored=False``) to the store, keeping
-    jobs Redis already has; each row is due at its recorded time (now if that has passed)."""
+    jobs Redis already has; each row is due at its recorded time (now if that has passed).
+    A row cancelled since it was listed is skipped, or, during its write, its job cancelled."""
     delayq = delayq or project_delayq()
     report = PushReport()
     rows = DelayedTask.objects.unstored() if queryset is None else queryset
     down: StoreUnavailable | None = None  # then the rest are not tried: each would wait
     for row in rows.iterator():
+        if not DelayedTask.objects.filter(pk=row.pk, state=State.SCHEDULED).exists():
+            continue  # cancelled (or run) since it was listed
         if down is not None:
             report.failed[row.job_id] = f"not tried: {down}"
             continue
@@ -126,11 +129,37 @@ def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
             if isinstance(exc, StoreUnavailable):
                 down = exc
             continue
-        DelayedTask.objects.filter(pk=row.pk).update(
-            stored=True, store_error="", due=to_db(result.eta) or row.due)
-        _local_event(row.pk, "pushed", "written to Redis by delayq_reconcile")
-        report.pushed.append(row.job_id)
+        if _written(delayq, row.pk, call, due=to_db(result.eta) or row.due):
+            _local_event(row.pk, "pushed", "written to Redis by delayq_reconcile")
+            report.pushed.append(row.job_id)
     return report
+
+
+def _written(delayq: DelayQ, pk: int, call: Call, **changes) -> bool:
+    """Mark the row stored after its job's Redis write; if the row was cancelled meanwhile,
+    cancel the job just written (False). When that cancel fails, the row is scheduled again
+    with a "cancel failed" event saying why (the error is not raised)."""
+    rows = DelayedTask.objects.filter(pk=pk)
+    if rows.filter(state=State.SCHEDULED).update(stored=True, store_error="", **changes):
+        return True
+    row = rows.filter(state=State.CANCELLED).first()
+    if row is None:  # run since (the sync moved it on)
+        return True
+    try:
+        outcome = delayq.cancel_outcome(call.job_id, call.key, by=row.cancelled_by)
+    except (DelayQError, redis.RedisError) as exc:
+        why = f"the cancel did not reach Redis ({exc}): it is pending there"
+    else:
+        if outcome is not CancelOutcome.TOO_LATE:
+            return False
+        why = "a carrier took it first: it runs"
+    logger.error("delayed job %s was cancelled while it was written to Redis, but %s",
+                 call.job_id, why)
+    rows.filter(state=State.CANCELLED).update(
+        state=State.SCHEDULED, stored=True, store_error="", cancelled_at=None,
+        cancelled_by="", **changes)
+    _local_event(pk, "cancel failed", f"cancelled while it was written to Redis, but {why}")
+    return True
 
 
 def _fields_of(envelope: str, default_queue: str) -> dict:
