@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
+from decimal import Decimal
+from uuid import UUID
 
 import pytest
 import redis
@@ -34,6 +37,21 @@ def test_apply_delayed_in_a_transaction_writes_the_row_now_and_redis_on_commit(
     row.refresh_from_db()
     assert row.stored is True
     assert abs((row.due - result.eta).total_seconds()) < 1
+
+
+def test_arguments_kombu_decodes_to_objects_are_scheduled_in_a_transaction_as_outside(
+        shop_delayq, fast_shop):
+    """A Decimal, datetime or UUID argument: the row shows its text, as the sync's does."""
+    from shop.tasks import close_unpaid_order
+
+    due = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    with transaction.atomic():
+        close_unpaid_order.apply_delayed(args=([Decimal("9.99"), due, UUID(int=7)],),
+                                         delay=600, job_id="order:8:close")
+    row = Row.objects.get(job_id="order:8:close")
+    assert row.stored is True
+    assert row.args == [["9.99", str(due), str(UUID(int=7))]]
+    assert shop_delayq.get("order:8:close").args == [[Decimal("9.99"), due, UUID(int=7)]]
 
 
 def test_rolled_back_order_schedules_nothing(shop_delayq, fast_shop):

@@ -17,10 +17,9 @@ clock), so ``delayq_prune`` knows that a shard with no new entries holds nothing
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -37,6 +36,7 @@ from celery_delayq.reading import Unreadable, is_text
 from celery_delayq.stopping import StopFlag
 from celery_delayq.store.streams import id_order
 
+from .columns import column_json
 from .models import DelayedTask, DelayedTaskEvent, JournalCursor, State
 from .runtime import delayq as project_delayq
 from .times import db_time_of_ms, to_db
@@ -279,8 +279,8 @@ class JournalSync:
                 continue  # promoted or cancelled since
             job = Job.read(job_id, raw, None, "", shard.shard, self.store.config.default_queue)
             shown = shown_arguments(job.args, job.kwargs, job.options.get("o", {}))
-            args, args_refused = _column_json("args", shown[0])
-            kwargs, kwargs_refused = _column_json("kwargs", shown[1])
+            args, args_refused = column_json("args", shown[0])
+            kwargs, kwargs_refused = column_json("kwargs", shown[1])
             why = (job.unreadable or _unmirrorable(job_id, job) or args_refused
                    or kwargs_refused)
             if why:
@@ -311,38 +311,6 @@ def _unmirrorable(job_id: str, job: Job) -> str:
         if "\x00" in value:
             return f"{name} holds NUL"
     return ""
-
-
-def _column_json(name: str, value: Any) -> tuple[Any, str]:
-    """``value`` as a JSON column holds it on every database, and ""; or None and why one
-    would refuse it: NaN or Infinity (Python's json reads them; no database's JSON does), a
-    NUL or a lone surrogate in a string (PostgreSQL's jsonb refuses them). What kombu's JSON
-    decodes to an object (datetime, Decimal, UUID, bytes) becomes its text, as the admin
-    shows it."""
-    try:
-        text = json.dumps(value, default=str, allow_nan=False)
-    except ValueError:
-        return None, f"{name} hold NaN or Infinity"
-    value = json.loads(text)
-    # json.dumps escapes every NUL and surrogate: most values need no closer look.
-    if ("\\u0000" in text or "\\ud" in text) and not all(
-            "\x00" not in string and is_text(string) for string in _strings(value)):
-        return None, f"{name} hold NUL or a lone surrogate"
-    return value, ""
-
-
-def _strings(value: Any) -> Iterator[str]:
-    """Every string of a JSON value, object keys included."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            yield item
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
 
 
 def _unreadable(stream_id: str, fields: dict[str, str]) -> str:

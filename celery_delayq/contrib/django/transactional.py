@@ -29,6 +29,7 @@ from celery_delayq.reading import utc_of_ms
 from celery_delayq.store import CancelOutcome
 from celery_delayq.validation import Due
 
+from .columns import column_json
 from .models import DelayedTask, DelayedTaskEvent, State
 from .runtime import delayq as project_delayq
 from .times import from_db, to_db
@@ -165,7 +166,9 @@ def _written(delayq: DelayQ, pk: int, call: Call, **changes) -> bool:
 def _fields_of(envelope: str, default_queue: str) -> dict:
     env = decode(envelope)
     args, kwargs = shown_arguments(env.get("a", []), env.get("k", {}), env.get("o", {}))
-    return {"args": args, "kwargs": kwargs,
+    # as the sync mirrors them: kombu's objects as text, what a column refuses left out
+    return {"args": column_json("args", args)[0] or [],
+            "kwargs": column_json("kwargs", kwargs)[0] or {},
             "queue": env.get("q") or default_queue,
             "retries": int(env.get("o", {}).get("retries", 0) or 0)}
 
