@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from .envelope import canonical_json
 from .errors import InvalidDelay, InvalidJobId, InvalidOption
-from .reading import is_text
+from .reading import MIN_MS, is_text
 
 IF_EXISTS = ("keep", "replace", "error")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -44,6 +44,9 @@ def due(delay: float | timedelta | None, eta: datetime | None, max_delay: float)
                 "datetime.now(timezone.utc) + timedelta(minutes=30)"
             )
         at = eta.timestamp()
+        if at * 1000 < MIN_MS:
+            raise InvalidDelay(f"eta {eta.isoformat()} is before year 1 in UTC, which no due "
+                               "time can be; pass a time in years 1 to 9999 UTC")
         if at - time.time() > max_delay:
             raise InvalidDelay(
                 f"eta {eta.isoformat()} is more than delayq_max_delay={max_delay:g}s away"

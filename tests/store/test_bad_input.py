@@ -40,6 +40,9 @@ CASES = [
     ({"delay": 5, "countdown": 60}, InvalidDelay, "countdown=60 is apply_async's"),
     ({"eta": datetime(2030, 1, 1)}, InvalidDelay, "no timezone"),
     ({"delay": 10 ** 9}, InvalidDelay, "delayq_max_delay"),
+    # its UTC time is before year 1: no due time the store (or a message's eta) can hold
+    ({"eta": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))}, InvalidDelay,
+     "before year 1"),
     ({"delay": 10 ** 400}, InvalidDelay, "finite"),
     ({"delay": 1, "args": (object(),)}, PayloadError, "not JSON-serialisable"),
     ({"delay": 1, "kwargs": {"blob": "x" * 300_000}}, PayloadError, "delayq_max_payload_bytes"),
