@@ -209,8 +209,8 @@ def export(ctx: click.Context, to: str, since: str | None, fmt: str) -> None:
         fail(DelayQError(f"cannot write the export under {to}: {exc.strerror or exc}; what "
                          "was written before is kept and not exported again"))
     for shard in result.trimmed:
-        click.secho(f"warning: shard {shard}'s journal was trimmed past the last export; "
-                    "some events are missing. Export more often or raise "
+        click.secho(f"warning: shard {shard}'s journal was trimmed past the last entry "
+                    "exported; some events are missing. Export more often or raise "
                     "delayq_journal_maxlen.", fg="yellow", err=True)
     click.echo(f"exported {result.events} events in {len(result.files)} files to {to}")
     for shard, why in result.damaged.items():

@@ -5,7 +5,9 @@ Each shard's stream is read with ``XRANGE`` from the position the last export st
 written as ``DIR/date=YYYY-MM-DD/events-s<shard>-<first entry id>.<parquet|jsonl>``. A file
 is written completely (to a temporary name, then renamed) before the position moves on,
 so an export killed half-way repeats at most its last batch, under the same file name.
-Readers should still de-duplicate on ``(shard, id)``; the Spark report does.
+Readers should still de-duplicate on ``(shard, id)``; the Spark report does. Each batch is
+read from the entry exported last, inclusive, so a journal trimmed past it, before the run
+or between two of its batches, is seen and reported (:attr:`ExportResult.trimmed`).
 
 Each run also writes what was stored when it began, ``DIR/_backlog/backlog-<Redis ms>.json``:
 ``{"at_ms", "shards": [{"shard", "pending", "overdue", "inflight", "dead"}, ...],
@@ -52,6 +54,8 @@ _TEXT = ("event", "task", "key", "task_id", "by", "reason")  # columns holding a
 _KNOWN = frozenset({*_TEXT, "job", "due", "retries"})
 _INT32 = 2**31 - 1
 _STREAM_ID = re.compile(r"\d+-\d+")
+_MS = re.compile(r"-?[0-9]+")  # --since as epoch milliseconds
+_MAX_ID_MS = 2**64 - 1  # the largest ms part of a stream entry id
 logger = logging.getLogger(__name__)
 
 
@@ -62,7 +66,8 @@ class ExportResult:
     events: int = 0
     files: list[Path] = field(default_factory=list)
     per_shard: dict[int, int] = field(default_factory=dict)
-    #: Shards whose stream was trimmed past the last exported entry (events were lost).
+    #: Shards whose stream was trimmed past the entry exported last, before this run or
+    #: between two of its batches (events were lost).
     trimmed: list[int] = field(default_factory=list)
     #: Entries skipped or written with a field that could not be read (see the module doc).
     unreadable: int = 0
@@ -76,8 +81,9 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
                    fmt: str = "parquet", batch: int = 10_000) -> ExportResult:
     """Write every journal entry not yet exported (or since ``since``) under ``to``.
 
-    ``since`` (ISO-8601 time, or epoch milliseconds) starts from that time instead of the
-    remembered position; the position is remembered afterwards either way.
+    ``since`` (ISO-8601 time, or epoch milliseconds; before the epoch: from the start)
+    starts from that time instead of the remembered position; the position is remembered
+    afterwards either way.
     """
     if fmt not in FORMATS:
         raise InvalidOption(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
@@ -103,11 +109,18 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
             end_id = store.journal_end(shard)
             if end_id is None:
                 continue
-            lower = start or (f"({last}" if last else "-")
-            if start is None and last and store.journal_lost_after(shard, last) is not None:
-                result.trimmed.append(shard.shard)
+            # Each batch but a --since run's first is read from the entry exported last,
+            # inclusive: when that entry is missing, the journal may be trimmed past it.
+            lower, after = (start, None) if start else (last or "-", last)
             while True:
-                entries = store.journal_entries(shard, lower, end_id, batch)
+                entries = store.journal_entries(shard, lower, end_id,
+                                                batch + (after is not None))
+                if after is not None:
+                    if entries and entries[0][0] == after:
+                        entries = entries[1:]
+                    elif (shard.shard not in result.trimmed
+                          and store.journal_lost_after(shard, after) is not None):
+                        result.trimmed.append(shard.shard)
                 if not entries:
                     break
                 result.files += _write(root, shard.shard, entries, fmt, skipped)
@@ -117,7 +130,7 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
                 store.save_export_position(shard, last_id)
                 if last_id == end_id:
                     break
-                lower = f"({last_id}"
+                lower = after = last_id
         except DamagedShard as exc:  # the other shards are exported
             logger.error("delayq export: shard %d's journal cannot be read: %s",
                          shard.shard, exc)
@@ -144,8 +157,15 @@ def _write_backlog(store: Store, root: Path) -> Path:
 
 
 def _since_ms(since: str) -> int:
-    if since.isdigit():
-        return int(since)
+    """``--since`` as the ms part of a stream entry id: 0 for a time before the epoch;
+    ``InvalidOption`` past the largest id, or for text that is neither a number nor a time."""
+    if _MS.fullmatch(since):
+        ms = int(since)
+        if ms > _MAX_ID_MS:
+            raise InvalidOption(
+                f"--since {since} is past the largest stream entry id ({_MAX_ID_MS} ms); "
+                "give a time up to the year 9999, or epoch milliseconds")
+        return max(ms, 0)
     try:
         at = iso_time(since)
     except ValueError:
@@ -154,7 +174,7 @@ def _since_ms(since: str) -> int:
             "2030-01-31 or 2030-01-31T08:00:00+00:00") from None
     if at.tzinfo is None:
         at = at.replace(tzinfo=timezone.utc)
-    return int(at.timestamp() * 1000)
+    return max(int(at.timestamp() * 1000), 0)
 
 
 def row(shard: int, entry_id: str,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_delayq.errors import InvalidOption
 from celery_delayq.export import COLUMNS, export_journal
 from tests.conftest import finish
 
@@ -106,6 +107,94 @@ def test_export_reports_a_journal_trimmed_past_the_last_export(delayq, redis_cli
 
     assert result.trimmed == [1]
     assert [r["job"] for r in _jsonl(tmp_path)] == ["a", "kept"]
+
+
+def test_export_in_batches_of_one_writes_every_entry(delayq, redis_client, tmp_path):
+    journal = delayq.store.keys.shard(0).journal
+    for n in range(3):
+        redis_client.xadd(journal, {"event": "scheduled", "job": f"j{n}"})
+
+    result = export_journal(delayq.store, tmp_path, fmt="jsonl", batch=1)
+
+    assert (result.events, result.trimmed) == (3, [])
+    assert [r["job"] for r in _jsonl(tmp_path)] == ["j0", "j1", "j2"]
+
+
+@pytest.mark.parametrize("since", [None, "0"])
+def test_export_reports_a_journal_trimmed_between_two_of_its_batches(
+        delayq, redis_client, monkeypatch, tmp_path, since):
+    journal = delayq.store.keys.shard(0).journal
+    before = [redis_client.xadd(journal, {"event": "scheduled", "job": f"j{n}"})
+              for n in range(10)]
+    save = delayq.store.save_export_position
+
+    def save_while_producers_write(shard, entry_id):
+        save(shard, entry_id)
+        if entry_id == before[2]:  # the first batch is saved: 5 more, trimmed to 8
+            for n in range(5):
+                redis_client.xadd(journal, {"event": "scheduled", "job": f"k{n}"})
+            redis_client.xtrim(journal, maxlen=8, approximate=False)
+
+    monkeypatch.setattr(delayq.store, "save_export_position", save_while_producers_write)
+    result = export_journal(delayq.store, tmp_path, fmt="jsonl", batch=3, since=since)
+
+    assert result.trimmed == [0]
+    assert [r["job"] for r in _jsonl(tmp_path)] == ["j0", "j1", "j2", "j7", "j8", "j9"]
+
+
+@pytest.mark.parametrize("since", ["1969-12-31", "0001-01-01", "0001-01-01T00:00:00+14:00",
+                                   "-5"])
+def test_since_before_the_epoch_exports_the_whole_journal(delayq, redis_client, tmp_path,
+                                                         since):
+    journal = delayq.store.keys.shard(0).journal
+    redis_client.xadd(journal, {"event": "scheduled", "job": "first"}, id="1-1")
+    redis_client.xadd(journal, {"event": "scheduled", "job": "now"})
+
+    result = export_journal(delayq.store, tmp_path, fmt="jsonl", since=since)
+
+    assert result.events == 2
+    assert [r["job"] for r in _jsonl(tmp_path)] == ["first", "now"]
+
+
+def test_since_past_the_largest_stream_id_is_refused_before_anything_is_written(
+        delayq, redis_client, tmp_path):
+    redis_client.xadd(delayq.store.keys.shard(0).journal, {"event": "scheduled", "job": "a"})
+
+    with pytest.raises(InvalidOption, match="largest stream entry id"):
+        export_journal(delayq.store, tmp_path / "out", fmt="jsonl",
+                       since="18446744073709551616")
+
+    assert not (tmp_path / "out").exists()
+    last = export_journal(delayq.store, tmp_path / "last", fmt="jsonl",
+                          since="18446744073709551615")
+    assert last.events == 0 and last.trimmed == []
+
+
+@pytest.mark.parametrize("since", ["²", "١٢", "12.5"])
+def test_since_that_is_neither_ascii_digits_nor_a_time_is_refused(delayq, redis_client,
+                                                                 tmp_path, since):
+    with pytest.raises(InvalidOption, match="neither epoch milliseconds"):
+        export_journal(delayq.store, tmp_path / "out", fmt="jsonl", since=since)
+
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_command_refuses_a_since_past_the_largest_stream_id_without_a_traceback(
+        delayq, spawn, tmp_path):
+    delayq.schedule_many("tests.proj.record", [{"job_id": "s0", "delay": 60}])
+
+    out_dir = tmp_path / "events"
+    refused = spawn("delayq", "export", "--to", str(out_dir), "--format", "jsonl",
+                    "--since", "18446744073709551616")
+    out = finish(refused, timeout=60)
+    assert refused.returncode == 1 and "Traceback" not in out, out
+    assert "error: --since 18446744073709551616 is past the largest stream entry id" in out
+    assert not out_dir.exists()
+
+    everything = spawn("delayq", "export", "--to", str(out_dir), "--format", "jsonl",
+                       "--since", "1969-12-31")
+    out = finish(everything, timeout=60)
+    assert everything.returncode == 0 and "exported 1 events" in out, out
 
 
 def test_celery_delayq_export_command_writes_files_and_says_how_many(delayq, spawn,
