@@ -35,6 +35,14 @@ _ITEM_FIELDS = frozenset({"args", "kwargs", "delay", "eta", "key", "job_id"})
 Interceptor = Callable[["DelayQ", Call, Due, str], "DelayedResult | None"]
 
 
+#: ``Celery.send_task``'s parameters after ``eta``, in its order (5.3 has all but the last).
+_SEND_TASK_AFTER_ETA = (
+    "task_id", "producer", "connection", "router", "result_cls", "expires", "publisher",
+    "link", "link_error", "add_to_parent", "group_id", "group_index", "retries", "chord",
+    "reply_to", "time_limit", "soft_time_limit", "root_id", "parent_id", "route_name",
+    "shadow", "chain", "task_type", "replaced_task_nesting")
+
+
 class DelayQ(Holding):
     """The delay store of a Celery app: schedule, inspect, cancel and re-time jobs.
 
@@ -263,20 +271,31 @@ class DelayQ(Holding):
         """Send ``app.send_task(..., countdown=|eta=)`` through the store too.
 
         This covers plain tasks, tasks not registered in this process and signatures,
-        which never reach ``DelayedTask.apply_async`` (``delayq_route_send_task``).
+        which never reach ``DelayedTask.apply_async`` (``delayq_route_send_task``). Other
+        calls go on unchanged to a ``send_task`` set on the app before it opted in, else to
+        its class's as it is at the call (``sentry_sdk.init`` may patch ``Celery``'s later).
         """
-        send_task = self.app.send_task
+        app = self.app
+        own = vars(app).get("send_task")
+        named = _SEND_TASK_AFTER_ETA
 
         def send_task_via_store(name, args=None, kwargs=None, countdown=None, eta=None,
-                                **options):
+                                *more, **options):
             delay = None
             if (countdown is not None or eta is not None) and self.config.route_send_task:
                 delay = self.store_delay(countdown, eta)  # settings read only for a delay
             if delay is None:
-                return send_task(name, args, kwargs, countdown=countdown, eta=eta, **options)
-            return self.schedule(name, args, kwargs, if_exists="replace", **delay, **options)
+                if own is not None:
+                    return own(name, args, kwargs, countdown, eta, *more, **options)
+                return type(app).send_task(app, name, args, kwargs, countdown, eta, *more,
+                                           **options)
+            if len(more) > len(named):
+                raise TypeError(f"send_task() takes {5 + len(named)} positional arguments "
+                                f"but {5 + len(more)} were given")
+            return self.schedule(name, args, kwargs, if_exists="replace", **delay,
+                                 **dict(zip(named, more, strict=False)), **options)
 
-        self.app.send_task = send_task_via_store
+        app.send_task = send_task_via_store
 
     # -- managing ----------------------------------------------------------------------
 

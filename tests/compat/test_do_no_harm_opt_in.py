@@ -35,6 +35,41 @@ def test_an_app_that_opted_in_sends_calls_without_a_delay_on_a_broker_that_is_no
     assert app.send_task("opted_in.unregistered", countdown=None, eta=None).id
 
 
+def test_an_app_that_opted_in_takes_send_task_arguments_by_position_as_celery_does():
+    app = memory_app("positional")
+    DelayQ(app)
+    assert app.send_task("positional.unregistered", [1], {}, None, None, "my-id").id == "my-id"
+
+
+def test_a_send_task_set_on_the_app_before_it_opted_in_is_still_called():
+    app = memory_app("patched")
+    native, called = app.send_task, []
+
+    def patched(name, *args, **kwargs):
+        called.append(name)
+        return native(name, *args, **kwargs)
+
+    app.send_task = patched
+    DelayQ(app)
+    assert app.send_task("patched.plain").id
+    assert called == ["patched.plain"]
+
+
+def test_a_patch_of_celery_send_task_made_after_opting_in_is_called(monkeypatch):
+    """As Sentry's ``sentry_sdk.init`` patches it, often after ``DelayQ(app)``."""
+    app = memory_app("instrumented")
+    DelayQ(app)
+    native, called = Celery.send_task, []
+
+    def instrumented(self, name, *args, **kwargs):
+        called.append(name)
+        return native(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(Celery, "send_task", instrumented)
+    assert app.send_task("instrumented.plain").id
+    assert called == ["instrumented.plain"]
+
+
 def test_the_http_callback_is_registered_when_an_app_with_a_delayq_finalizes():
     app = memory_app("opted-in")
     DelayQ(app)

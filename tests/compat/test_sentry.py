@@ -2,7 +2,8 @@
 
 Sentry adds its ``sentry-trace`` and ``baggage`` headers in its wrappers of
 ``Task.apply_async`` and ``Celery.send_task``; a call parked in the store goes through
-neither, so celery-delayq adds them when the call is scheduled.
+neither, so celery-delayq adds them when the call is scheduled. A call without a delay goes
+through Sentry's wrapper, whether ``sentry_sdk.init`` ran before ``DelayQ(app)`` or after.
 """
 
 from __future__ import annotations
@@ -76,3 +77,42 @@ def test_sentry_continues_the_producers_trace_across_the_delay(proj, redis_clien
     assert {label: traces[task_id]["parent_span_id"] for label, task_id in ids.items()} == {
         **dict.fromkeys(ids, checkout["contexts"]["trace"]["span_id"]),
         "plain": submit["span_id"]}
+
+
+SEND_WITHOUT_A_DELAY = """
+import json, sentry_sdk
+from celery import Celery, signals
+from sentry_sdk.integrations.celery import CeleryIntegration
+from sentry_sdk.transport import Transport
+from celery_delayq import DelayQ
+
+class Nowhere(Transport):
+    def capture_envelope(self, envelope):
+        pass
+
+apps = {name: Celery(name, broker="memory://", set_as_current=False)
+        for name in ("plain", "opted in before init", "opted in after init")}
+DelayQ(apps["opted in before init"])  # Django's layout: celery.py, then settings.py's init
+sentry_sdk.init(dsn="https://public@sentry.invalid/1", traces_sample_rate=1.0,
+                integrations=[CeleryIntegration()], default_integrations=False,
+                transport=Nowhere)
+DelayQ(apps["opted in after init"])
+sent = {}
+
+@signals.before_task_publish.connect
+def record(sender=None, headers=None, **_):
+    sent[sender] = sorted({"sentry-trace", "baggage"} & set(headers))
+
+with sentry_sdk.start_transaction(name="view"):
+    for name, app in apps.items():
+        app.send_task(name)
+print(json.dumps(sent))
+"""
+
+
+def test_sentry_adds_its_headers_to_a_call_without_a_delay_whenever_it_was_initialised():
+    """Django projects opt in (``proj/celery.py``) before ``settings.py`` inits Sentry."""
+    sent = json.loads(subprocess.run([sys.executable, "-c", SEND_WITHOUT_A_DELAY], cwd=ROOT,
+                                     check=True, capture_output=True, text=True).stdout)
+    assert sent == {app: ["baggage", "sentry-trace"]
+                    for app in ("plain", "opted in before init", "opted in after init")}

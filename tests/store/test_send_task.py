@@ -71,3 +71,17 @@ def test_a_zero_countdown_leaves_the_eta_as_in_celery(proj, delayq):
     eta = datetime.now(timezone.utc) + timedelta(days=1)
     result = proj.record.apply_async(("eta",), countdown=0, eta=eta)
     assert abs((delayq.get(result.id).due - eta).total_seconds()) < 0.002
+
+
+def test_send_task_with_a_countdown_takes_celerys_arguments_by_position(proj, delayq):
+    """``task_id`` is the sixth parameter of Celery's ``send_task``, ``expires`` the 11th."""
+    result = proj.app.send_task("elsewhere.remind", (1,), None, 600, None, "own-id",
+                                None, None, None, None, 3600)
+    job = delayq.get("own-id")
+    assert (result.id, job.task_id, job.args) == ("own-id", "own-id", [1])
+    assert "expires" in job.options["o"]
+
+
+def test_send_task_with_a_countdown_refuses_more_arguments_than_celerys_as_celery_does(proj):
+    with pytest.raises(TypeError, match="positional arguments but 30 were given"):
+        proj.app.send_task("elsewhere.remind", (1,), None, 600, None, *[None] * 25)
