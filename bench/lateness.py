@@ -246,7 +246,7 @@ class Bench:
         self.cluster.stop("carrier")
         self.cluster.start_carrier(*options)
         store = self.ctx.delayq.store
-        workload.wait_until(lambda: all(store.owners()), 60, "the carrier to take the shards",
+        workload.wait_until(lambda: all(store.owners()[0]), 60, "the carrier to take the shards",
                             self.cluster.check_alive)
 
     def _promotion(self, arm: str, tasks: int, spread_s: float) -> dict:

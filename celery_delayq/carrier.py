@@ -142,11 +142,11 @@ class Carrier:
             self._memory.check_policy()
             self._persistence.check()
             if not self._defaults_set:
-                self.delayq.apply_default_rate_limits()
-                self._defaults_set = True
+                self._set_default_rate_limits()
             if self.direct and not self.router.checked:
                 self.router.check_broker()
             self._shards = self.ownership.balance()
+            self._note_failed_shards("lease", self.ownership.failed)
             # a carrier that died in a backlog held two batches: the last and the next
             recovered, failed = self.store.recover(self._shards, 2 * self.batch)
             self._go_on_with_releases()
@@ -159,6 +159,19 @@ class Carrier:
             logger.warning("recovered %s whose carrier lease expired",
                            counted(recovered, "job"))
         return recovered
+
+    def _set_default_rate_limits(self) -> None:
+        """Set the ``delayq_rate_limits`` Redis has no live value of, once; a damaged
+        ``limits`` key is logged and left (``delayq rate-limit`` sets them once it is
+        moved away), so that it stops only its shard."""
+        if self.delayq.config.rate_limits:
+            try:
+                self.delayq.apply_default_rate_limits()
+            except DamagedShard as exc:
+                logger.error("delayq_rate_limits could not be set on every shard (%s); set "
+                             "them with `celery -A proj delayq rate-limit` once the key is "
+                             "moved away", exc)
+        self._defaults_set = True
 
     def _go_on_with_releases(self) -> None:
         """Give back, a few rounds per maintenance, the held jobs of a resume or a rate
@@ -356,7 +369,7 @@ class Carrier:
         try:
             with self.store.unavailable():
                 self.ownership.release()
-        except StoreUnavailable as exc:
+        except DelayQError as exc:  # unavailable, or a lease key damaged
             logger.warning("could not release shard leases (they expire): %s", exc)
         self._reset_connections()
 

@@ -55,7 +55,7 @@ def _setting(name: str) -> str:
               help="Push plain jobs onto the broker's queue lists inside the claim script.")
 @click.option("--handoff-lead", type=float, default=None, show_default=_setting("handoff_lead"),
               help="Seconds before its due time a job may be handed to its queue (eta = due).")
-@click.option("--metrics-port", type=int, default=None,
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve Prometheus metrics on this port (needs celery-delayq[metrics]).")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True,
               help="Address the metrics are served on (127.0.0.1: this host only).")
@@ -124,12 +124,14 @@ def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None
         rows = store.stats()
         problems = sorted({p for p in map(eviction_problem, store.eviction_policies()) if p})
         not_durable = sorted({p for p in map(persistence_problem, store.persistence()) if p})
+        store_keys = store.damaged_store_keys()
     except DelayQError as exc:
         fail(exc)
     overdue = sum(row["overdue"] for row in rows)
     age = oldest_overdue_seconds(rows)
     damaged = [row for row in rows if row["damaged"]]
-    healthy = overdue <= max_overdue and age <= max_overdue_age and not problems and not damaged
+    healthy = (overdue <= max_overdue and age <= max_overdue_age and not problems
+               and not damaged and not store_keys)
     click.echo(f"{'ok' if healthy else 'unhealthy'}: {overdue} overdue jobs (max {max_overdue}), "
                f"oldest waiting {age:.1f}s (max {max_overdue_age:g}s)")
     held = _held(rows)
@@ -143,6 +145,9 @@ def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None
     for row in damaged:
         click.echo(f"damaged: shard {row['shard']} is not served, {row['damaged']}; move the "
                    "key away (RENAME), then run `celery delayq check --repair`")
+    for problem in store_keys:
+        click.echo(f"damaged: {problem}; move the key away (RENAME): carriers serve every "
+                   "shard without sharing them out meanwhile")
     sys.exit(0 if healthy else 1)
 
 

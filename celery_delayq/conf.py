@@ -307,12 +307,21 @@ def password_shown(app) -> bool:
     return isinstance(url, str) and holds_password(url)
 
 
+#: Settings of seconds that become whole milliseconds (a lease of 0 ms ends as it begins).
+_MILLISECONDS = ("lease_seconds", "shard_lease_seconds")
+
+
 def check_positive(name: str, value: float, option: str = "") -> float:
-    """``value`` when it is a number above 0, else :class:`ConfigurationError` naming the
-    setting ``delayq_<name>`` (and the carrier's ``option`` that set it)."""
-    if not value > 0:  # (NaN too)
-        given = f" (the carrier's {option})" if option else ""
-        raise ConfigurationError(f"delayq_{name}{given} must be greater than 0; got {value}")
+    """``value`` when it is a number of seconds above 0 and at most 100 years (at least
+    1 ms for a lease), else :class:`ConfigurationError` naming the setting
+    ``delayq_<name>`` (and the carrier's ``option`` that set it)."""
+    given = f" (the carrier's {option})" if option else ""
+    if not 0 < value <= MAX_DELAY:  # (NaN and infinity too)
+        raise ConfigurationError(f"delayq_{name}{given} must be greater than 0 and at most "
+                                 f"{MAX_DELAY:g} s (100 years); got {value}")
+    if name in _MILLISECONDS and value < 0.001:
+        raise ConfigurationError(f"delayq_{name}{given} must be at least 0.001 s (1 ms); "
+                                 f"got {value}")
     return value
 
 

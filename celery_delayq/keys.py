@@ -133,6 +133,8 @@ class ShardKeys:
         return self.shard
 
 
+#: The Redis type each store-wide key holds (``Keyspace`` attribute -> ``TYPE``).
+STORE_KEY_TYPES = {"meta": "hash", "export_position": "hash", "carriers": "zset"}
 #: The Redis type each key of a shard holds (``TYPE``); any other type means damage.
 KEY_TYPES = {"due": "zset", "inflight": "zset", "jobs": "hash", "bykey": "zset",
              "dead": "hash", "journal": "stream", "owner": "string", "counts": "hash",

@@ -6,7 +6,9 @@ free shards when others leave or die (their leases expire). Two carriers may bot
 claim from a shard during a handover; that is harmless, ``claim_due`` is atomic.
 
 This bookkeeping never blocks promotion: while a full Redis refuses its writes, a carrier
-serves every shard (promotion is what frees memory).
+serves every shard (promotion is what frees memory), as it does while the ``carriers`` set
+is damaged (it cannot count the live carriers). A shard whose lease key is damaged is
+neither served nor free (``failed``), as a shard with any other damaged key.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 from zlib import crc32
 
-from .errors import StoreFull
+from .errors import DamagedShard, DelayQError, StoreFull
 from .keys import ShardKeys
 from .store import Store
 
@@ -32,7 +34,9 @@ class ShardOwnership:
         start = crc32(carrier_id.encode()) % len(shards)
         self._preference = shards[start:] + shards[:start]  # spreads first picks
         self.owned: list[ShardKeys] = []
+        self.failed: dict[ShardKeys, DelayQError] = {}  # shards whose lease key is damaged
         self._refused = False  # the last balance met a full Redis
+        self._uncounted = False  # the last balance could not read the live carriers
 
     def balance(self) -> list[ShardKeys]:
         """Renew, release or take shard leases; returns the shards to serve now: all of them
@@ -47,7 +51,16 @@ class ShardOwnership:
                                "(claims are atomic, so sharing shards is harmless)")
             self._refused = True
             return list(self.store.keys)
-        self._refused = False
+        except DamagedShard as exc:  # the carriers set (shard lease keys: self.failed)
+            if not self._uncounted:
+                logger.error("the live carriers cannot be counted (%s); serving every shard "
+                             "until the key is moved away (claims are atomic, so sharing "
+                             "shards is harmless)", exc)
+            self._uncounted = True
+            return list(self.store.keys)
+        if self._uncounted:
+            logger.info("the live carriers are counted again: shards are shared out")
+        self._refused = self._uncounted = False
         return owned
 
     def _balance(self) -> list[ShardKeys]:
@@ -55,13 +68,15 @@ class ShardOwnership:
         shards = len(self._preference)
         rank = live.index(self.carrier_id) if self.carrier_id in live else 0
         fair = shards // len(live) + (1 if rank < shards % len(live) else 0)
-        owners = self.store.owners()
-        mine = [s for s in self._preference if owners[s.shard] == self.carrier_id]
+        owners, self.failed = self.store.owners()
+        mine = [s for s in self._preference if owners[s.shard] == self.carrier_id
+                and s not in self.failed]
         keep, extra = mine[:fair], mine[fair:]
         kept = [s for s, ok in zip(keep, self.store.hold(keep, self.carrier_id, self.lease_ms,
                                                          keep=True), strict=True) if ok]
         self.store.hold(extra, self.carrier_id, self.lease_ms, keep=False)
-        free = [s for s in self._preference if owners[s.shard] is None][:fair - len(kept)]
+        free = [s for s in self._preference if owners[s.shard] is None
+                and s not in self.failed][:fair - len(kept)]
         taken = [s for s, ok in zip(free, self.store.hold(free, self.carrier_id,
                                                           self.lease_ms, keep=True),
                                     strict=True) if ok]

@@ -298,6 +298,14 @@ def acl_refusal(exc: Exception, url: str = "") -> ConfigurationError:
         "give that user the commands docs/operations.md lists under 'Redis ACL users'")
 
 
+def damaged_key(key: str, holds: str, exc: Exception) -> DelayQError:
+    """The error of a plain command on ``key`` (which should hold a ``holds``): a
+    :class:`DamagedShard` naming it for ``WRONGTYPE``, else as :func:`shard_error`."""
+    if "WRONGTYPE" in str(exc):
+        return DamagedShard(f"{key} holds another type of value, not a {holds}")
+    return shard_error(exc)
+
+
 def shard_error(exc: Exception) -> DelayQError:
     """What a failed script call on one shard means to its caller."""
     if str(exc).startswith(_DAMAGED):

@@ -18,7 +18,7 @@ from ..events import Event
 from ..keys import ShardKeys, bykey_member, pack_id, raw_id, unpack_id
 from ..reading import printable
 from ..scripts import SCRIPTS, Deferred, Script, execute
-from .base import StoreBase, shard_error
+from .base import StoreBase, damaged_key, shard_error
 
 
 class Claimed(NamedTuple):
@@ -225,12 +225,18 @@ class Claims(StoreBase):
         pipe.zrange(self.keys.carriers, 0, -1)
         return pipe.execute()[-1]
 
-    def owners(self) -> list[str | None]:
-        """The carrier id serving each shard, or None."""
+    def owners(self) -> tuple[list[str | None], dict[ShardKeys, DelayQError]]:
+        """The carrier id serving each shard, or None; and the shards whose lease cannot be
+        read (its key damaged), with why: neither served nor free."""
         pipe = self.client.pipeline(transaction=False)
         for shard in self.keys:
             pipe.get(shard.owner)
-        return pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+        failed: dict[ShardKeys, DelayQError] = {
+            shard: damaged_key(shard.owner, "string", reply)
+            for shard, reply in zip(self.keys, replies, strict=True)
+            if isinstance(reply, Exception)}
+        return [None if isinstance(r, Exception) else r for r in replies], failed
 
     def hold(self, shards: list[ShardKeys], carrier_id: str, lease_ms: int,
              keep: bool) -> list[bool]:

@@ -16,7 +16,7 @@ from typing import Any, cast
 from ..envelope import canonical_json
 from ..held import NOT_HELD, RANGES, split_score
 from ..job import Job
-from ..keys import KEPT, KEY_TYPES, ShardKeys, pack_id, raw_id
+from ..keys import KEPT, KEY_TYPES, STORE_KEY_TYPES, ShardKeys, pack_id, raw_id
 from ..reading import (
     MAX_MS,
     MIN_MS,
@@ -27,7 +27,7 @@ from ..reading import (
     job_id_of,
     printable,
 )
-from .base import SCAN_CHUNK, StoreBase, chunks
+from .base import SCAN_CHUNK, StoreBase, chunks, damaged_key
 
 _logger = logging.getLogger(__package__)  # celery_delayq.store
 
@@ -258,7 +258,7 @@ class Listing(StoreBase):
         journal length, next due, and ``unreadable_due``: pending jobs whose due score is
         no time (±inf, after the year 9999), which ``next_due_ms`` passes over.
         ``damaged`` says which key of the shard holds the wrong type ("" when none); its
-        counts are then 0.
+        counts are 0 when that key is one they read.
 
         "Overdue" (due but not yet claimed) and ``now_ms`` follow Redis's clock.
         """
@@ -275,13 +275,15 @@ class Listing(StoreBase):
                 self._head(pipe, shard)
                 for low, high in RANGES.values():
                     pipe.zcount(shard.due, low, high)
+            self._ask_types(pipe)
             replies = pipe.execute(raise_on_error=False)
-            damaged = self.damaged() if any(isinstance(r, Exception) for r in replies) else {}
+        damaged = self._damaged(replies[-len(KEY_TYPES) * self.keys.shards:])
         rows = []
         for shard in self.keys:
             shard_replies, replies = replies[:9], replies[9:]
+            failed = any(isinstance(reply, Exception) for reply in shard_replies)
             pending, overdue, inflight, dead, journal, readable, head, paused, limited = (
-                (0, 0, 0, 0, 0, 0, [], 0, 0) if shard.shard in damaged else shard_replies)
+                (0, 0, 0, 0, 0, 0, [], 0, 0) if failed else shard_replies)
             rows.append({
                 "shard": shard.shard, "pending": pending, "overdue": overdue,
                 "paused": paused, "rate_limited": limited, "inflight": inflight,
@@ -338,14 +340,21 @@ class Listing(StoreBase):
 
         Every script refuses to run on such a shard, so its jobs wait until the key is
         moved away (see :class:`DamagedShard`)."""
-        names = list(KEY_TYPES)
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
-            for shard in self.keys:
-                for name in names:
-                    pipe.type(getattr(shard, name))
-            types = pipe.execute()
+            self._ask_types(pipe)
+            return self._damaged(pipe.execute())
+
+    def _ask_types(self, pipe) -> None:
+        """Queue a ``TYPE`` of every key of every shard (read by :meth:`_damaged`)."""
+        for shard in self.keys:
+            for name in KEY_TYPES:
+                pipe.type(getattr(shard, name))
+
+    def _damaged(self, types: list[str]) -> dict[int, str]:
+        """Shard -> its first key whose type (as :meth:`_ask_types` asked) is wrong."""
         damaged: dict[int, str] = {}
+        names = list(KEY_TYPES)
         for n, shard in enumerate(self.keys):
             for name, found in zip(names, types[n * len(names):(n + 1) * len(names)],
                                    strict=True):
@@ -354,10 +363,29 @@ class Listing(StoreBase):
                                                     f"not a {KEY_TYPES[name]}")
         return damaged
 
-    def rate_limits(self) -> dict[str, str]:
-        """Queue -> its ``limits`` hash value on shard 0 (the same on every shard)."""
+    def damaged_store_keys(self) -> list[str]:
+        """What is wrong with each store-wide key that holds the wrong type of value."""
         with self.unavailable():
-            found = cast("dict[str, str]", self.client.hgetall(self.keys.shard(0).limits))
+            pipe = self.client.pipeline(transaction=False)
+            for name in STORE_KEY_TYPES:
+                pipe.type(getattr(self.keys, name))
+            found = pipe.execute()
+        return [f"{getattr(self.keys, name)} holds a {kind}, not a {STORE_KEY_TYPES[name]}"
+                for name, kind in zip(STORE_KEY_TYPES, found, strict=True)
+                if kind not in (STORE_KEY_TYPES[name], "none")]
+
+    def rate_limits(self) -> dict[str, str]:
+        """Queue -> its ``limits`` hash value (the same on every shard): the first shard's
+        whose key is not damaged (:class:`DamagedShard` when every one is)."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.keys:
+                pipe.hgetall(shard.limits)
+            replies = pipe.execute(raise_on_error=False)
+        found = next((cast("dict[str, str]", reply) for reply in replies
+                      if not isinstance(reply, Exception)), None)
+        if found is None:
+            raise damaged_key(self.keys.shard(0).limits, "hash", replies[0])
         return {name.removeprefix("rate:"): value for name, value in found.items()
                 if name.startswith("rate:")}
 

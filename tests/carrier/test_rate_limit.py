@@ -13,7 +13,7 @@ import pytest
 from celery_delayq import ratelimit
 from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
-from celery_delayq.errors import ConfigurationError, InvalidOption
+from celery_delayq.errors import ConfigurationError, DamagedShard, InvalidOption
 from celery_delayq.store import releasing
 from tests.conftest import PROMOTIONS, command_calls, store_keys, wait_for
 from tests.faults.test_carrier_faults import carry_until_quiet
@@ -107,6 +107,17 @@ def test_a_wave_on_a_limited_queue_goes_at_the_rate_and_other_queues_on_time(
 @pytest.mark.parametrize("carrier", PROMOTIONS, indirect=True)
 def test_20000_due_at_once_on_a_queue_limited_to_1000_a_second(proj, delayq, carrier):
     wave(proj, delayq, carrier, jobs=20_000, rate=1000, free=200)
+
+
+def test_the_live_limits_are_listed_past_a_damaged_limits_key(delayq, redis_client):
+    store = delayq.store.client
+    delayq.set_rate_limit(LIMITED, "1/h", by="test")
+    store.set(delayq.store.keys.shard(0).limits, "not a hash")
+    assert delayq.rate_limits() == {LIMITED: "1/h"}  # as every other shard holds it
+    for shard in delayq.store.keys:
+        store.set(shard.limits, "not a hash")
+    with pytest.raises(DamagedShard, match=r"delayq:\{0\}:limits holds"):
+        delayq.rate_limits()
 
 
 def test_held_jobs_stay_pending_cancellable_and_go_at_once_when_the_limit_is_removed(

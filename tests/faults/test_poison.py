@@ -7,6 +7,7 @@ carrier (kombu and direct promotion) runs until nothing is due. Jobs go to the q
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -127,6 +128,43 @@ def test_damaged_key_stops_only_its_shard_and_removes_nothing(
     assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy
     print(f"\n{promotion}: healthy={len(healthy)} delivered-while-damaged="
           f"{len(delivered)} waited-on-damaged-shard={len(stranded)}, all after repair")
+
+
+@pytest.mark.parametrize(("damage", "shard", "rate_limits"), [
+    ("owner", 2, {}), ("limits", 0, {}), ("limits", 0, {"elsewhere": "10/s"}),
+    ("carriers", None, {}),
+])
+def test_a_damaged_lease_or_limits_key_stops_no_other_shard(proj, delayq, redis_client,
+                                                             caplog, spawn, damage, shard,
+                                                             rate_limits):
+    """A shard's lease (``owner``) or ``limits`` key, read for every shard at once (the
+    limits as a carrier starts: ``delayq_rate_limits``), and the store-wide ``carriers`` set:
+    each stopped promotion on every shard."""
+    healthy = schedule_due_now(proj, 400, prefix="ok")
+    keys = delayq.store.keys
+    key = keys.carriers if shard is None else getattr(keys.shard(shard), damage)
+    delayq.__dict__["config"] = dataclasses.replace(delayq.config, rate_limits=rate_limits)
+    if damage == "limits":
+        redis_client.set(key, "not a hash")
+    else:
+        redis_client.hset(key, "x", "y")  # a hash where a string or a sorted set belongs
+    stranded = set() if shard is None else set(delayq.store.client.zrange(
+        keys.shard(shard).due, 0, -1))
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="celery_delayq.carrier"):
+            carry_until_quiet(proj.app, direct=False)
+    finally:
+        del delayq.__dict__["config"]  # read from the app's settings again
+
+    delivered = {h["delayq_job"] for h in parked_messages(redis_client)}
+    assert delivered == healthy - stranded
+    errors = [r.getMessage() for r in caplog.records]
+    assert [e for e in errors if key in e], errors
+    assert not [r for r in caplog.records if r.exc_info], "a damaged key was logged as a bug"
+    health = spawn("delayq", "health")
+    assert health.wait(30) == 1
+    assert f"{key} holds a" in finish(health)
 
 
 @pytest.mark.parametrize("promotion", PROMOTIONS)

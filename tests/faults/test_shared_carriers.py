@@ -13,7 +13,7 @@ SHARD_LEASE = 1.0
 
 def owner_pids(delayq) -> list[int | None]:
     """The pid of the carrier holding each shard (carrier ids are host:pid:nonce)."""
-    return [int(owner.split(":")[1]) if owner else None for owner in delayq.store.owners()]
+    return [int(owner.split(":")[1]) if owner else None for owner in delayq.store.owners()[0]]
 
 
 def serving(delayq, processes) -> bool:

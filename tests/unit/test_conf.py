@@ -34,6 +34,9 @@ def test_non_redis_broker_without_store_url_says_how_to_fix():
 
 
 @pytest.mark.parametrize(("setting", "value"), [("shards", 0), ("lease_seconds", 0),
+                                                ("lease_seconds", float("inf")),
+                                                ("shard_lease_seconds", 0.0001),
+                                                ("idle_timeout", 1e300),
                                                 ("claim_batch", "many"), ("claim_batch", 0),
                                                 ("claim_batch", 10_001)])
 def test_invalid_setting_is_refused(setting, value):
