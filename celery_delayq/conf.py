@@ -8,6 +8,7 @@ the docs is generated from :data:`SETTINGS`.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -270,6 +271,9 @@ class DelayQConfig:
         for name in ("max_delay", "lease_seconds", "shard_lease_seconds", "idle_timeout",
                      "redis_socket_timeout", "http_timeout"):
             check_positive(name, getattr(self, name))
+        if not 0 <= self.countdown_threshold < math.inf:  # (NaN too)
+            raise ConfigurationError("delayq_countdown_threshold must be a number of seconds "
+                                     f">= 0; got {self.countdown_threshold}")
         if not 0 < self.max_memory_fraction <= 1:
             raise ConfigurationError("delayq_max_memory_fraction must be in (0, 1], e.g. 0.9")
         for queue, rate in self.rate_limits.items():
@@ -358,6 +362,9 @@ def _coerce(setting: Setting, raw: Any) -> Any:
         return None
     if setting.type is bool and isinstance(raw, str):
         return raw.strip().lower() in ("1", "true", "yes", "on")
+    if setting.type is int and (isinstance(raw, bool) or (
+            isinstance(raw, float) and not raw.is_integer())):
+        raise ConfigurationError(f"delayq_{setting.name} must be a whole number, got {raw!r}")
     try:
         return setting.type(raw)
     except (TypeError, ValueError) as exc:

@@ -37,6 +37,9 @@ def test_non_redis_broker_without_store_url_says_how_to_fix():
                                                 ("lease_seconds", float("inf")),
                                                 ("shard_lease_seconds", 0.0001),
                                                 ("idle_timeout", 1e300),
+                                                ("shards", 2.5), ("shards", True),
+                                                ("countdown_threshold", float("nan")),
+                                                ("countdown_threshold", -1),
                                                 ("claim_batch", "many"), ("claim_batch", 0),
                                                 ("claim_batch", 10_001)])
 def test_invalid_setting_is_refused(setting, value):
