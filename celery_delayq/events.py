@@ -21,6 +21,7 @@ class Event(str, Enum):
     SUCCEEDED = "succeeded"  # journal.py, from the task's outcome
     FAILED = "failed"
     RETRIED = "retried"
+    IGNORED = "ignored"  # the task raised Ignore: acknowledged, no outcome (Celery's IGNORED)
     CANCELLED = "cancelled"  # cancel
     MOVED = "moved"  # taken off its old shard by a replace that moved it (cancel)
     DEAD = "dead"  # dead-lettered (dead, repair, Store.bury)

@@ -14,7 +14,14 @@ from celery.utils.time import maybe_make_aware
 from . import journal, revoke, validation
 from .conf import DelayQConfig
 from .decoding import decode_arguments, split
-from .envelope import Call, Template, Templates, routes_depend_on_arguments, template
+from .envelope import (
+    HEADER_JOB,
+    Call,
+    Template,
+    Templates,
+    routes_depend_on_arguments,
+    template,
+)
 from .errors import InvalidOption, JobExists
 from .holding import Holding
 from .job import Job
@@ -117,6 +124,8 @@ class DelayQ(Holding):
         eager = self._eager_task(call, task_type)
         if eager is not None:
             return self._run_eagerly(eager, call, due, options)
+        if HEADER_JOB in (options.get("headers") or {}):  # a retry of the running job:
+            journal.settle(call.job_id)  # its started event first
         sent: Sent | None = None
         if self._publishing.wanted():
             call, sent = self._publishing.before(call, due)

@@ -1,4 +1,4 @@
-"""Worker-side journal events: started, succeeded, failed, retried for delayed tasks.
+"""Worker-side journal events: started, succeeded, failed, retried, ignored for delayed tasks.
 
 The store's scripts journal scheduled / rescheduled / cancelled / promoted / dead
 themselves; a worker adds what happens to a promoted task through Celery's signals,
@@ -7,8 +7,17 @@ per-process outbox that a thread writes in one pipeline, so they cost the task n
 round trip of its own: outcomes within 50 ms, ``started`` within 10 ms while the task runs,
 so a worker killed mid-task leaves it in the journal (unless killed in those first
 milliseconds). The thread writes whatever has gathered by then in one pipeline: under a
-burst of short tasks, the events of several tasks in one round trip. Events a write failed
-for (the store's Redis away) are kept for the next one, up to :data:`_HOLD_AT_MOST`.
+burst of short tasks, the events of several tasks in one round trip. A task that writes its
+own job to the store (a retry) first writes that job's waiting events (:func:`settle`), so
+the journal keeps their order. Events a write failed for (the store's Redis away) or Redis
+refused for memory (full) are kept for the next one, up to :data:`_HOLD_AT_MOST`.
+
+Outcomes come from ``task_postrun``, but for those Celery reports with ``task_failure``
+only, from the worker's main process after the run (a hard time limit, a lost worker
+process, ``Reject(requeue=False)``): those are ``failed``, the job's headers read from the
+``Request`` the worker received (``task_received``). ``Ignore`` is ``ignored``; a
+``DelayedTask`` that calls ``replace`` hands its job to the replacement instead
+(:func:`hand_over`), whose outcome ends it.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -25,10 +35,12 @@ import redis
 from celery import signals
 from celery import states as celery_states
 
-from .envelope import HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD
+from .envelope import DELAYQ_HEADERS, HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD
 from .errors import DelayQError
 from .events import Event
 from .reading import counted, printable
+from .store.base import refused_for_memory
+from .store.streams import JournalEntry
 
 logger = logging.getLogger("celery_delayq.journal")
 
@@ -36,14 +48,24 @@ _OUTCOMES = {
     celery_states.SUCCESS: Event.SUCCEEDED,
     celery_states.FAILURE: Event.FAILED,
     celery_states.RETRY: Event.RETRIED,
+    celery_states.IGNORED: Event.IGNORED,
 }
 _FLUSH_EVERY = 0.05  # longest an event waits in the outbox, seconds
 _GATHER = 0.01  # how long a started event waits for others to share its round trip
 _FLUSH_AT = 200  # events that make the outbox flush at once
-_HOLD_AT_MOST = 10_000  # events kept while the store's Redis does not answer (oldest go)
+_HOLD_AT_MOST = 10_000  # events kept while the store's Redis does not take them (oldest go)
 _connected = threading.Event()
 #: An app's DelayQ, or None when it has none (``DelayQ.lookup``, given to :func:`connect`).
 _delayq_of: Callable[[Any], Any] | None = None
+#: The worker's requests of delayed jobs by task id, while the worker holds them: a
+#: ``task_failure`` sent by the main process finds the job's headers there.
+_received: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+#: Marks on a run's request (its ``Context``): postrun journals its outcome; its job went
+#: to a replacement.
+_RUNNING, _HANDED_OVER = "_delayq_running", "_delayq_handed_over"
+#: Why events are held, now and once written.
+_AWAY = ("does not answer", "did not answer")
+_FULL = ("is full", "was full")
 
 
 class _Outbox:
@@ -58,11 +80,13 @@ class _Outbox:
         self._writing = threading.Lock()  # held through a flush: a flush returns only
         # once events another flush took are written too (a test's cleanup comes after)
         self._due = threading.Event()
-        self._events: list[tuple[Any, tuple[int, str, dict[str, Any]]]] = []
+        self._events: list[tuple[Any, JournalEntry]] = []
+        self._taken: list[tuple[Any, JournalEntry]] = []  # those a write is writing
         self._held = 0  # of them, kept after a write that failed (0: the last one worked)
+        self._why = _AWAY  # why they are held
         self._thread: threading.Thread | None = None
 
-    def put(self, delayq, entry: tuple[int, str, dict[str, Any]], soon: bool = False) -> None:
+    def put(self, delayq, entry: JournalEntry, soon: bool = False) -> None:
         """Queue an event; ``soon`` has it written within ``_GATHER`` instead of at the
         flush thread's next tick (the caller never waits for Redis)."""
         with self._lock:
@@ -92,17 +116,35 @@ class _Outbox:
         with self._writing:
             self._write()
         if self._held:
-            logger.error("%s not written: the store's Redis does not answer",
-                         counted(self._held, "worker event"))
+            logger.error("%s not written: the store's Redis %s",
+                         counted(self._held, "worker event"), self._why[0])
+
+    def settle(self, job_id: str) -> None:
+        """Write now, with the rest, the events of ``job_id`` not written yet (none: return
+        at once)."""
+        with self._lock:
+            waiting = any(entry[2].get("job") == job_id
+                          for _, entry in (*self._taken, *self._events))
+        if waiting:
+            with self._writing:
+                self._write()
 
     def _write(self) -> None:
         with self._lock:
             events, self._events = self._events, []
-        by_delayq: dict[Any, list[tuple[int, str, dict[str, Any]]]] = defaultdict(list)
+            self._taken = events
+        try:
+            self._write_taken(events)
+        finally:
+            self._taken = []
+
+    def _write_taken(self, events: list[tuple[Any, JournalEntry]]) -> None:
+        by_delayq: dict[Any, list[JournalEntry]] = defaultdict(list)
         for delayq, entry in events:
             by_delayq[delayq].append(entry)
-        unwritten: list[tuple[Any, tuple[int, str, dict[str, Any]]]] = []
+        unwritten: list[tuple[Any, JournalEntry]] = []
         failure: Exception | None = None
+        why = _AWAY
         for delayq, entries in by_delayq.items():
             try:
                 refused = delayq.store.journal_many(entries)
@@ -110,22 +152,30 @@ class _Outbox:
                 unwritten += [(delayq, entry) for entry in entries]
                 failure = exc
                 continue
-            if refused:  # e.g. a damaged journal key: writing them again would not help
+            damaged = []
+            for entry, error in refused:
+                if refused_for_memory(error):  # passes: promotion drains a full Redis
+                    unwritten.append((delayq, entry))
+                    failure, why = error, _FULL
+                else:  # e.g. a damaged journal key: writing them again would not help
+                    damaged.append(error)
+            if damaged:
                 logger.warning("could not journal %s: %s",
-                               counted(len(refused), "worker event"), refused[0])
+                               counted(len(damaged), "worker event"), damaged[0])
         if failure is not None:
-            self._hold(unwritten, failure)
+            self._hold(unwritten, failure, why)
         elif self._held:
-            logger.info("wrote %s held while the store's Redis did not answer",
-                        counted(self._held, "worker event"))
+            logger.info("wrote %s held while the store's Redis %s",
+                        counted(self._held, "worker event"), self._why[1])
             self._held = 0
 
-    def _hold(self, unwritten: list[tuple[Any, tuple[int, str, dict[str, Any]]]],
-              failure: Exception) -> None:
+    def _hold(self, unwritten: list[tuple[Any, JournalEntry]], failure: Exception,
+              why: tuple[str, str]) -> None:
         """Keep events a write failed for, ahead of newer ones, for the next write; past
         :data:`_HOLD_AT_MOST` the oldest go."""
+        self._why = why
         if not self._held:
-            logger.warning("holding worker events until the store's Redis answers: %s",
+            logger.warning("holding worker events until the store's Redis takes them: %s",
                            failure, exc_info=not isinstance(failure, (DelayQError,
                                                                       redis.RedisError)))
         with self._lock:
@@ -147,8 +197,10 @@ def connect(delayq_of: Callable[[Any], Any]) -> None:
     global _delayq_of
     _delayq_of = delayq_of
     if not _connected.is_set():
+        signals.task_received.connect(_on_received, weak=False)
         signals.task_prerun.connect(_on_prerun, weak=False)
         signals.task_postrun.connect(_on_postrun, weak=False)
+        signals.task_failure.connect(_on_failure, weak=False)
         signals.worker_process_shutdown.connect(_outbox.flush, weak=False)
         signals.worker_shutdown.connect(_outbox.flush, weak=False)
         _connected.set()
@@ -159,34 +211,92 @@ def flush() -> None:
     _outbox.flush()
 
 
+def settle(job_id: str) -> None:
+    """Write now the events of ``job_id`` that wait in this process's outbox, before the
+    caller writes that job to the store: a task retrying itself, so its ``started``
+    precedes the retry's ``scheduled``."""
+    _outbox.settle(job_id)
+
+
+def hand_over(request, replacement) -> None:
+    """Give the running job of ``request`` to ``replacement``, a signature ``Task.replace``
+    froze with its task id: the part that takes that id carries the job's headers, so its
+    outcome ends the job, and the replaced run journals none (a group, which takes no
+    task id of its own, gets nothing: the run is ``ignored``)."""
+    if request.get(HEADER_JOB) is None or request.is_eager:
+        return
+    successor = _taking(replacement, request.id)
+    if successor is None:
+        return
+    headers = {name: request.get(name) for name in DELAYQ_HEADERS
+               if request.get(name) is not None}
+    successor.set(headers={**(successor.options.get("headers") or {}), **headers})
+    setattr(request, _HANDED_OVER, True)
+
+
+def _taking(signature, task_id: str):
+    """The part of ``signature`` that runs under ``task_id``: the signature itself, or the
+    last task of a chain or the body of a chord that does; None if none does."""
+    if signature.subtask_type == "chain":
+        parts = reversed(signature.tasks)
+    elif signature.subtask_type == "chord":
+        parts = iter([signature.body])
+    elif signature.subtask_type is None:
+        return signature if signature.id == task_id else None
+    else:
+        return None
+    return next((found for part in parts if (found := _taking(part, task_id)) is not None),
+                None)
+
+
+def _on_received(sender=None, request=None, **_) -> None:
+    if request.request_dict.get(HEADER_JOB) is not None:
+        _received[request.id] = request
+
+
 def _on_prerun(sender=None, task_id=None, task=None, **_) -> None:
-    _record(task, task_id, Event.STARTED)
+    if _record(task, task_id, Event.STARTED, task.request):
+        setattr(task.request, _RUNNING, True)
 
 
 def _on_postrun(sender=None, task_id=None, task=None, state=None, **_) -> None:
+    if state == celery_states.IGNORED and task.request.get(_HANDED_OVER):
+        return  # replaced: the replacement's outcome ends the job
     event = _OUTCOMES.get(state)
     if event:
-        _record(task, task_id, event)
+        _record(task, task_id, event, task.request)
 
 
-def _record(task, task_id: str | None, event: Event) -> None:
-    request = getattr(task, "request", None)
-    job_id = request.get(HEADER_JOB) if request is not None else None
-    if request is None or job_id is None:
+def _on_failure(sender=None, task_id=None, **_) -> None:
+    """A failure the worker's main process reports (time limit, lost process, Reject),
+    once (a time limit reports two); one sent during the run is journaled by postrun."""
+    if sender.request.get(_RUNNING):
         return
+    request = _received.pop(task_id, None)
+    if request is not None:
+        _record(sender, task_id, Event.FAILED, request.request_dict)
+
+
+def _record(task, task_id: str | None, event: Event, request) -> bool:
+    """Queue ``event`` for the job whose headers ``request`` holds (a task's request or a
+    worker request's dict, read with ``get``); whether it was queued."""
+    job_id = request.get(HEADER_JOB) if request is not None else None
+    if job_id is None:
+        return False
     delayq = _delayq_of(task.app) if _delayq_of is not None else None
     if delayq is None or not delayq.config.worker_events:
-        return
+        return False
     shard = _shard_number(request.get(HEADER_SHARD), delayq.store.keys.shards)
     if shard is None:  # (a message of another store, or made by hand)
         logger.warning("delayed job %s has no valid %s header; %s not journaled",
                        printable(job_id), HEADER_SHARD, event)
-        return
+        return False
     record_event(delayq, shard, event, {
         "job": job_id, "task": task.name, "key": request.get(HEADER_KEY) or "",
-        "task_id": task_id or "", "retries": request.retries or 0,
+        "task_id": task_id or "", "retries": request.get("retries") or 0,
         "due": request.get(HEADER_DUE) or "",
     })
+    return True
 
 
 def _shard_number(header: Any, shards: int) -> int | None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import Task
 
+from . import journal
 from .extension import DelayQ
 from .result import DelayedResult
 
@@ -68,3 +69,9 @@ class DelayedTask(Task):
                 options[name] = value
         # A retry (or a second apply_async with the same task id) replaces the stored call.
         return self.apply_delayed(args, kwargs, if_exists="replace", **delay, **options)
+
+    def on_replace(self, sig):
+        """Hand the running delayed job to ``sig``, so its outcome is journaled as the
+        job's (see :func:`journal.hand_over`)."""
+        journal.hand_over(self.request, sig)
+        return super().on_replace(sig)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import redis
 from celery import Celery
+from celery.exceptions import Ignore, Reject
 
 from celery_delayq import DelayedTask, DelayQ
 
@@ -64,6 +66,12 @@ def flaky(self, label, failures=1, countdown=0.5):
     return label
 
 
+@app.task(bind=True, max_retries=3)
+def plain_flaky(self, label, failures=1, countdown=0.5):
+    """``flaky`` without DelayedTask: its retry reaches the store through send_task."""
+    return flaky.run.__func__(self, label, failures, countdown)  # type: ignore[attr-defined]
+
+
 @app.task(base=DelayedTask, bind=True, acks_late=True)
 def slow(self, label, seconds=3.0):
     """Record this run, then take ``seconds`` (acknowledged only when done)."""
@@ -89,6 +97,49 @@ def anything(self, *args, **kwargs):
 def request_of(self, *headers):
     """What the task sees of its request: ``eta`` (ISO text or None) and the named headers."""
     return {"eta": self.request.eta, **{name: self.request.get(name) for name in headers}}
+
+
+@app.task(base=DelayedTask, bind=True)
+def fails(self, label):
+    """Record this run, then raise."""
+    _record(self, label)
+    raise ValueError(label)
+
+
+@app.task(base=DelayedTask, bind=True)
+def ignored(self, label):
+    """Record this run, then raise ``Ignore`` (no outcome recorded)."""
+    _record(self, label)
+    raise Ignore()
+
+
+@app.task(base=DelayedTask, bind=True)
+def rejected(self, label):
+    """Record this run, then reject the message for good."""
+    _record(self, label)
+    raise Reject(label, requeue=False)
+
+
+@app.task(base=DelayedTask, bind=True)
+def replaced(self, label, queue="celery"):
+    """Record this run, then replace it with ``record`` on ``queue``."""
+    _record(self, label)
+    raise self.replace(record.s(f"{label} replacement").set(queue=queue))
+
+
+@app.task(base=DelayedTask, bind=True, time_limit=1)
+def over_time_limit(self, label):
+    """Record this run, then outlast the hard time limit (prefork kills it)."""
+    _record(self, label)
+    time.sleep(10)
+
+
+@app.task(base=DelayedTask, bind=True)
+def kills_its_process(self, label):
+    """Record this run, then SIGKILL its own process: only for a spawned prefork worker."""
+    _record(self, label)
+    time.sleep(0.3)  # its started event is written first
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def runs() -> list[dict]:

@@ -14,6 +14,8 @@ from .base import StoreBase
 
 #: Stream entries as the store's client reads them: (entry id, fields).
 Entries = list[tuple[str, dict[str, str]]]
+#: An event to journal: (shard, event, fields).
+JournalEntry = tuple[int, str, dict[str, Any]]
 
 
 class Streams(StoreBase):
@@ -23,10 +25,10 @@ class Streams(StoreBase):
         """Append one event to a shard's journal (worker-side events)."""
         self.journal_many([(shard, event, fields)])
 
-    def journal_many(self, entries: list[tuple[int, str, dict[str, Any]]]
-                     ) -> list[redis.ResponseError]:
-        """Append ``(shard, event, fields)`` entries to the journals in one round trip; the
-        errors of those Redis refused (a damaged journal key, a full Redis), the others
+    def journal_many(self, entries: list[JournalEntry]
+                     ) -> list[tuple[JournalEntry, redis.ResponseError]]:
+        """Append ``(shard, event, fields)`` entries to the journals in one round trip; those
+        Redis refused (a damaged journal key, a full Redis) with its error, the others
         written. Raises when the round trip failed (``StoreUnavailable``)."""
         if self._maxlen <= 0 or not entries:
             return []
@@ -35,11 +37,12 @@ class Streams(StoreBase):
             for shard, event, fields in entries:
                 if "job" in fields:
                     fields = {**fields, "job": pack_id(fields["job"])}
-                entry: dict[Any, Any] = {"event": event, **fields}  # xadd's Dict is invariant
-                pipe.xadd(self.keys.shard(shard).journal, entry, maxlen=self._maxlen,
+                stored: dict[Any, Any] = {"event": event, **fields}  # xadd's Dict is invariant
+                pipe.xadd(self.keys.shard(shard).journal, stored, maxlen=self._maxlen,
                           approximate=True)
             replies = pipe.execute(raise_on_error=False)
-        return [reply for reply in replies if isinstance(reply, redis.ResponseError)]
+        return [(entry, reply) for entry, reply in zip(entries, replies, strict=True)
+                if isinstance(reply, redis.ResponseError)]
 
     def read_journal(self, shard: ShardKeys, after: str | None = None, until: str = "+",
                      count: int | None = None) -> Entries:

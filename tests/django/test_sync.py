@@ -97,6 +97,18 @@ def test_promoted_event_after_the_start_does_not_move_the_state_back(shop_delayq
     assert DelayedTask.objects.get(job_id="order:5:close").state == "started"
 
 
+def test_a_run_that_raised_ignore_ends_its_row_as_ignored(shop_delayq, sync):
+    """Celery's ``Ignore``: the worker acknowledged the message, recording no outcome."""
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(6,), delay=0,
+                         job_id="order:6:close")
+    shard = shop_delayq.store.keys.shard_for("order:6:close").shard
+    for event in ("started", "ignored"):
+        shop_delayq.store.journal(shard, event, {"job": "order:6:close", "retries": 0})
+    sync.run_once()
+    row = DelayedTask.objects.get(job_id="order:6:close")
+    assert (row.state, row.finished_at is not None) == ("ignored", True)
+
+
 def test_delayq_sync_once_command_applies_the_journal_and_exits(shop_delayq, capsys):
     shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600)
     call_command("delayq_sync", "--once")

@@ -18,7 +18,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import DelayedTask, DelayQ, StoreFull
+from celery_delayq import DelayedTask, DelayQ, StoreFull, journal
 from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.store import CancelOutcome
@@ -168,6 +168,29 @@ def test_producers_stop_at_the_memory_fraction_and_resume_when_memory_is_freed(f
     client.delete("filler")
     time.sleep(1.1)  # a producer reads Redis's memory at most once a second
     assert work.apply_delayed(args=(1, PAD), delay=60).job_id
+
+
+def test_worker_events_refused_for_memory_are_written_once_redis_has_room(full_server):
+    """A full Redis passes (promotion drains it): a worker keeps the events it refused, as
+    for a Redis that does not answer, instead of dropping them."""
+    app, _, _ = make_app(full_server.url)
+    delayq = DelayQ.of(app)
+    client = redis.Redis(port=full_server.port)
+    journal_key = delayq.store.keys.shard(0).journal
+    fill_redis(client)
+    try:
+        for n in range(3):
+            journal.record_event(delayq, 0, "succeeded", {"job": f"order:{n}:close",
+                                                          "task": "full.work"})
+        journal.flush()
+        assert client.xlen(journal_key) == 0
+        client.delete("filler")
+        wait_for(lambda: client.xlen(journal_key) == 3, timeout=10,
+                 what="the refused events, once Redis has room")
+    finally:
+        client.config_set("maxmemory", 0)
+        journal.flush()  # nothing of this server's left in the outbox
+        delayq.store.close()
 
 
 def test_stats_health_and_a_new_carrier_start_on_a_full_store(full_server, redis_server,

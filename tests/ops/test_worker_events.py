@@ -5,12 +5,38 @@ from __future__ import annotations
 import logging
 import time
 
+import pytest
 from celery import signals
 
 from celery_delayq import journal
+from celery_delayq.keys import pack_id
 from tests.conftest import wait_for
 
 PAUSE_MS = 2000
+
+
+def journal_of(delayq, job_ids: list[str], ended_by: str, timeout: float = 20
+               ) -> dict[str, list[dict[str, str]]]:
+    """Each job's journal entries in order, once each job has an event in ``ended_by``
+    (names separated by spaces); fails with what the journal holds."""
+    packed = {pack_id(job_id): job_id for job_id in job_ids}
+    entries: dict[str, list[dict[str, str]]] = {}
+
+    def ended() -> bool:
+        entries.clear()
+        for shard in delayq.store.keys:
+            for _, fields in delayq.store.client.xrange(shard.journal):
+                if fields.get("job") in packed:
+                    entries.setdefault(packed[fields["job"]], []).append(fields)
+        return all(any(e["event"] in ended_by.split() for e in entries.get(job_id, []))
+                   for job_id in job_ids)
+
+    try:
+        wait_for(ended, timeout=timeout, what=f"every job's {ended_by} event")
+    except BaseException:
+        print({job_id: [e["event"] for e in events] for job_id, events in entries.items()})
+        raise
+    return entries
 
 
 def test_a_started_event_is_written_without_the_task_waiting_for_redis(delayq, redis_client):
@@ -82,3 +108,18 @@ def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(c
         assert "wrote 3 worker events held while the store's Redis did not answer" in \
             caplog.text
         delayq.store.close()
+
+
+@pytest.mark.parametrize("task", ["flaky", "plain_flaky"])
+def test_a_task_retrying_at_once_is_journaled_started_before_its_retry_is_scheduled(
+        proj, delayq, worker, carrier, task):
+    """The retry's store write comes after the run's deferred started event, so the
+    Django mirror ends the row scheduled, not started (a plain task's retry reaches the
+    store through send_task)."""
+    jobs = [getattr(proj, task).apply_async((f"{task} retries at once {n}",),
+                                            {"failures": 1, "countdown": 300},
+                                            countdown=0.05).job_id
+            for n in range(6)]
+    for job_id, events in journal_of(delayq, jobs, "retried").items():
+        names = [e["event"] for e in events if e["event"] != "promoted"]  # acked any time
+        assert names == ["scheduled", "started", "scheduled", "retried"], job_id

@@ -12,6 +12,7 @@ class State(models.TextChoices):
     STARTED = "started", "started"
     SUCCEEDED = "succeeded", "succeeded"
     FAILED = "failed", "failed"
+    IGNORED = "ignored", "ignored"  # the task raised Ignore: no outcome (Celery's IGNORED)
     CANCELLED = "cancelled", "cancelled"
     DEAD = "dead", "dead"
 

@@ -1,11 +1,11 @@
 """Forgetting old finished rows of the mirror, so its tables stop growing.
 
-A row goes once it has succeeded, failed or been cancelled longer ago than the retention,
-with its events. Rows still pending, promoted, started or dead (a dead letter Redis still
-holds, replayable) stay. So does every row whose end the sync has not passed on every
-shard (a lagging ``delayq_sync``): a journal event still to come for it would make it again,
-with only that event's fields. Rows go in chunks, each in a transaction that holds the
-journal cursors, so a sync batch meanwhile waits, then sees them gone.
+A row goes once it has succeeded, failed, been ignored (``Ignore``) or been cancelled longer
+ago than the retention, with its events. Rows still pending, promoted, started or dead (a
+dead letter Redis still holds, replayable) stay. So does every row whose end the sync has
+not passed on every shard (a lagging ``delayq_sync``): a journal event still to come for it
+would make it again, with only that event's fields. Rows go in chunks, each in a transaction
+that holds the journal cursors, so a sync batch meanwhile waits, then sees them gone.
 
 How far the sync has passed on a shard is the later of two times. Its position (the last
 applied entry's id, a time on Redis's clock): every entry up to it is applied. And when it
@@ -46,7 +46,8 @@ def prune(older_than: timedelta, delayq: DelayQ | None = None, *, chunk: int = C
     if not applied or None in bounds:  # no sync yet (no row can have finished)
         return 0
     cutoff = min(bound for bound in bounds if bound is not None)
-    ended = (Q(state__in=(State.SUCCEEDED, State.FAILED), finished_at__lt=cutoff)
+    ended = (Q(state__in=(State.SUCCEEDED, State.FAILED, State.IGNORED),
+               finished_at__lt=cutoff)
              | Q(state=State.CANCELLED, cancelled_at__lt=cutoff))
     deleted = 0
     while True:

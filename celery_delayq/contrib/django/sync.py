@@ -361,7 +361,7 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
         row.state, row.started_at = State.STARTED, at
         row.task_id = fields.get("task_id") or row.task_id
         row.retries = _int(fields.get("retries"), row.retries)
-    elif event in (Event.SUCCEEDED, Event.FAILED):
+    elif event in (Event.SUCCEEDED, Event.FAILED, Event.IGNORED):
         row.state, row.finished_at = State(event), at
     elif event == Event.RETRIED:
         row.retries = max(row.retries, _int(fields.get("retries"), 0) + 1)

@@ -1,0 +1,73 @@
+"""Every run of a delayed task ends in the journal, also when Celery reports its end outside
+``task_postrun``: a hard time limit, a lost worker process and ``Reject(requeue=False)``
+are ``failed`` (Celery's ``task_failure``, sent by the worker's main process), ``Ignore``
+is ``ignored``, and a ``replace`` hands the job to its replacement, whose outcome ends it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.ops.test_worker_events import journal_of
+
+FINAL = "succeeded failed ignored"
+
+#: task → the events of its job after ``promoted`` (the carrier's ack may come any time)
+ON_EVERY_POOL = {
+    "fails": ["started", "failed"],
+    "rejected": ["started", "failed"],
+    "ignored": ["started", "ignored"],
+    "replaced": ["started", "started", "succeeded"],
+}
+#: what only a pool of child processes does: kill the task at its hard time limit, or lose
+#: the process that ran it
+IN_CHILD_PROCESSES = {
+    "over_time_limit": ["started", "failed"],
+    "kills_its_process": ["started", "failed"],
+}
+
+
+def schedule(proj, outcomes: dict[str, list[str]], queue: str) -> dict[str, str]:
+    """One job of each task on ``queue``, due at once: task name by job id."""
+    jobs = {}
+    for name in outcomes:
+        kwargs = {"queue": queue} if name == "replaced" else {}
+        result = getattr(proj, name).apply_delayed((f"{queue} {name}",), kwargs, delay=0.05,
+                                                   queue=queue)
+        jobs[result.job_id] = name
+    return jobs
+
+
+def assert_journaled(delayq, jobs: dict[str, str], outcomes: dict[str, list[str]]) -> None:
+    journaled = journal_of(delayq, list(jobs), FINAL)
+    ended = {name: [e["event"] for e in journaled[job_id]
+                    if e["event"] not in ("scheduled", "promoted")]
+             for job_id, name in jobs.items()}
+    assert ended == outcomes
+    replaced = next(job_id for job_id, name in jobs.items() if name == "replaced")
+    assert [(e["task"], e["task_id"]) for e in journaled[replaced][-2:]] == [
+        ("tests.proj.record", journaled[replaced][-3]["task_id"])] * 2
+
+
+def test_a_prefork_worker_journals_how_every_run_ended(proj, delayq, carrier, spawn):
+    worker = spawn("worker", "-Q", "outcomes", "-P", "prefork", "-c", "2",
+                   "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO")
+    outcomes = {**ON_EVERY_POOL, **IN_CHILD_PROCESSES}
+    jobs = schedule(proj, outcomes, "outcomes")
+    try:
+        assert_journaled(delayq, jobs, outcomes)
+    except BaseException:
+        print(worker.log.read_text()[-4000:])
+        raise
+
+
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_a_worker_without_child_processes_journals_how_every_run_ended(
+        proj, delayq, carrier, spawn, pool):
+    worker = spawn("worker", "-Q", f"outcomes-{pool}", "-P", pool, "--without-heartbeat",
+                   "--without-gossip", "--without-mingle", "-l", "INFO")
+    jobs = schedule(proj, ON_EVERY_POOL, f"outcomes-{pool}")
+    try:
+        assert_journaled(delayq, jobs, ON_EVERY_POOL)
+    except BaseException:
+        print(worker.log.read_text()[-4000:])
+        raise
