@@ -7,13 +7,16 @@ round trip. The partition yields Arrow batches of its rejects (the used columns 
 reason) and then one summary row (``COUNTS``).
 
 Rows are named ``partition:position`` for ``RunRows``: a retried task names them alike,
-so the store answers the first attempt's outcome and writes nothing twice.
+so the store answers the first attempt's outcome and writes nothing twice. With
+past="reject", rows whose eta has passed are looked up in that outcome first: those the
+run wrote are answered alike, not rejected.
 """
 
 from __future__ import annotations
 
 import decimal
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ import pyarrow as pa
 from .. import validation
 from ..envelope import Call, Template, template
 from ..errors import DelayQError, InvalidDelay, InvalidJobId
+from ..keys import pack_id
 from ..reading import iso_time, utc_of_ms
 from ..store import RunRows, ScheduleCode, Scheduled, Store
 from ..validation import Due
@@ -71,6 +75,21 @@ class Plan:
                  self.kwargs_col, self.key_col, self.queue_col)
         return tuple(dict.fromkeys(name for name in named if name is not None))
 
+    @property
+    def fields(self) -> dict[str, str]:
+        """The name each used column travels under between Spark and Python: Spark reads
+        a dot in a column's name as a struct's field, a backtick as a quote."""
+        return {name: f"__delayq_col{n}" for n, name in enumerate(self.used)}
+
+
+@dataclass(frozen=True)
+class _Late:
+    """A row whose eta has passed, with past="reject": a reject unless the run wrote it."""
+
+    index: int
+    job_id: str
+    key: str | None
+
 
 @dataclass
 class _Slice:
@@ -99,6 +118,7 @@ class _Partition:
         self.app = shipping.bare_app(plan.shipped)
         self.config = shipping.config(plan.shipped)
         self.store = Store(self.config)
+        self.fields = plan.fields
         self.templates: dict[str | None, Template] = {}  # by queue
         self.counts = [0, 0, 0, 0]  # scheduled, existed, rejected, past
         self.position = 0
@@ -109,7 +129,8 @@ class _Partition:
         pending: tuple[_Slice, Future | None] | None = None
         try:
             for batch in batches:
-                self.types = self.types or [batch.schema.field(c).type for c in self.plan.used]
+                self.types = self.types or [batch.schema.field(f).type
+                                            for f in self.fields.values()]
                 for start in range(0, batch.num_rows, self.plan.batch_size):
                     prepared = self._prepare(batch.slice(start, self.plan.batch_size))
                     sent = writer.submit(self._write, prepared) if prepared.items else None
@@ -144,48 +165,84 @@ class _Partition:
             yield self._rejects(prepared.rows, prepared.rejects)
 
     def _prepare(self, rows: pa.RecordBatch) -> _Slice:
-        """Calls for the rows of one slice; bad rows become rejects."""
-        plan, config = self.plan, self.config
+        """Calls for the rows of one slice; bad rows become rejects. With past="reject" a
+        row whose eta has passed is one unless this run wrote it (in an attempt Spark
+        runs again, or a run given again): that one the store answers as it did then."""
+        plan, config, fields = self.plan, self.config, self.fields
         prepared = _Slice(rows, [], [], [], [])
-        ids = _values(rows, plan.id_col)
-        keys = _values(rows, plan.key_col) if plan.key_col else None
+        ids = _values(rows, fields[plan.id_col])
+        keys = _values(rows, fields[plan.key_col]) if plan.key_col else None
         when = _due_times(plan, rows)
-        args = (list(zip(*(_values(rows, c) for c in plan.args_cols), strict=True))
+        args = (list(zip(*(_values(rows, fields[c]) for c in plan.args_cols), strict=True))
                 if plan.args_cols else None)
-        kwargs = _values(rows, plan.kwargs_col) if plan.kwargs_col else None
-        queues = _values(rows, plan.queue_col) if plan.queue_col else None
+        kwargs = _values(rows, fields[plan.kwargs_col]) if plan.kwargs_col else None
+        queues = _values(rows, fields[plan.queue_col]) if plan.queue_col else None
         lost = _values(rows, LOST) if LOST in rows.schema.names else None
         now_ms = time.time() * 1000
-        for index in range(rows.num_rows):
-            try:
-                if lost is not None and lost[index]:
-                    raise InvalidJobId(REASONS[ScheduleCode.DUPLICATE].format(_text(ids[index])))
-                if ids[index] is None:
-                    raise InvalidJobId(f"null id: {plan.id_col} is empty")
-                job_id = validation.identifier(_text(ids[index]), "job id",
-                                               config.max_id_length)
-                key = keys[index] if keys is not None else None
-                if key is not None:
-                    key = validation.identifier(_text(key), "key", config.max_id_length)
-                due = validation.due(*when(index), config.max_delay)
-                if due.at_ms is not None and due.at_ms < now_ms:
-                    self.counts[3] += 1
-                    if plan.past == "reject":
-                        raise InvalidDelay(f"eta in the past: {_iso(due.at_ms)} (past='reject')")
-                call = self._template(queues[index] if queues is not None else plan.queue).call(
-                    args[index] if args is not None else (),
-                    (kwargs[index] if kwargs is not None else None) or {},
-                    job_id=job_id, key=key, max_payload_bytes=config.max_payload_bytes,
-                    max_nesting=config.max_nesting)
-            except (DelayQError, TypeError, ValueError) as exc:
-                self.counts[2] += 1
-                prepared.rejects.append((index, str(exc)))
-                continue
-            prepared.indexes.append(index)
-            prepared.items.append((call, due))
-            prepared.names.append(f"{self.partition}:{self.position + index}")
+
+        def take(indexes: Iterable[int], written: set[int] | None) -> list[_Late]:
+            """Add the rows at ``indexes``; return the past ones to look up (``written``
+            None), or reject those of them not in ``written``."""
+            late = []
+            for index in indexes:
+                try:
+                    if lost is not None and lost[index]:
+                        raise InvalidJobId(
+                            REASONS[ScheduleCode.DUPLICATE].format(_text(ids[index])))
+                    if ids[index] is None:
+                        raise InvalidJobId(f"null id: {plan.id_col} is empty")
+                    job_id = validation.identifier(_text(ids[index]), "job id",
+                                                   config.max_id_length)
+                    key = keys[index] if keys is not None else None
+                    if key is not None:
+                        key = validation.identifier(_text(key), "key", config.max_id_length)
+                    due = validation.due(*when(index), config.max_delay)
+                    if due.at_ms is not None and due.at_ms < now_ms:
+                        if plan.past == "run":
+                            self.counts[3] += 1
+                        elif written is None:
+                            late.append(_Late(index, job_id, key))
+                            continue
+                        elif index not in written:
+                            self.counts[3] += 1
+                            raise InvalidDelay(
+                                f"eta in the past: {_iso(due.at_ms)} (past='reject')")
+                    queue = queues[index] if queues is not None else plan.queue
+                    call = self._template(queue).call(
+                        args[index] if args is not None else (),
+                        (kwargs[index] if kwargs is not None else None) or {},
+                        job_id=job_id, key=key, max_payload_bytes=config.max_payload_bytes,
+                        max_nesting=config.max_nesting)
+                except (DelayQError, TypeError, ValueError) as exc:
+                    self.counts[2] += 1
+                    prepared.rejects.append((index, str(exc)))
+                    continue
+                prepared.indexes.append(index)
+                prepared.items.append((call, due))
+                prepared.names.append(f"{self.partition}:{self.position + index}")
+            return late
+
+        late = take(range(rows.num_rows), None)
+        if late:
+            take((row.index for row in late), self._written(late))
         self.position += rows.num_rows
         return prepared
+
+    def _written(self, rows: list[_Late]) -> set[int]:
+        """The indexes of the rows whose job id this run has given a job already: the
+        store answers those from the run's outcome, as any row written again. One
+        ``HMGET`` per shard, in one round trip."""
+        keys, run = self.store.keys, self.plan.run
+        by_outcome: dict[str, list[_Late]] = defaultdict(list)
+        for row in rows:
+            by_outcome[keys.outcome(keys.shard_for(row.job_id, row.key), run)].append(row)
+        with self.store.unavailable():
+            pipe = self.store.client.pipeline(transaction=False)
+            for outcome, late in by_outcome.items():
+                pipe.hmget(outcome, [pack_id(row.job_id) for row in late])
+            replies = pipe.execute()
+        return {row.index for late, found in zip(by_outcome.values(), replies, strict=True)
+                for row, first in zip(late, found, strict=True) if first is not None}
 
     def _template(self, queue: str | None) -> Template:
         """The call options of a queue, resolved once (raises on an unknown queue)."""
@@ -199,16 +256,16 @@ class _Partition:
     def _rejects(self, rows: pa.RecordBatch, rejects: list[tuple[int, str]]) -> pa.RecordBatch:
         taken = pa.array([index for index, _ in rejects], pa.int64())
         return pa.RecordBatch.from_arrays(
-            [*(rows.column(c).take(taken) for c in self.plan.used),
+            [*(rows.column(f).take(taken) for f in self.fields.values()),
              pa.array([reason for _, reason in rejects], pa.string()),
              pa.nulls(len(rejects), _COUNTS_TYPE)],
-            names=[*self.plan.used, REASON, COUNTS])
+            names=[*self.fields.values(), REASON, COUNTS])
 
     def _summary(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays(
             [*(pa.nulls(1, kind) for kind in self.types), pa.nulls(1, pa.string()),
              pa.array([self.counts], _COUNTS_TYPE)],
-            names=[*self.plan.used, REASON, COUNTS])
+            names=[*self.fields.values(), REASON, COUNTS])
 
 
 def _values(rows: pa.RecordBatch, name: str) -> list:
@@ -241,7 +298,7 @@ def _plain(value: Any, kind: pa.DataType) -> Any:
 def _due_times(plan: Plan, rows: pa.RecordBatch) -> Callable[[int], tuple[Any, Any]]:
     """(delay, eta) of the row at an index, for ``validation.due``."""
     if plan.delay_col is not None:
-        delays, column = rows.column(plan.delay_col).to_pylist(), plan.delay_col
+        delays, column = rows.column(plan.fields[plan.delay_col]).to_pylist(), plan.delay_col
 
         def delay(index: int) -> tuple[Any, None]:
             value = delays[index]
@@ -250,7 +307,7 @@ def _due_times(plan: Plan, rows: pa.RecordBatch) -> Callable[[int], tuple[Any, A
             return (float(value) if isinstance(value, decimal.Decimal) else value), None
         return delay
     assert plan.eta_col is not None
-    name, raw = plan.eta_col, rows.column(plan.eta_col)
+    name, raw = plan.eta_col, rows.column(plan.fields[plan.eta_col])
     if plan.eta_kind == "us":  # an instant: Arrow holds it as µs since the epoch (UTC)
         raw = raw.cast(pa.int64())
     etas = raw.to_pylist()

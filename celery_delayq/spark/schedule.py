@@ -120,7 +120,8 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
         done_rows = sc.accumulator(  # (partitions, rows) written
             (0, 0), cast("AccumulatorParam[tuple[int, int]]", _Tally()))
         written = T.StructType([
-            *(T.StructField(name, df.schema[name].dataType, True) for name in plan.used),
+            *(T.StructField(field, df.schema[name].dataType, True)
+              for name, field in plan.fields.items()),
             T.StructField(REASON, T.StringType(), True),
             T.StructField(COUNTS, T.ArrayType(T.LongType()), True)])
         with warnings.catch_warnings():  # PySpark 3.5 checks pandas with distutils'
@@ -131,7 +132,8 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
         watcher = _Watcher(df.rdd.getNumPartitions(), done_rows, progress)
         watcher.start()
         try:  # the one job that writes: nothing computes it again
-            collected = outcomes.select(REASON, COUNTS, _content(plan.used)).collect()
+            collected = outcomes.select(REASON, COUNTS,
+                                        _content(plan.used, plan.fields.values())).collect()
         finally:
             watcher.stop()
         if run is None:
@@ -147,11 +149,23 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
     return Summary(scheduled, existed, rejected, late), rejects
 
 
-def _content(columns: Iterable[str]) -> Column:
-    """The named columns of a row as JSON text: equal rows, equal text; ordered."""
+def _column(name: str) -> Column:
+    """The column of that name as it is: quoted, a dot in it is no struct's field and a
+    backtick no quote."""
     from pyspark.sql import functions as F
 
-    return F.to_json(F.struct(*(F.col(f"`{name}`") for name in columns))).alias(_MATCH)
+    quoted = name.replace("`", "``")
+    return F.col(f"`{quoted}`")
+
+
+def _content(names: Iterable[str], columns: Iterable[str] | None = None) -> Column:
+    """A row's columns ``names`` (or ``columns``, under those names) as JSON text: equal
+    rows, equal text; ordered."""
+    from pyspark.sql import functions as F
+
+    names = tuple(names)
+    return F.to_json(F.struct(*(_column(column).alias(name) for name, column
+                                in zip(names, columns or names, strict=True)))).alias(_MATCH)
 
 
 def _source(df: DataFrame, plan: Plan) -> DataFrame:
@@ -160,8 +174,8 @@ def _source(df: DataFrame, plan: Plan) -> DataFrame:
     them (longs count faster than text); ids whose hash is shared are counted again."""
     from pyspark.sql import functions as F
 
-    used = [F.col(f"`{name}`") for name in plan.used]
-    ident = F.col(f"`{plan.id_col}`")
+    used = [_column(name).alias(field) for name, field in plan.fields.items()]
+    ident = _column(plan.id_col)
     shared = (df.where(ident.isNotNull()).groupBy(F.xxhash64(ident).alias(_HASH)).count()
               .where("count > 1").select(_HASH).collect())
     if not shared:
@@ -194,7 +208,7 @@ def _rejects(df: DataFrame, plan: Plan, found: list[tuple[str, str]]) -> DataFra
     rows = (df.withColumn(_MATCH, _content(plan.used))
             .join(F.broadcast(reasons), F.col(_MATCH) == F.col(_WINNER))
             .withColumn(_NTH, nth).where(F.col(_NTH) <= F.size(REASON))
-            .select(*(F.col(f"`{name}`") for name in df.columns),
+            .select(*(_column(name) for name in df.columns),
                     F.element_at(REASON, F.col(_NTH)).alias("reason"))).collect()
     return spark.createDataFrame(rows, schema)
 

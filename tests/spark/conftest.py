@@ -1,4 +1,5 @@
-"""One local SparkSession shared by every Spark test (starting one costs seconds)."""
+"""One local SparkSession shared by every Spark test (starting one costs seconds); a
+failed task runs once more, as on a cluster."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def spark() -> Iterator:
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("celery-delayq-tests")
+    session = (SparkSession.builder.master("local[2,2]").appName("celery-delayq-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "4")

@@ -1,16 +1,18 @@
 """Each row is written at most once per schedule_dataframe call, whatever Spark runs
 again: a task retried after a lost attempt, the rejects read after every cached block is
-dropped. The summary counts the one write."""
+dropped; and once per named run given again. The summary counts the one write, also once
+its eta has passed."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
-from celery_delayq.spark import schedule_dataframe
+from celery_delayq.spark import Summary, schedule_dataframe
 from tests.store.test_schedule_once import writes
 
 TASK = "tests.proj.anything"  # takes any arguments
@@ -57,6 +59,103 @@ def test_rows_a_lost_task_attempt_wrote_count_as_scheduled_and_are_not_written_a
               for _, event in delayq.store.client.xrange(shard.journal)]
     assert len([e for e in events if e["event"] == "scheduled"]) == 16_000
     assert len(delayq.pending(limit=50_000)) == 16_000
+
+
+def spread_etas(start: float, step: float):
+    """Etas (epoch seconds) by row id, from a second after ``start``, ``step`` apart: a
+    write, however late it starts, finds rows due after it (it writes them) as long as
+    the last is not past."""
+    from pyspark.sql import functions as F
+
+    return (F.lit(start + 1) + F.col("id") * step).alias("at")
+
+
+def wait_past(eta: float) -> None:
+    time.sleep(max(0.0, eta + 0.2 - time.time()))
+
+
+def first_due(client) -> float:
+    """The earliest due time of the stored jobs, epoch seconds (0 when none)."""
+    return min((score / 1000 for key in client.scan_iter("delayq:*:due")
+                for _, score in client.zrange(key, 0, 0, withscores=True)), default=0.0)
+
+
+def stored_when_settled(client) -> int:
+    """How many jobs are stored once there are some and none came for a second (or a
+    minute has passed: a Python worker may take seconds to start)."""
+    counts, deadline = [0], time.time() + 60
+    while (counts[-1] == 0 or len(set(counts[-5:])) > 1) and time.time() < deadline:
+        time.sleep(0.2)
+        counts.append(sum(client.zcard(key) for key in client.scan_iter("delayq:*:due")))
+    return counts[-1]
+
+
+def test_a_named_run_replayed_after_its_etas_passed_counts_its_rows_as_it_did_first(
+        spark, app, delayq, redis_client):
+    """With past="reject", a replayed run (a micro-batch Spark runs again after a restart)
+    rejects as past only rows it never wrote: those it wrote count as scheduled."""
+    from pyspark.sql import functions as F
+
+    start = time.time()
+    df = spark.range(100, numPartitions=2).select(
+        F.concat(F.lit("order:"), F.col("id").cast("string")).alias("job"),
+        spread_etas(start, 1.5), F.col("id").alias("n"))
+    keywords = {"task": TASK, "id_col": "job", "eta_col": "at", "args_cols": ["n"],
+                "past": "reject", "run": "stream-demo-7"}
+    first, first_rejects = schedule_dataframe(df, app, **keywords)
+    before = writes(redis_client)
+    wait_past(first_due(redis_client))  # some rows the run wrote are past now
+
+    again, rejects = schedule_dataframe(df, app, **keywords)
+
+    assert first.scheduled > 0
+    assert again == first
+    assert sorted(rejects.collect()) == sorted(first_rejects.collect())
+    assert writes(redis_client) == before
+    assert len(delayq.pending(limit=1000)) == first.scheduled
+
+
+def test_a_task_retried_after_its_etas_passed_counts_what_its_lost_attempt_wrote(
+        spark, app, delayq, redis_server):
+    """With past="reject", the retry of a lost task attempt rejects as past only rows the
+    lost attempt never wrote: those it wrote count as scheduled, as they will run."""
+    from pyspark import TaskContext
+    from pyspark.sql import functions as F
+
+    start, url = time.time(), f"{redis_server.url}/0"
+
+    @F.udf("string")
+    def padding_lost_once(n):  # no hints: pyspark would read them as a pandas UDF's
+        """1 KB of padding (a UDF's results come back in 64 KB writes: rows before 600
+        reach the write); the write's first attempt stops at row 600 until the rows before
+        it are written, and the first job written is past due, then dies."""
+        context = TaskContext.get()
+        if (n == 600 and context.attemptNumber() == 0
+                and context.getLocalProperty("spark.jobGroup.id").startswith("delayq-schedule")):
+            import redis
+
+            client = redis.Redis.from_url(url)
+            client.set("test:stored", stored_when_settled(client))
+            wait_past(first_due(client))
+            raise RuntimeError("executor lost")
+        return "x" * 1_000
+
+    df = spark.range(1_000, numPartitions=1).select(
+        F.col("id").alias("n"), F.concat(F.lit("order:"), F.col("id").cast("string"))
+        .alias("job"), spread_etas(start, 0.25), padding_lost_once("id").alias("pad"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="job",
+                                              eta_col="at", args_cols=["n", "pad"],
+                                              batch_size=50, past="reject")
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+    stored = {job.job_id for job in delayq.pending(limit=2_000)}
+    assert 0 < int(delayq.store.client.get("test:stored")) <= len(stored)
+    assert summary == Summary(scheduled=len(stored), existed=0, rejected=1_000 - len(stored),
+                              past=1_000 - len(stored))
+    assert not stored & {row.job for row in rejects.collect()}
 
 
 def test_a_run_whose_outcome_cannot_be_dropped_still_returns_and_says_so(delayq, caplog):

@@ -305,3 +305,28 @@ def test_columns_no_call_uses_are_never_computed_or_sent_to_python(spark, app, d
 
     assert (summary.scheduled, rejects.count()) == (2_000, 0)
     assert delayq.store.client.get("test:unused") is None
+
+
+def test_used_columns_named_with_dots_or_backticks_are_scheduled_and_rejected(spark, app,
+                                                                             delayq):
+    """Spark reads a dot in a column name as a field of a struct and a backtick as a
+    quote; the used columns go by their names as they are."""
+    from pyspark.sql import types as T
+
+    schema = T.StructType([T.StructField("order.id", T.StringType()),
+                           T.StructField("delay.s", T.DoubleType()),
+                           T.StructField("n`th", T.LongType()),
+                           T.StructField("note.`x`", T.StringType())])
+    df = spark.createDataFrame([("a", 600.0, 1, "won"), ("a", 600.0, 2, "lost"),
+                                ("b", None, 3, "no delay")], schema)
+
+    summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="order.id",
+                                          delay_col="delay.s", args_cols=["n`th"],
+                                          key_col="order.id")
+
+    assert (summary.scheduled, summary.existed, summary.rejected) == (1, 0, 2)
+    assert rejects.columns == [*df.columns, "reason"]
+    assert sorted(tuple(row) for row in rejects.collect()) == [
+        ("a", 600.0, 2, "lost", "duplicate id in input: another row of it has job id 'a'"),
+        ("b", None, 3, "no delay", "null delay: delay.s is empty")]
+    assert delayq.get("a", key="a").args == [1]
