@@ -28,7 +28,8 @@ from ..export import BACKLOG, COLUMNS
 from . import hadoopfs, page
 
 PERCENTILES = (0.5, 0.95, 0.99)
-OUTCOMES = (Event.SUCCEEDED, Event.FAILED, Event.RETRIED, Event.CANCELLED, Event.DEAD)
+OUTCOMES = (Event.SUCCEEDED, Event.FAILED, Event.IGNORED, Event.RETRIED, Event.CANCELLED,
+            Event.DEAD)
 _COUNTED = (Event.SCHEDULED, Event.RESCHEDULED, Event.PROMOTED, Event.STARTED, *OUTCOMES)
 BUCKETS = ("minute", "hour")
 MINUTES_BELOW_MS = 3 * 3_600_000  #: events spanning less than this are bucketed by minute

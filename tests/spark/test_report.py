@@ -39,12 +39,14 @@ def job_events(task: str, job: str, due: int, promote_late: int, start_late: int
 
 @pytest.fixture
 def synthetic_events(delayq, redis_client, tmp_path):
-    """refund: 100 jobs promoted 1..100 ms late, started 5 ms later, 1 in 10 failing,
+    """refund: 100 jobs promoted 1..100 ms late, started 5 ms later, 1 in 10 failing and
+    one ignored (``Ignore``),
     10 more scheduled and 4 of them cancelled; mail (next hour): lateness 10, 20, 30, 40."""
     refund, mail = [], []
     for n in range(1, 101):
         refund += job_events("shop.refund", f"r{n}", T0 + 100_000 + n * 1000, n, n + 5,
-                             "failed" if n % 10 == 0 else "succeeded")
+                             "failed" if n % 10 == 0 else "ignored" if n == 15
+                             else "succeeded")
     for n in range(10):
         fields = {"job": f"c{n}", "task": "shop.refund", "key": "", "due": str(T0 + HOUR)}
         refund.append((T0 + 200_000 + n, {"event": "scheduled", **fields}))
@@ -67,7 +69,7 @@ def test_report_gives_the_known_percentiles_counts_and_cancel_rate(spark, synthe
 
     refund = next(r for r in report.by_task if r["task"] == "shop.refund")
     assert (refund["scheduled"], refund["promoted"], refund["cancelled"]) == (110, 100, 4)
-    assert (refund["succeeded"], refund["failed"]) == (90, 10)
+    assert (refund["succeeded"], refund["failed"], refund["ignored"]) == (89, 10, 1)
     assert refund["cancel_rate"] == pytest.approx(4 / 110)
     assert refund["promote_late_p50_ms"] == pytest.approx(50.5)
     assert refund["promote_late_p95_ms"] == pytest.approx(95.05)
