@@ -112,13 +112,16 @@ def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(c
 
 @pytest.mark.parametrize("task", ["flaky", "plain_flaky"])
 def test_a_task_retrying_at_once_is_journaled_started_before_its_retry_is_scheduled(
-        proj, delayq, worker, carrier, task):
+        proj, delayq, carrier, spawn, task):
     """The retry's store write comes after the run's deferred started event, so the
     Django mirror ends the row scheduled, not started (a plain task's retry reaches the
-    store through send_task)."""
+    store through send_task). A worker process of its own: one app, as in production."""
+    queue = f"retries-{task}"
+    spawn("worker", "-Q", queue, "-P", "threads", "-c", "4", "--without-heartbeat",
+          "--without-gossip", "--without-mingle")
     jobs = [getattr(proj, task).apply_async((f"{task} retries at once {n}",),
                                             {"failures": 1, "countdown": 300},
-                                            countdown=0.05).job_id
+                                            countdown=0.05, queue=queue).job_id
             for n in range(6)]
     for job_id, events in journal_of(delayq, jobs, "retried").items():
         names = [e["event"] for e in events if e["event"] != "promoted"]  # acked any time
