@@ -33,7 +33,9 @@ def test_a_calls_delivery_mode_is_the_promoted_messages_as_in_apply_async(
 def test_a_broker_without_publish_batches_gets_a_calls_delivery_mode(redis_server,
                                                                       redis_client):
     app = Celery("unbatched", broker="memory://", set_as_current=False)
-    app.conf.update(delayq_redis_url=f"{redis_server.url}/0", delayq_shards=1)
+    # memory:// is one broker per process: a queue and store prefix of its own
+    app.conf.update(delayq_redis_url=f"{redis_server.url}/0", delayq_shards=1,
+                    delayq_prefix="delayq-unbatched", task_default_queue="unbatched")
     delayq = DelayQ(app)
 
     @app.task(base=DelayedTask, name="unbatched.task")
@@ -51,7 +53,7 @@ def test_a_broker_without_publish_batches_gets_a_calls_delivery_mode(redis_serve
 
     assert carrier.stats.promoted == 2 and delayq.pending() == []
     with app.connection_for_read() as connection:
-        queue = connection.SimpleQueue("celery")
+        queue = connection.SimpleQueue("unbatched")
         messages = [queue.get(timeout=1) for _ in range(2)]
         queue.close()
     modes = {json.loads(m.body)[0][0]: m.properties["delivery_mode"] for m in messages}
