@@ -5,11 +5,16 @@ is ``ignored``, and a ``replace`` hands the job to its replacement, whose outcom
 
 from __future__ import annotations
 
+import celery
 import pytest
 
 from tests.ops.test_worker_events import journal_of
 
 FINAL = "succeeded failed ignored"
+#: Celery 5.3 sends no ``task_failure`` for a ``Reject`` or a hard time limit, nor any
+#: other signal (5.7 does; versions between are taken either way): such a run's journal
+#: may end at ``started`` there.
+UNSIGNALLED = frozenset({"rejected", "over_time_limit"} if celery.VERSION < (5, 7) else ())
 
 #: task → the events of its job after ``promoted`` (the carrier's ack may come any time)
 ON_EVERY_POOL = {
@@ -38,11 +43,17 @@ def schedule(proj, outcomes: dict[str, list[str]], queue: str) -> dict[str, str]
 
 
 def assert_journaled(delayq, jobs: dict[str, str], outcomes: dict[str, list[str]]) -> None:
-    journaled = journal_of(delayq, list(jobs), FINAL)
+    unsignalled = [job_id for job_id, name in jobs.items() if name in UNSIGNALLED]
+    journaled = journal_of(delayq, [job_id for job_id in jobs if job_id not in unsignalled],
+                           FINAL)
+    journaled.update(journal_of(delayq, unsignalled, "started"))
     ended = {name: [e["event"] for e in journaled[job_id]
                     if e["event"] not in ("scheduled", "promoted")]
              for job_id, name in jobs.items()}
-    assert ended == outcomes
+    for name in UNSIGNALLED & ended.keys():  # whatever that Celery reported
+        assert ended.pop(name) in (["started"], outcomes[name]), name
+    assert ended == {name: events for name, events in outcomes.items()
+                     if name not in UNSIGNALLED}
     replaced = next(job_id for job_id, name in jobs.items() if name == "replaced")
     assert [(e["task"], e["task_id"]) for e in journaled[replaced][-2:]] == [
         ("tests.proj.record", journaled[replaced][-3]["task_id"])] * 2
