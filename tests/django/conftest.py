@@ -87,3 +87,28 @@ def fast_shop(settings):
     settings.SHOP_ORDER_TIMEOUT = 0.3
     settings.SHOP_REFUND_GAPS = [0.1, 0.2, 0.3]
     return settings
+
+
+@pytest.fixture
+def lone_store():
+    """A Celery app whose delay store is a Redis the test may stop and restart, scheduling
+    transactionally, with its task ``lone.remind``: (server, delayq, remind)."""
+    from celery import Celery
+
+    from celery_delayq import DelayedTask, DelayQ
+    from celery_delayq.contrib.django.transactional import connect
+    from celery_delayq.testing.redis_server import RedisServer
+
+    with RedisServer() as server:
+        app = Celery("lone", broker=f"{server.url}/0", set_as_current=False)
+        app.conf.update(delayq_redis_url=f"{server.url}/0", delayq_redis_retries=1,
+                        delayq_redis_socket_timeout=1.0)
+        delayq = DelayQ(app)
+        connect(delayq)
+
+        @app.task(base=DelayedTask, name="lone.remind", shared=False)
+        def remind(n):
+            return n
+
+        yield server, delayq, remind
+        delayq.store.close()

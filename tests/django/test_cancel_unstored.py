@@ -20,7 +20,6 @@ from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.contrib.django.models import DelayedTask as Row
 from celery_delayq.contrib.django.reconcile import reconcile
 from celery_delayq.contrib.django.sync import JournalSync
-from celery_delayq.contrib.django.transactional import connect
 from celery_delayq.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,24 +36,12 @@ class Lone(NamedTuple):
 
 
 @pytest.fixture
-def lone(settings, monkeypatch):
-    """The project's store on a redis-server the test may stop, transactional scheduling on,
-    and its task ``lone.remind``; the admin works with this app."""
-    with RedisServer() as server:
-        app = Celery("lone", broker=f"{server.url}/0", set_as_current=False)
-        app.conf.update(delayq_redis_url=f"{server.url}/0", delayq_redis_retries=1,
-                        delayq_redis_socket_timeout=1.0)
-        delayq = DelayQ(app)
-        connect(delayq)
-
-        @app.task(base=DelayedTask, name="lone.remind", shared=False)
-        def remind(n):
-            return n
-
-        monkeypatch.setattr(sys.modules[__name__], "project_app", app)
-        settings.DELAYQ_CELERY_APP = f"{__name__}:project_app"
-        yield Lone(server, delayq, remind)
-        delayq.store.close()
+def lone(settings, monkeypatch, lone_store):
+    """``lone_store``'s app as the project's: the admin works with it."""
+    server, delayq, remind = lone_store
+    monkeypatch.setattr(sys.modules[__name__], "project_app", delayq.app)
+    settings.DELAYQ_CELERY_APP = f"{__name__}:project_app"
+    return Lone(server, delayq, remind)
 
 
 def _unstored(lone: Lone, *ns: int) -> None:

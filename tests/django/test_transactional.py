@@ -9,16 +9,12 @@ from uuid import UUID
 
 import pytest
 import redis
-from celery import Celery
 from django.core.management import CommandError, call_command
 from django.db import transaction
 
-from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.contrib.django.models import DelayedTask as Row
 from celery_delayq.contrib.django.reconcile import mark_missing, reconcile
 from celery_delayq.contrib.django.sync import JournalSync
-from celery_delayq.contrib.django.transactional import connect
-from celery_delayq.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -73,24 +69,6 @@ def test_apply_delayed_outside_a_transaction_goes_straight_to_redis(shop_delayq)
     close_unpaid_order.apply_delayed(args=(8,), delay=600, job_id="order:8:close")
     assert shop_delayq.get("order:8:close") is not None
     assert not Row.objects.exists(), "the row comes from the journal (delayq_sync)"
-
-
-@pytest.fixture
-def lone_store():
-    """A Celery app whose delay store is a Redis the test may stop and restart."""
-    with RedisServer() as server:
-        app = Celery("lone", broker=f"{server.url}/0", set_as_current=False)
-        app.conf.update(delayq_redis_url=f"{server.url}/0", delayq_redis_retries=1,
-                        delayq_redis_socket_timeout=1.0)
-        delayq = DelayQ(app)
-        connect(delayq)
-
-        @app.task(base=DelayedTask, name="lone.remind", shared=False)
-        def remind(n):
-            return n
-
-        yield server, delayq, remind
-        delayq.store.close()
 
 
 def test_redis_down_at_commit_leaves_the_row_unstored_until_reconcile_pushes_it(lone_store):
