@@ -37,11 +37,10 @@ from celery_delayq.store import Promoted
 from celery_delayq.testing.redis_server import RedisServer
 
 from . import workload
-from .harness import ROOT, machine_facts
-from .output import say, write_result
+from .harness import machine_facts
+from .output import RESULTS, say, write_result
 from .stats import cell, summarise, table
 
-RESULTS = ROOT / "bench" / "results"
 SMALL = 10_000
 _FILL_CHUNK = 10_000
 _BATCH = 1_000

@@ -51,13 +51,12 @@ import psutil
 from kombu.utils.uuid import uuid
 
 from . import workload
-from .harness import ROOT, Cluster, WorkerSetup
-from .output import say, write_result
+from .harness import Cluster, WorkerSetup
+from .output import RESULTS, say, write_result
 from .scheduling import bullmq_ready, node_json
 from .stats import PERCENTILES, cell, distribution, summarise, table
 from .workload import Load
 
-RESULTS = ROOT / "bench" / "results"
 _WARMUP_TASKS = 300
 _START_MARGIN = 1.0  # seconds between the expected end of scheduling and the first due job
 _DRAIN_TIMEOUT = 300.0

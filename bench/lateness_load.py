@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 from .harness import ROOT, Cluster, WorkerSetup
-from .lateness import RESULTS, Bench, machine
-from .output import say, write_result
+from .lateness import Bench, machine
+from .output import RESULTS, say, write_result
 from .stats import cell, summarise, table
 from .workload import Load
 

@@ -15,22 +15,19 @@ Figure: growth of Redis ``used_memory`` ÷ jobs. Run ``python -m bench.memory --
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import redis
 
 from celery_delayq.testing.redis_server import RedisServer
 
 from . import workload
-from .harness import ROOT, machine_facts
-from .output import say, write_result
+from .harness import machine_facts
+from .output import options, say, write_result
 from .stats import cell, summarise, table
 
-RESULTS = ROOT / "bench" / "results"
 _CHUNK = 10_000
 
 #: arm name -> (journal on, business key, own job id); "native" is Celery's own countdown.
@@ -113,23 +110,9 @@ def report(summary: dict, repeats: int, jobs: int) -> str:
             "holds each ETA task in RAM and the broker keeps an unacked copy (bench.worker_rss).")
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.memory",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=100_000, help="pending jobs per arm")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
-    parser.add_argument("--quick", action="store_true", help="20,000 jobs, 1 repetition")
-    parser.add_argument("--out", type=Path, default=None)
-    opts = parser.parse_args(argv)
-    if opts.quick:
-        opts.jobs, opts.repeat = 20_000, 1
-    if opts.out is None:
-        opts.out = RESULTS / ("memory-quick.json" if opts.quick else "memory.json")
-    return opts
-
-
 def main(argv: list[str] | None = None) -> int:
-    opts = parse(argv)
+    opts = options(argv, "memory", __doc__, ("--jobs", 100_000, "pending jobs per arm"),
+                   {"jobs": 20_000, "repeat": 1}, "20,000 jobs, 1 repetition")
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         facts = machine_facts(client)

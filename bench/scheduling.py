@@ -21,7 +21,6 @@ growth per job. Run ``python -m bench.scheduling --help``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -30,7 +29,6 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -40,10 +38,9 @@ from celery_delayq.testing.redis_server import RedisServer
 
 from . import workload
 from .harness import ROOT, machine_facts
-from .output import say, write_result
+from .output import options, say, write_result
 from .stats import cell, summarise, table
 
-RESULTS = ROOT / "bench" / "results"
 BULLMQ = ROOT / "bench" / "bullmq"
 _DELAY = 3600
 _ZADD = "return redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])"
@@ -183,23 +180,9 @@ def report(summary: dict, arms: list[str], repeats: int, calls: int) -> str:
     return text + "\n\n" + "\n".join(ratios)
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.scheduling",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20_000, help="jobs per arm")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
-    parser.add_argument("--quick", action="store_true", help="2,000 calls, 1 repetition")
-    parser.add_argument("--out", type=Path, default=None)
-    opts = parser.parse_args(argv)
-    if opts.quick:
-        opts.calls, opts.repeat = 2_000, 1
-    if opts.out is None:
-        opts.out = RESULTS / ("scheduling-quick.json" if opts.quick else "scheduling.json")
-    return opts
-
-
 def main(argv: list[str] | None = None) -> int:
-    opts = parse(argv)
+    opts = options(argv, "scheduling", __doc__, ("--calls", 20_000, "jobs per arm"),
+                   {"calls": 2_000, "repeat": 1}, "2,000 calls, 1 repetition")
     arms = list(ARMS)
     skipped = bullmq_ready()
     if skipped is not None:

@@ -22,7 +22,8 @@ from celery import Celery
 from celery_delayq import DelayQ
 from celery_delayq.testing.redis_server import RedisServer
 
-RESULTS = Path(__file__).resolve().parent / "results" / "spark_schedule.json"
+from .output import RESULTS
+
 TASK = "shop.tasks.check_refund_status"
 DELAY_S = 3600.0
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=10_000,
                         help="Items per schedule_many call in the bulk-API arm.")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS / "spark_schedule.json")
     args = parser.parse_args(argv)
 
     results = []

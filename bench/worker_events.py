@@ -12,19 +12,16 @@ both events in the journal. Run ``python -m bench.worker_events --help``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 from . import workload
-from .harness import ROOT, Cluster, WorkerSetup, machine_facts, wait_until
-from .output import say, write_result
+from .harness import Cluster, WorkerSetup, machine_facts, wait_until
+from .output import options, say, write_result
 from .stats import cell, summarise, table
 
-RESULTS = ROOT / "bench" / "results"
 _CHUNK = 10_000
 ARMS = {"events on": "1", "events off": "0"}  # DELAYQ_BENCH_WORKER_EVENTS (bench.app)
 
@@ -82,23 +79,9 @@ def report(summary: dict, repeats: int, tasks: int) -> str:
     return f"{text}\n\non ÷ off: {cell(summary['on_over_off'], 3, many)}"
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.worker_events",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=10_000, help="tasks per burst")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
-    parser.add_argument("--quick", action="store_true", help="1,000 tasks, 1 repetition")
-    parser.add_argument("--out", type=Path, default=None)
-    opts = parser.parse_args(argv)
-    if opts.quick:
-        opts.tasks, opts.repeat = 1_000, 1
-    if opts.out is None:
-        opts.out = RESULTS / ("worker_events-quick.json" if opts.quick else "worker_events.json")
-    return opts
-
-
 def main(argv: list[str] | None = None) -> int:
-    opts = parse(argv)
+    opts = options(argv, "worker_events", __doc__, ("--tasks", 10_000, "tasks per burst"),
+                   {"tasks": 1_000, "repeat": 1}, "1,000 tasks, 1 repetition")
     setup = WorkerSetup()
     try:
         with Cluster(setup) as cluster:

@@ -16,21 +16,18 @@ summed over the worker's whole process tree, before and after; plus the broker's
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from pathlib import Path
 from types import ModuleType
 
 import psutil
 
 from . import workload
-from .harness import ROOT, Cluster, WorkerSetup, machine_facts, wait_until
-from .output import say, write_result
+from .harness import Cluster, WorkerSetup, machine_facts, wait_until
+from .output import options, say, write_result
 from .stats import cell, summarise, table
 
-RESULTS = ROOT / "bench" / "results"
 _CHUNK = 10_000
 _SETTLE_TIMEOUT = 60.0
 
@@ -152,23 +149,9 @@ def report(summary: dict, repeats: int, jobs: int) -> str:
             f"{cell(summary.get('ratio_native_over_delayq_pss'), 2, many)}")
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.worker_rss",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=100_000, help="pending tasks per arm")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians reported)")
-    parser.add_argument("--quick", action="store_true", help="10,000 tasks, 1 repetition")
-    parser.add_argument("--out", type=Path, default=None)
-    opts = parser.parse_args(argv)
-    if opts.quick:
-        opts.jobs, opts.repeat = 10_000, 1
-    if opts.out is None:
-        opts.out = RESULTS / ("worker_rss-quick.json" if opts.quick else "worker_rss.json")
-    return opts
-
-
 def main(argv: list[str] | None = None) -> int:
-    opts = parse(argv)
+    opts = options(argv, "worker_rss", __doc__, ("--jobs", 100_000, "pending tasks per arm"),
+                   {"jobs": 10_000, "repeat": 1}, "10,000 tasks, 1 repetition")
     setup = WorkerSetup("prefork", 1)
     try:
         with Cluster(setup) as cluster:
