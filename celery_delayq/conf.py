@@ -20,6 +20,7 @@ from .connection import (
     KOMBU_SOCKET,
     SENTINEL_OPTIONS,
     SENTINEL_SCHEME,
+    check_readable,
     check_settings,
     holds_password,
     redis_py_url,
@@ -248,6 +249,7 @@ class DelayQConfig:
             values[setting.name] = _coerce(setting, raw)
         if not values["redis_url"]:
             _connect_as_broker(app, values)
+        check_readable(values["redis_url"])
         values["redis_url"] = redis_py_url(values["redis_url"])
         config = cls(**values, default_queue=conf.task_default_queue)
         config.validate()

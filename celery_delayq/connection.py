@@ -199,17 +199,48 @@ def sentinel_nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     nodes: list[tuple[str, int]] = []
     master: dict[str, Any] = {}
     for part in url_list(url):
-        try:
-            options = parse_url("redis" + part.removeprefix(SENTINEL_SCHEME))
-        except ValueError as exc:
-            raise ConfigurationError(f"cannot read the sentinel URL {redact(part)!r}: "
-                                     f"{exc}") from None
+        options = _parsed("redis" + part.removeprefix(SENTINEL_SCHEME), part)
         nodes.append((options.pop("host", "127.0.0.1"), options.pop("port", SENTINEL_PORT)))
         for name, value in options.items():
             if master.setdefault(name, value) != value:
                 raise ConfigurationError(
                     f"the parts of delayq_redis_url give two values of {name!r}; give it once")
     return nodes, master
+
+
+def check_readable(url: str) -> None:
+    """Raise :class:`ConfigurationError` when redis-py cannot read the store's URL, or would
+    read it as another server than it names: a ``/``, ``?`` or ``#`` left as it is in a
+    password ends its userinfo early (an ``@`` in the query reads alike: refused too).
+    redis-py's own error quotes the text before that character (part of the password), or
+    it reads another server with no password (``redis://:1234/x@h`` is port 1234 on
+    localhost); this error shows the URL redacted."""
+    for part in url_list(url):
+        try:
+            parts = urlsplit(part)
+            userinfo = _USERINFO.match(part)
+            if userinfo and userinfo["userinfo"] != parts.netloc.rpartition("@")[0]:
+                raise ValueError  # an "@" after the userinfo's end, which redact hides
+            if parts.scheme != SENTINEL_SCHEME:
+                _parsed(redis_py_url(part).replace(CLUSTER_SUFFIX, "", 1), part)
+        except ValueError:
+            raise _unreadable(part) from None
+
+
+def _parsed(url: str, shown: str) -> dict[str, Any]:
+    """redis-py's reading of ``url``; ``shown``, redacted, names it in the error."""
+    try:
+        return parse_url(url)
+    except ValueError:
+        raise _unreadable(shown) from None
+
+
+def _unreadable(url: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"cannot read the store's Redis URL {redact(url)!r} (delayq_redis_url, else the "
+        "broker URL): percent-encode the characters / ? # @ : % [ ] in its user name and "
+        "password (urllib.parse.quote(password, safe='')), and @ in its query, or set the "
+        "password in delayq_redis_password instead")
 
 
 #: kombu's scheme of a Redis server on a Unix socket: redis+socket:///path?virtual_host=N.

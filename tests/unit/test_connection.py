@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import ssl
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pytest
 from celery import Celery
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from redis.connection import parse_url
 
 from celery_delayq.conf import DelayQConfig
 from celery_delayq.connection import holds_password, redact, sentinel_nodes, ssl_options
 from celery_delayq.errors import ConfigurationError
+from tests.conftest import examples
 
 
 @pytest.mark.parametrize(("url", "shown"), [
@@ -100,3 +102,46 @@ def test_a_store_with_its_own_url_ignores_the_brokers_tls_options():
 def test_a_sentinel_store_without_master_name_says_how_to_set_it():
     with pytest.raises(ConfigurationError, match="master_name"):
         DelayQConfig.from_app(app("redis://b/0", delayq_redis_url="sentinel://s1:26379/0"))
+
+
+@pytest.mark.parametrize("url", [
+    "redis://:Zm9vYmFy/c2VjcmV0@h:6379/0",  # redis-py: "Port could not be cast ... 'Zm9vYmFy'"
+    "redis://user:Zm9vYmFy/c2VjcmV0@h:6379/0",
+    "redis://:1234/c2VjcmV0@h:6379/0",  # redis-py: port 1234 on localhost, no password
+    "redis://:Zm9v?YmFy@h:6379/0",
+    "redis://:Zm9v[YmFy@h:6379/0",
+    "redis+cluster://:Zm9vYmFy/c2VjcmV0@h:7000",
+    "sentinel://:Zm9vYmFy/c2VjcmV0@s1:26379;sentinel://s2:26379/0",
+])
+def test_a_url_with_a_password_left_unencoded_is_refused_without_printing_it(url):
+    """A base64 password (Azure Cache keys hold ``/``) put in the URL as it is: refused as
+    the store's configuration, its text nowhere in the message, which says how to fix it."""
+    with pytest.raises(ConfigurationError, match="percent-encode") as refused:
+        DelayQConfig.from_app(app("memory://", delayq_redis_url=url,
+                                  delayq_redis_transport_options={"master_name": "m"}))
+    assert not {"Zm9v", "YmFy", "c2Vj", "1234"} & set(_words(str(refused.value)))
+
+
+def _words(text: str) -> list[str]:
+    """Every 4-character piece of ``text``."""
+    return [text[i:i + 4] for i in range(len(text) - 3)]
+
+
+_URL_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), min_size=1)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(password=_URL_TEXT,
+       form=st.sampled_from(["redis://:{pw}@host:6379/0", "redis://user:{pw}@host:6379/0",
+                             "rediss://:{pw}@host/0"]))
+def test_a_password_in_the_url_is_read_as_written_or_refused(password, form):
+    """Never read as some other server or password: what redis-py reads is the password
+    as the URL spells it (percent-decoded) on the host it names, or the URL is refused."""
+    url = form.format(pw=password)
+    try:
+        config = DelayQConfig.from_app(app("memory://", delayq_redis_url=url))
+    except ConfigurationError as refused:
+        assert "percent-encode" in str(refused)
+        return
+    read = parse_url(config.redis_url)
+    assert (read.get("host"), read.get("password")) == ("host", unquote(password) or None)
