@@ -1,7 +1,7 @@
 """The carrier: promotes due jobs from the store into ordinary Celery queues.
 
 ``run()`` loops ``run_once()`` = balance shard leases and recover expired job leases ->
-claim due jobs -> publish them (``publisher.py``: one pooled kombu producer) -> ack, then
+claim due jobs -> publish them (``publisher.py``: one kombu producer) -> ack, then
 sleeps until the earliest due time it knows or until a wake message says a new job became a
 shard's head. While a claim comes back full, the next claim (with the ack of the batch
 before) is sent before a batch is published, so Redis runs it while the carrier publishes,
@@ -56,6 +56,10 @@ _WAIT_SLICE = 0.25  # longest uninterrupted wait, so a stop request is seen prom
 _BACKOFF_MAX = 5.0
 _MEMORY_WAIT = 0.1  # seconds between looks at a Redis too full to promote into
 _RELEASE_ROUNDS = 20  # release calls per shard and maintenance (~7 ms of Redis each)
+#: Signals that stop a carrier after its batch in hand (SIGHUP: its terminal or session
+#: ended); a second one stops it at once.
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP")
+                      if hasattr(signal, name))
 
 
 @dataclass
@@ -108,6 +112,7 @@ class Carrier:
         self._shards: list[ShardKeys] = []
         self._ahead: ClaimAhead | None = None  # the next claim, sent while publishing
         self._publish_seconds: float | None = None  # how long the last batch took to publish
+        self._over_lease = False  # the last batch took as long as the lease to publish
         self._unacked: dict[ShardKeys, list[Promoted]] = {}  # to be acked with it
         self._failing: dict[int, str] = {}  # shards whose last claim or recover failed: why
         self._defaults_set = False  # delayq_rate_limits applied (once Redis answered)
@@ -126,7 +131,7 @@ class Carrier:
         self._ack_or_claim_ahead(backlog)
         publishing = time.monotonic()
         acks = self._promote(claims, claimed_at)
-        self._publish_seconds = time.monotonic() - publishing
+        self._note_publish_time(time.monotonic() - publishing)
         if self._ahead is not None:
             self._unacked = acks  # acked with the claim after the one sent ahead
         elif acks:
@@ -224,6 +229,19 @@ class Carrier:
         return max(0.0, min(sleep, self.idle_timeout,
                             self._next_maintenance - time.monotonic()))
 
+    def _note_publish_time(self, seconds: float) -> None:
+        """Keep how long the batch took to publish; say so (once, until one takes less)
+        when it outlasted the lease: its jobs may have been recovered meanwhile, and
+        published twice."""
+        over = seconds * 1000 >= self.lease_ms
+        if over and not self._over_lease:
+            logger.warning("publishing a batch took %s, as long as the lease (%s) or longer: "
+                           "another carrier may have recovered and published its jobs again; "
+                           "raise delayq_lease_seconds (--lease) or lower --batch",
+                           elapsed(seconds * 1000), elapsed(self.lease_ms))
+        self._over_lease = over
+        self._publish_seconds = seconds
+
     def _can_claim_ahead(self) -> bool:
         """A batch claimed ahead waits through one publish, then takes its own: claim ahead
         only when the last publish took under a third of the lease, or it would be recovered
@@ -300,7 +318,8 @@ class Carrier:
     # -- the loop ----------------------------------------------------------------------
 
     def run(self) -> None:
-        """Serve until :meth:`stop` (or SIGTERM/SIGINT), finishing the batch in hand."""
+        """Serve until :meth:`stop` (or SIGTERM, SIGINT, SIGHUP), finishing the batch in
+        hand."""
         self._install_signal_handlers()
         logger.info("carrier started: %d shards, batch %d, lease %.0fs",
                     self.store.keys.shards, self.batch, self.lease_ms / 1000)
@@ -335,8 +354,17 @@ class Carrier:
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, lambda *_: self.stop())
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        """The first stop signal stops after the batch in hand; a second, now (as a kill
+        would: no call of the store or the broker, which may be what it waits on)."""
+        if self._stopping.requested:
+            os.write(2, f"carrier: {signal.Signals(signum).name} again, stopping now; the "
+                        "jobs it holds are recovered when their lease ends\n".encode())
+            os._exit(1)
+        self.stop()
 
     def _wait(self, seconds: float) -> None:
         """Sleep up to ``seconds``, returning early on a wake message or a stop."""

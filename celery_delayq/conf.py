@@ -95,7 +95,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Approximate cap on each shard's journal stream; 0 turns the journal off."),
     Setting("worker_events", True, bool,
             "Workers append started/succeeded/failed journal events for delayed tasks."),
-    Setting("redis_socket_timeout", 5.0, float, "Socket timeout of store connections, seconds."),
+    Setting("redis_socket_timeout", 5.0, float,
+            "Socket timeout of store connections, seconds; also how long a carrier waits for "
+            "the broker's reply where broker_transport_options set no socket_timeout / "
+            "read_timeout."),
     Setting("redis_retries", 3, int,
             "Retries with exponential backoff before a store call raises StoreUnavailable."),
     Setting("max_memory_fraction", 0.9, float,

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from . import broker
 from .connection import SENTINEL_SCHEME, redact
 from .envelope import ORIGIN
 from .errors import ConfigurationError
@@ -48,7 +49,7 @@ class DirectRouter:
 
     def check_broker(self) -> None:
         """Make sure the broker is the store's Redis, then route its queues directly."""
-        with self.app.connection_for_write() as connection:
+        with broker.connection(self.app, self.store.config.redis_socket_timeout) as connection:
             store = self.store.client  # not a cluster: refused with direct promotion
             same = (connection.transport.driver_type == "redis"
                     and isinstance(store, redis.Redis)
@@ -102,7 +103,7 @@ def _failover_list(urls: list) -> str:
 
 def broker_is_store_server(app, store: Store) -> bool:
     """True when the broker is the store's Redis server (any database)."""
-    with app.connection_for_write() as connection:
+    with broker.connection(app, store.config.redis_socket_timeout) as connection:
         if connection.transport.driver_type != "redis":
             return False
         return _run_id(connection.default_channel.client) == _run_id(store.client)

@@ -3,9 +3,10 @@
 :meth:`Publisher.take` is the step the carrier and the pytest plugin share: each claimed
 job's message is built and handed to a sender, a job whose stored form is bad is
 dead-lettered with its reason, and what was sent is returned, to be acked. The carrier's
-sender publishes through one pooled kombu producer (:meth:`Publisher.publish`: into the
-channel's publish batch, one pipeline per batch on a Redis broker, kombu >= 5.7); the
-plugin's keeps the messages and runs them in the test's process.
+sender publishes through one kombu producer (:meth:`Publisher.publish`: into the channel's
+publish batch, one pipeline per batch on a Redis broker, kombu >= 5.7), on a connection
+that waits for the broker at most the store's socket timeout (``broker.py``); the plugin's
+keeps the messages and runs them in the test's process.
 
 Only :data:`JOB_ERRORS`, which mean the stored job is bad, dead-letter a job. A failure of
 the broker or of Redis fails the batch. Any other exception raised for one job is not the
@@ -29,6 +30,7 @@ import redis
 from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import KombuError, SerializationError
 
+from . import broker
 from .errors import PayloadError, StoreUnavailable, UnknownQueue
 from .keys import ShardKeys
 from .message import Message, MessageBuilder
@@ -71,7 +73,7 @@ class Publisher:
         self._max_payload = store.config.max_payload_bytes
         self._queues: dict[str, tuple[Any, int]] = {}
         self._declared: set[str] = set()  # queues declared on the current connection
-        self._producer: Any = None  # kombu's, from the app's pool on first use
+        self._producer: Any = None  # kombu's, made on first use
         self._session: Any = None  # the channel's publish batch while a batch is published
 
     @cached_property
@@ -255,13 +257,17 @@ class Publisher:
 
     @property
     def producer(self):
+        """A producer on a connection of its own, which waits at most the store's socket
+        timeout for the broker (``broker.py``)."""
         if self._producer is None:
-            self._producer = self.app.producer_pool.acquire(block=True)
+            connection = broker.connection(self.app, self.store.config.redis_socket_timeout)
+            self._producer = self.app.amqp.Producer(connection)
             self._declared.clear()
         return self._producer
 
     def reset(self) -> None:
-        """Give the producer back to the pool (after a connection error, or on close)."""
-        if self._producer is not None:
-            self._producer.release()
-            self._producer = None
+        """Close the producer and its connection (after a connection error, or on close)."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):  # a connection already broken
+                producer.connection.release()

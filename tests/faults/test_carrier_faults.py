@@ -122,11 +122,15 @@ def test_two_carriers_never_promote_a_job_twice(proj, redis_client, spawn):
     assert len(delivered) == len(jobs) and set(delivered) == jobs
 
 
-def test_sigterm_finishes_the_batch_and_exits_zero(proj, redis_client, spawn):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=["SIGTERM", "SIGINT", "SIGHUP"])
+def test_a_stop_signal_finishes_the_batch_and_exits_zero(proj, redis_client, spawn, signum):
+    """SIGHUP (its terminal or session ended) killed it before, leaving its batch leased:
+    published jobs among them were published again once the lease ended."""
     schedule_due_now(proj, 5_000)
     carrier = spawn("delayq", "carrier", "--batch", "500")
     wait_for(lambda: redis_client.llen(PARKED) > 0, what="first promotions")
-    carrier.send_signal(signal.SIGTERM)
+    carrier.send_signal(signum)
     output = finish(carrier, timeout=20)
     assert carrier.returncode == 0, output
     assert store_count(redis_client, "inflight") == 0, "a claimed batch was left unacked"
