@@ -45,6 +45,7 @@ SENTINEL_PORT = 26379
 SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs", "min_other_sentinels")
 
 _RETRY_ON = [redis.ConnectionError, redis.TimeoutError]
+_BACKOFF_CAP = 1.0  # seconds, the longest wait between two tries of a call
 #: What a pool's ``get_connection`` is given: redis-py before 5.3 needs a command name,
 #: later versions warn that it is deprecated.
 GET_CONNECTION_ARGS = ("EVALSHA",) if redis.VERSION < (5, 3) else ()
@@ -60,7 +61,7 @@ def connect(config: DelayQConfig) -> redis.Redis | RedisCluster:
         "encoding_errors": "surrogateescape",
         "socket_timeout": config.redis_socket_timeout,
         "socket_connect_timeout": config.redis_socket_timeout,
-        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), config.redis_retries),
+        "retry": Retry(ExponentialBackoff(cap=_BACKOFF_CAP, base=0.05), config.redis_retries),
     }
     if config.redis_password:
         options["password"] = config.redis_password
@@ -77,6 +78,12 @@ def connect(config: DelayQConfig) -> redis.Redis | RedisCluster:
     if tls is not None:
         options.update(connection_class=SSLConnection, **tls)
     return StoreRedis.from_url(url, **options)
+
+
+def resend_window_ms(config: DelayQConfig) -> float:
+    """How long after a call redis-py may still send it again (its reply lost): each try
+    waits up to the socket timeout, and the backoff before the next up to 1 s."""
+    return 1000 * (config.redis_retries + 1) * (config.redis_socket_timeout + _BACKOFF_CAP)
 
 
 class StoreRedis(redis.Redis):

@@ -11,7 +11,11 @@ KEYS[6] outcome   HASH  (when ARGV[5] is not "0") job id -> "<code> <row>": what
                   retried Spark task, a recomputed partition) is not written again: its
                   first code is returned, with due ms -1; another row of the run with
                   that id gets code -2
-KEYS[6 or 7..]    task  STRING  the task id index key of each job whose task id is not its
+KEYS[6 or 7]      answer  STRING  (the one ARGV[7] names, when not "0"; after the outcome) this
+                  call's reply, kept ARGV[8] ms once it wrote: redis-py sends a call whose
+                  reply was lost again, and that second run answers the first's and writes
+                  nothing (a job due at once may be published and gone by then)
+KEYS[6, 7 or 8..] task  STRING  the task id index key of each job whose task id is not its
                   job id (keys.py), in the order of those jobs
 
 ARGV[1] journal maxlen (0: no journal)
@@ -20,7 +24,9 @@ ARGV[3] wake channel
 ARGV[4] shard number (published on the wake channel)
 ARGV[5] ms the outcome hash is kept after this call ("0": no outcome hash)
 ARGV[6] ms a task id index key outlives its job's due time
-ARGV[7..] eight values per job:
+ARGV[7] the number of the answer key in KEYS, "0" for none
+ARGV[8] ms the answer is kept
+ARGV[9..] eight values per job:
           job id, envelope (three lines of JSON, see envelope.py),
           absolute due ms or "" (then the delay below counts from Redis's clock, TIME),
           delay ms, bykey member ("<key>\0<job id>") or "", task name, business key or "",
@@ -46,6 +52,15 @@ local outcome = ARGV[5] ~= '0' and KEYS[6]
 if outcome then checks[#checks + 1], checks[#checks + 2] = 6, 'hash' end
 local problem = damaged(checks)
 if problem then return redis.error_reply(problem) end
+local answer_at = tonumber(ARGV[7])
+if answer_at > 0 then
+  local kept_reply = redis.call('GET', KEYS[answer_at])
+  if kept_reply then  -- this call ran before: its reply, numbers kept as text
+    local reply = cjson.decode(kept_reply)
+    for i = 1, #reply, 3 do reply[i], reply[i + 1] = tonumber(reply[i]), tonumber(reply[i + 1]) end
+    return reply
+  end
+end
 local now = now_ms()
 local if_exists = ARGV[2]
 local index_grace = tonumber(ARGV[6])
@@ -53,7 +68,7 @@ local out = {}
 local written = {}
 local per_task = {}  -- task name -> change of its count, written once per call
 
-for i = 7, #ARGV, outcome and 9 or 8 do
+for i = 9, #ARGV, outcome and 9 or 8 do
   local job_id, envelope, member, task = ARGV[i], ARGV[i + 1], ARGV[i + 4], ARGV[i + 5]
   local due = now + tonumber(ARGV[i + 3])
   if ARGV[i + 2] ~= '' then due = tonumber(ARGV[i + 2]) end
@@ -117,4 +132,11 @@ trim_journal(4)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)
 if head[1] and written[head[1]] then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 if outcome then redis.call('PEXPIRE', KEYS[6], ARGV[5]) end
+if answer_at > 0 and next(written) then
+  local text = {}  -- cjson writes numbers with 14 digits; a held score has 16
+  for i, value in ipairs(out) do
+    text[i] = type(value) == 'number' and string.format('%.0f', value) or value
+  end
+  redis.call('SET', KEYS[answer_at], cjson.encode(text), 'PX', ARGV[8])
+end
 return out

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import Any, NamedTuple, cast
 
 import redis
 
-from ..connection import redact
+from ..connection import redact, resend_window_ms
 from ..envelope import Call
 from ..errors import InvalidOption, StoreFull
 from ..held import split_score
@@ -117,8 +119,12 @@ class Producing(StoreBase):
                 chunk = indexes[start:start + _SCHEDULE_CHUNK]
                 keys = SCRIPTS["schedule"].keys_for(
                     shard, *([] if rows is None else [self.keys.outcome(shard, rows.run)]))
+                answer = rows is None and self._due_before_a_resend(items, chunk)
+                if answer:
+                    keys.append(self.answer_key(shard))
                 args: list[Any] = [self._maxlen, if_exists, self.keys.wake_channel, shard.shard,
-                                   OUTCOME_MS if rows is not None else 0, TASK_INDEX_GRACE_MS]
+                                   OUTCOME_MS if rows is not None else 0, TASK_INDEX_GRACE_MS,
+                                   len(keys) if answer else 0, round(self._resend_window_ms)]
                 for index in chunk:
                     call, due = items[index]
                     task_index = 0
@@ -154,6 +160,23 @@ class Producing(StoreBase):
         for index, found in moved.items():  # the new copy is stored: the old one goes
             self._cancel(found, "move", items[index][0].job_id, "replaced under another key", "")
         return cast("list[Scheduled]", results)  # every item has its outcome now
+
+    @cached_property
+    def _resend_window_ms(self) -> float:
+        return resend_window_ms(self.config)
+
+    def _due_before_a_resend(self, items: list[tuple[Call, Due]], chunk: list[int]) -> bool:
+        """Whether a job of ``chunk`` may be due (and so published, and gone from the
+        store) before redis-py sends the call again, its reply lost: such a call keeps its
+        reply for its second run, which writes nothing. Later jobs are still pending then:
+        the second run finds its own write and answers alike."""
+        now_ms = time.time() * 1000
+        window = self._resend_window_ms
+        for index in chunk:
+            due = items[index][1]
+            if (due.delay_ms if due.at_ms is None else due.at_ms - now_ms) < window:
+                return True
+        return False
 
     def forget_run(self, run: str) -> None:
         """Drop a finished run's outcome (``RunRows``); it would expire by itself."""

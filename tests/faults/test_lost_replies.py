@@ -161,6 +161,29 @@ def test_a_schedule_whose_reply_was_lost_is_no_conflict_with_itself(lossy):
     assert (job.job_id, job.task_id, job.args) == ("j", result.id, [1])
 
 
+@pytest.mark.parametrize("job_id,if_exists", [("j", "keep"), ("j", "replace"), (None, "keep")],
+                         ids=["keep", "replace", "drawn"])
+def test_a_schedule_whose_reply_was_lost_stores_nothing_again_once_published(
+        lossy, broker, job_id, if_exists):
+    """A job due at once is published and acked before redis-py sends the call again:
+    the second run stored it again, so it was published twice (or a cancel then said
+    CANCELLED for a task already in the broker). It answers the first run's reply now."""
+    delayq, noop, proxy = lossy
+    proxy.lose_reply_to("schedule")
+    called: list = []
+    producer = threading.Thread(target=lambda: called.append(noop.apply_delayed(
+        (1,), delay=0, queue="lossy.q", job_id=job_id, if_exists=if_exists)))
+    producer.start()
+    run_carrier_until(Carrier(delayq.app), broker, "lossy.q", 1)  # before the call returns
+    producer.join(10)
+    (result,) = called
+    assert proxy.lost == 1
+    assert delayq.pending() == [] and delayq.cancel(result.job_id) is False
+    run_carrier_until(Carrier(delayq.app), broker, "lossy.q", 2, seconds=1.5)
+    published = [json.loads(raw)["headers"]["id"] for raw in broker.lrange("lossy.q", 0, -1)]
+    assert published == [result.id]
+
+
 def dead_letter(delayq, noop) -> None:
     noop.apply_delayed((1,), eta=PAST, job_id="j")
     store = delayq.store
@@ -184,11 +207,12 @@ def test_a_drop_whose_reply_was_lost_still_answers_dropped(lossy):
     assert proxy.lost == 1 and delayq.store.dead() == []
 
 
-def run_carrier_until(carrier: Carrier, broker: redis.Redis, queue: str, count: int) -> None:
-    """Serve the store until ``count`` messages are on ``queue`` (15 s at most)."""
+def run_carrier_until(carrier: Carrier, broker: redis.Redis, queue: str, count: int,
+                      seconds: float = 15) -> None:
+    """Serve the store until ``count`` messages are on ``queue`` (``seconds`` at most)."""
     started = time.monotonic()
     try:
-        while broker.llen(queue) < count and time.monotonic() - started < 15:
+        while broker.llen(queue) < count and time.monotonic() - started < seconds:
             time.sleep(min(carrier.run_once(), 0.05))
     finally:
         carrier.close()
