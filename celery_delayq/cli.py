@@ -25,7 +25,7 @@ from .errors import DelayQError
 from .extension import DelayQ
 from .memory import eviction_problem
 from .persistence import persistence_problem
-from .reading import counted
+from .reading import counted, shown
 
 __all__ = ["delayq"]
 
@@ -143,11 +143,11 @@ def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None
     for problem in not_durable:
         click.echo(f"not durable: {problem}")
     for row in damaged:
-        click.echo(f"damaged: shard {row['shard']} is not served, {row['damaged']}; move the "
-                   "key away (RENAME), then run `celery delayq check --repair`")
+        click.echo(f"damaged: shard {row['shard']} is not served, {shown(row['damaged'])}; "
+                   "move the key away (RENAME), then run `celery delayq check --repair`")
     for problem in store_keys:
-        click.echo(f"damaged: {problem}; move the key away (RENAME): carriers serve every "
-                   "shard without sharing them out meanwhile")
+        click.echo(f"damaged: {shown(problem)}; move the key away (RENAME): carriers serve "
+                   "every shard without sharing them out meanwhile")
     sys.exit(0 if healthy else 1)
 
 
@@ -167,7 +167,7 @@ def check_store(ctx: click.Context, repair: bool) -> None:
     for report in reports:
         if report.error:
             left += 1
-            click.echo(f"shard {report.shard}: cannot be checked: {report.error}")
+            click.echo(f"shard {report.shard}: cannot be checked: {shown(report.error)}")
         if not report.counts_checked:
             click.echo(f"shard {report.shard}: counts not checked, jobs changed during the "
                        "scan; run it again when the store is quiet")
@@ -177,7 +177,7 @@ def check_store(ctx: click.Context, repair: bool) -> None:
                 left += found - fixed
                 click.echo(f"shard {report.shard}: {found} {kind.replace('_', ' ')}"
                            f"{f', {fixed} repaired' if repair else ''}; e.g. "
-                           f"{', '.join(report.examples[kind])}")
+                           f"{shown(', '.join(report.examples[kind]))}")
     jobs, both = sum(r.jobs for r in reports), sum(r.in_both for r in reports)
     click.echo(f"{'clean' if not left else f'{left} problems left'}: "
                f"{counted(jobs, 'job')} checked on {len(reports)} shards "
@@ -220,6 +220,6 @@ def export(ctx: click.Context, to: str, since: str | None, fmt: str) -> None:
     click.echo(f"exported {result.events} events in {len(result.files)} files to {to}")
     for shard, why in result.damaged.items():
         click.secho(f"error: shard {shard}'s journal cannot be read, nothing of it exported: "
-                    f"{why}", fg="red", err=True)
+                    f"{shown(why)}", fg="red", err=True)
     if result.damaged:
         sys.exit(1)

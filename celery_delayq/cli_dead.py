@@ -12,7 +12,7 @@ import click
 from .cli_group import cli_user, delayq, delayq_of, fail
 from .errors import DelayQError
 from .progress import Progress
-from .reading import counted
+from .reading import counted, shown
 
 
 def _one_or_all(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,7 +50,7 @@ def replay(ctx: click.Context, job_id: str | None, every: bool, task: str | None
     try:
         if job_id is not None:
             replayed = store.replay(job_id)
-            click.echo(f"{job_id}: {'replayed' if replayed else 'no such dead job'}")
+            click.echo(f"{shown(job_id)}: {'replayed' if replayed else 'no such dead job'}")
             sys.exit(0 if replayed else 1)
         done = store.replay_dead(task=task, reason=reason, progress=Progress(_stderr, "replayed"))
     except DelayQError as exc:
@@ -76,7 +76,7 @@ def drop(ctx: click.Context, job_id: str | None, every: bool, task: str | None,
     try:
         if job_id is not None:
             dropped = store.drop(job_id, by=by)
-            click.echo(f"{job_id}: {'dropped' if dropped else 'no such dead job'}")
+            click.echo(f"{shown(job_id)}: {'dropped' if dropped else 'no such dead job'}")
             sys.exit(0 if dropped else 1)
         if not yes:
             click.confirm("Drop every dead letter selected, for good?", abort=True)

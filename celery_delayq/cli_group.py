@@ -3,6 +3,10 @@
 Every ``celery`` process imports this (through ``cli.py``, the ``celery.commands`` entry
 point), so it imports only what the group needs and touches no app: a command reaches the
 app's ``DelayQ`` when it runs.
+
+Commands print every string read from the store (task and queue names, keys, job ids,
+reasons) and every error through ``reading.shown``: stored by an older version or written
+into Redis by hand, none reaches the terminal with its escape sequences or line breaks.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import click
 
 from .errors import DelayQError
 from .extension import DelayQ
-from .reading import datetime_of_ms
+from .reading import datetime_of_ms, shown
 
 
 @click.group(name="delayq")
@@ -27,7 +31,7 @@ def delayq_of(ctx: click.Context) -> DelayQ:
 
 
 def fail(exc: DelayQError) -> None:
-    click.secho(f"error: {exc}", fg="red", err=True)
+    click.secho(f"error: {shown(str(exc))}", fg="red", err=True)
     sys.exit(1)
 
 
@@ -35,7 +39,7 @@ def ms_text(ms: float | None) -> str:
     """Epoch ms as ISO-8601: "-" when absent, the number itself when it is no time."""
     at = datetime_of_ms(ms)
     if at is None:
-        return "-" if ms is None else f"{ms!r} ms (no time)"
+        return "-" if ms is None else shown(f"{ms!r} ms (no time)")
     return at.isoformat(timespec="milliseconds")
 
 

@@ -7,7 +7,7 @@ import click
 
 from .cli_group import cli_user, delayq, delayq_of, fail
 from .errors import DelayQError, InvalidOption
-from .reading import counted
+from .reading import counted, shown
 
 
 @delayq.command()
@@ -54,7 +54,7 @@ def paused(ctx: click.Context) -> None:
         click.echo("nothing is paused")
     for kind in ("tasks", "queues"):
         for name in found[kind]:
-            click.echo(f"{kind[:-1]} {name}")
+            click.echo(f"{kind[:-1]} {shown(name)}")
 
 
 @delayq.command(name="rate-limit")
@@ -69,7 +69,7 @@ def rate_limit(ctx: click.Context, queue: str | None, rate: str | None) -> None:
             limits = delayq_of(ctx).rate_limits()
             for name, value in limits.items():
                 if queue in (None, name):
-                    click.echo(f"{name}: {value}")
+                    click.echo(f"{shown(name)}: {shown(value)}")
             if not limits or (queue is not None and queue not in limits):
                 click.echo("no rate limit" if queue else "no rate limits")
             return

@@ -11,7 +11,7 @@ import click
 
 from .cli_group import delayq, delayq_of, fail, ms_text
 from .errors import DelayQError, InvalidDelay
-from .reading import counted, iso_time
+from .reading import counted, iso_time, shown
 
 
 @delayq.command(name="ls")
@@ -29,7 +29,8 @@ def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str
     try:
         if dead:
             for entry in delayq_of(ctx).store.dead(limit):
-                click.echo(f"{entry['job_id']}  {ms_text(entry['at'])}  {entry['reason']}")
+                click.echo(f"{shown(entry['job_id'])}  {ms_text(entry['at'])}  "
+                           f"{shown(entry['reason'])}")
             return
         jobs = delayq_of(ctx).pending(task=task, key=key, limit=limit,
                                     args_contains=_json_or_text(args_contains))
@@ -39,7 +40,8 @@ def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str
         click.echo("no pending jobs")
     for job in jobs:
         due = job.due.isoformat(timespec="milliseconds") if job.due else "-"
-        click.echo(f"{due}  {job.job_id}  {job.task}  key={job.key or '-'}  queue={job.queue}"
+        click.echo(f"{due}  {shown(job.job_id)}  {shown(job.task)}  "
+                   f"key={shown(job.key or '-')}  queue={shown(job.queue)}"
                    + ("  (paused)" if job.paused else ""))
 
 
@@ -79,7 +81,7 @@ def cancel(ctx: click.Context, job_id: str | None, key: str | None) -> None:
     try:
         if job_id:
             outcome = delayq_of(ctx).cancel_outcome(job_id, key=key, by="cli")
-            click.echo(f"{job_id}: {outcome.value}")
+            click.echo(f"{shown(job_id)}: {outcome.value}")
             sys.exit(0 if outcome.name == "CANCELLED" else 1)
         if key:
             cancelled = delayq_of(ctx).cancel_key(key, by="cli")
@@ -141,6 +143,6 @@ def run_now(ctx: click.Context, job_id: str, key: str | None) -> None:
 
 def _say_due(job_id: str, due: str | None) -> None:
     if due is None:
-        click.echo(f"{job_id}: not pending (promoted, cancelled or unknown)")
+        click.echo(f"{shown(job_id)}: not pending (promoted, cancelled or unknown)")
         sys.exit(1)
-    click.echo(f"{job_id}: due {due}")
+    click.echo(f"{shown(job_id)}: due {due}")

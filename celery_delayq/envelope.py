@@ -43,7 +43,7 @@ from kombu.utils.json import JSONEncoder
 from .decoding import RESERVED_PROPERTIES, decode_fields, decode_json, nesting
 from .errors import InvalidOption, PayloadError, UnknownQueue
 from .keys import new_job_id, pack_id
-from .reading import iso_time
+from .reading import forbidden, iso_time
 
 #: Headers the carrier adds to every promoted message; a retry carries them back.
 HEADER_JOB = "delayq_job"
@@ -156,6 +156,10 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
 
     ``args``/``kwargs`` matter only to routers in ``task_routes`` that look at them.
     """
+    if not isinstance(name, str) or not name:
+        raise InvalidOption(f"the task name must be a non-empty string, got {name!r}; pass "
+                            "the name the task is registered under, e.g. 'shop.tasks.refund'")
+    _check_name(name, "task name")
     options = {k: v for k, v in options.items() if k not in _IGNORED}
     serializer = options.pop("serializer", None) or (
         getattr(task_type, "serializer", None) or app.conf.task_serializer)
@@ -186,6 +190,8 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
             f"unknown queue: {name} routes to a queue that is not in task_queues "
             f"({exc.args[0] if exc.args else exc}); define it there or set "
             "task_create_missing_queues=True") from exc
+    for what, part in (("queue", queue), ("exchange", exchange), ("routing_key", routing_key)):
+        _check_name(part, what)
     message = {k: routed.pop(k) for k in _MESSAGE if k in routed}
     message = {k: v for k, v in message.items()
                if v is not None and v != _MESSAGE_DEFAULTS.get(k)}
@@ -216,6 +222,14 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
         if value:
             fixed[short] = value
     return Template(name=name, task_id=task_id, job_id=job_id, key=key, fixed=fixed)
+
+
+def _check_name(value: object, what: str) -> None:
+    """Refuse a task name or a route's name (queue, exchange, routing key) that holds a
+    character of :data:`reading.FORBIDDEN`: ``delayq ls`` and logs show them."""
+    problem = forbidden(value, what) if isinstance(value, str) else None
+    if problem is not None:
+        raise InvalidOption(problem)
 
 
 class Templates:

@@ -342,7 +342,7 @@ class DelayQ(Holding):
     def cancel_key(self, key: str, by: str = "") -> int:
         """Cancel every pending job with this business key (their results REVOKED);
         returns how many."""
-        validation.identifier(key, "key", self.config.max_id_length)
+        validation.looked_up_key(key)
         task_ids = self.store.cancel_key(key, by)
         for task_id in task_ids:
             revoke.mark_revoked(self.app, task_id)

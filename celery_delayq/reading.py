@@ -21,6 +21,12 @@ MIN_MS = -62_135_596_800_000
 MAX_MS = 253_402_300_799_999
 _EXAMPLES = 3  # unreadable entries named in the log line
 _COUNT = re.compile(r"0|-?[1-9][0-9]{0,18}")  # what HINCRBY adds to (int64: checked below)
+#: The characters no task name, queue name, business key or job id may hold, and those
+#: :func:`shown` escapes: every control (C0, DEL, C1), the line and paragraph separators and
+#: the bidi formatting controls. Each would reach an operator's terminal raw (move the
+#: cursor, colour it, set its title, forge or reorder a line). A fixed set, the same on
+#: every Python (``str.isprintable`` follows the Unicode tables of the Python running).
+FORBIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 def datetime_of_ms(ms: float | int | str | None) -> datetime | None:
@@ -100,6 +106,29 @@ def printable(value: str) -> str:
     return value.encode(errors="surrogateescape").decode(errors="backslashreplace")
 
 
+def forbidden(value: str, what: str) -> str | None:
+    """Why ``value``, a ``what`` (task name, queue, key, ...), may not be written: the first
+    character of :data:`FORBIDDEN` it holds, named (``U+202E``); None when it holds none."""
+    found = FORBIDDEN.search(value)
+    if found is None:
+        return None
+    return (f"{what} {value!r} holds U+{ord(found[0]):04X}: task and queue names, keys and "
+            "ids may not hold control characters, line separators or bidi controls, which "
+            "would reach terminals raw; remove it (built from user input: clean or map that "
+            "input first)")
+
+
+def shown(value: str) -> str:
+    """``value`` as the CLI prints a stored string: bytes that were not UTF-8 as ``\\xNN``
+    (:func:`printable`), the characters of :data:`FORBIDDEN` as ``\\xNN`` / ``\\uNNNN``."""
+    return FORBIDDEN.sub(_escaped, printable(value))
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 class Unreadable:
     """The entries one reader run skipped or showed as unreadable: counted, logged once."""
 
@@ -112,7 +141,7 @@ class Unreadable:
         """Count one unreadable entry (``what``: where it is, e.g. ``job 'x' on shard 2``)."""
         self.count += 1
         if len(self._examples) < _EXAMPLES:
-            self._examples.append(f"{printable(what)}: {printable(reason)[:200]}")
+            self._examples.append(f"{shown(what)}: {shown(reason)[:200]}")
 
     def log(self) -> None:
         """One warning for the run, if anything was unreadable."""

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import math
-import re
 import time
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from .envelope import canonical_json
 from .errors import InvalidDelay, InvalidJobId, InvalidOption
-from .reading import MIN_MS, is_text
+from .reading import FORBIDDEN, MIN_MS, forbidden, is_text
 
 IF_EXISTS = ("keep", "replace", "error")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Due(NamedTuple):
@@ -80,7 +78,8 @@ def no_countdown(options: dict[str, Any]) -> None:
 
 
 def identifier(value: object, what: str, max_length: int) -> str:
-    """A job id or business key: a non-empty string without control characters."""
+    """A job id or business key to write: a non-empty string without the characters of
+    :data:`reading.FORBIDDEN` (lookups take any string: see :func:`looked_up`)."""
     if not isinstance(value, str):
         raise InvalidJobId(f"{what} must be a string, got {type(value).__name__}")
     if not value:
@@ -90,8 +89,8 @@ def identifier(value: object, what: str, max_length: int) -> str:
             f"{what} is {len(value)} characters long; the limit is delayq_max_id_length="
             f"{max_length}"
         )
-    if _CONTROL.search(value):
-        raise InvalidJobId(f"{what} {value!r} contains control characters")
+    if FORBIDDEN.search(value):
+        raise InvalidJobId(forbidden(value, what))
     if not value.isascii() and not is_text(value):
         raise InvalidJobId(f"{what} {value!r} holds a lone surrogate: it is not text")
     return value
@@ -102,6 +101,15 @@ def looked_up(job_id: object, key: object = None) -> None:
     not a string. Odd strings are looked for: a stored job may hold one."""
     if not isinstance(job_id, str):
         raise InvalidJobId(f"job_id must be a string, got {type(job_id).__name__}")
+    _key_or_none(key)
+
+
+def looked_up_key(key: object) -> None:
+    """Refuse a business key to cancel the jobs of that no job can have: not a string, or
+    empty. Other strings are looked for, as by :func:`looked_up`."""
+    if key == "" or key is None:
+        raise InvalidJobId(f"key must be a non-empty string, got {key!r}: the business key "
+                           "the jobs were scheduled with")
     _key_or_none(key)
 
 

@@ -12,6 +12,10 @@ import pytest
 
 from tests.conftest import finish
 
+#: What must never reach an operator's terminal raw: ESC (CSI, OSC), BEL, CR, LF inside a
+#: line, the C1 controls NEL and CSI, the line separator, a bidi override.
+RAW = ("\x1b", "\x07", "\r", "\x85", "\x9b", "\u2028", "\u202e")
+
 
 def run(spawn, *args: str) -> tuple[int, str]:
     process = spawn("delayq", *args)
@@ -204,3 +208,48 @@ def test_an_export_folder_that_cannot_be_made_is_an_error_not_a_traceback(spawn,
     code, output = run(spawn, "export", "--to", "/proc/delayq-export", "--format", "jsonl")
     assert code == 1 and "error: cannot write the export under /proc/delayq-export" in output
     assert "Traceback" not in output
+
+
+@pytest.fixture
+def planted(proj, delayq, redis_client):
+    """A pending job, a dead letter, a pause and a rate limit written with raw Redis
+    commands (as an older version or anyone with access to Redis could), every name in
+    them built to move, colour or forge the lines of an operator's terminal."""
+    client, keys = delayq.store.client, delayq.store.keys
+    job_id, key = "planted\x1b]0;owned\x07:\u202e1", "order:\x9b2J\x9b31m"
+    fields = {"t": "reports.daily\x1b[2J\x1b]0;owned\x07\r\n2031-01-01  forged.task",
+              "y": key, "q": "tenant-acme\u2028\x85queue=x"}
+    shard = keys.shard_for(job_id, key)
+    client.hset(shard.jobs, job_id, json.dumps(fields) + "\n[1]\n")
+    client.zadd(shard.due, {job_id: delayq.store.now_ms() + 600_000})
+    client.zadd(shard.bykey, {f"{key}\x00{job_id}": 0})
+    dead = "dead\r\nforged\x07"
+    client.hset(keys.shard_for(dead, None).dead, dead, json.dumps({
+        "at": delayq.store.now_ms(), "reason": "unknown queue \x1b]0;owned\x07\r\nforged",
+        "envelope": json.dumps(fields) + "\n\n"}))
+    for each in keys:
+        client.hset(each.paused, "task:reports\x1b]0;x\x07\u2028", "{}")
+        client.hset(each.limits, "rate:tenant\x9b31m\r\n", "200/s\x1b[2J")
+    return job_id
+
+
+@pytest.mark.parametrize("command", [("ls",), ("ls", "--dead"), ("paused",), ("rate-limit",),
+                                     ("check",)], ids=" ".join)
+def test_stored_names_reach_the_terminal_escaped_one_line_each(spawn, planted, command):
+    """Task and queue names, keys, job ids and dead-letter reasons are printed with their
+    control, line-separating and bidi characters escaped: none reaches the terminal raw,
+    none starts a line of its own."""
+    _, output = run(spawn, *command)
+    assert [c for c in RAW if c in output] == []
+    lines = output.splitlines()
+    assert not [line for line in lines if "forged" in line and "\\x" not in line]
+    if command == ("ls",):
+        assert len(lines) == 1  # one job, one line
+        assert "planted\\x1b]0;owned\\x07:\\u202e1  reports.daily\\x1b[2J" in lines[0]
+        assert "key=order:\\x9b2J\\x9b31m  queue=tenant-acme\\u2028\\x85queue=x" in lines[0]
+
+
+def test_show_of_a_planted_job_prints_escaped_json(spawn, planted):
+    code, output = run(spawn, "show", planted)
+    assert code == 0 and [c for c in RAW if c in output] == []
+    assert json.loads(output)["job_id"] == planted

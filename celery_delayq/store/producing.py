@@ -174,7 +174,7 @@ class Producing(StoreBase):
         window = self._resend_window_ms
         for index in chunk:
             due = items[index][1]
-            if (due.delay_ms if due.at_ms is None else due.at_ms - now_ms) < window:
+            if ((due.delay_ms or 0) if due.at_ms is None else due.at_ms - now_ms) < window:
                 return True
         return False
 

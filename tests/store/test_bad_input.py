@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from uuid import UUID
@@ -81,6 +82,14 @@ CASES = [
      "__type__"),
     ({"delay": 1, "job_id": "id-\udc80"}, InvalidJobId, "not text"),
     ({"delay": 1, "key": "\ud800"}, InvalidJobId, "not text"),
+    # what `delayq ls` would print raw: C1 controls, line separators, bidi controls
+    ({"delay": 1, "key": "order:\x9b2J\x9b31mred"}, InvalidJobId, r"U\+009B"),
+    ({"delay": 1, "key": "order:1\u2028FORGED LINE"}, InvalidJobId, r"U\+2028"),
+    ({"delay": 1, "job_id": "order:\u202egnp.exe"}, InvalidJobId, r"U\+202E"),
+    ({"delay": 1, "task_id": "order:1\x85NEL"}, InvalidJobId, r"U\+0085"),
+    ({"delay": 1, "headers": {"delayq_key": "order:\u2066"}}, InvalidJobId, r"U\+2066"),
+    ({"delay": 1, "queue": "tenant-acme\r\n2031-01-01  forged.task"}, InvalidOption,
+     r"U\+000D"),
 ]
 
 
@@ -199,3 +208,87 @@ def test_a_lookup_of_something_no_job_can_have_is_refused_clearly(delayq, call, 
                                                                     message):
     with pytest.raises(error, match=message):
         call(delayq)
+
+
+BAD_TASK = "reports.daily\x1b]0;owned\x07\x1b[1;31mALL JOBS CANCELLED"
+BAD_QUEUE = "tenant-acme\r\n2031-01-01T00:00:00.000+00:00  forged.task  queue=x"
+IN_AN_HOUR = NOW + timedelta(hours=1)
+#: Every way a producer reaches the store, with the task name and options of the call.
+PRODUCERS = {
+    "apply_delayed": lambda proj, name, **o: proj.record.apply_delayed(("x",), delay=60, **o),
+    "apply_delayed_many": lambda proj, name, **o: proj.record.apply_delayed_many(
+        [{"args": ("x",), "delay": 60}], **o),
+    "apply_async countdown": lambda proj, name, **o: proj.record.apply_async(
+        ("x",), countdown=3600, **o),
+    "DelayQ.schedule": lambda proj, name, **o: proj.delayq.schedule(name, ("x",), delay=60,
+                                                                    **o),
+    "DelayQ.schedule_many": lambda proj, name, **o: proj.delayq.schedule_many(
+        name, [{"args": ("x",), "delay": 60}], **o),
+    "send_task countdown": lambda proj, name, **o: proj.app.send_task(
+        name, ("x",), countdown=3600, **o),
+    "send_task eta": lambda proj, name, **o: proj.app.send_task(name, ("x",),
+                                                                eta=IN_AN_HOUR, **o),
+}
+NAMED = [name for name in PRODUCERS if name.startswith(("DelayQ", "send_task"))]
+
+
+@pytest.mark.parametrize("producer", PRODUCERS)
+@pytest.mark.parametrize(("options", "message"), [
+    ({"queue": BAD_QUEUE}, "queue .* U\\+000D"),
+    ({"queue": "tenant-\x9b31m"}, "queue .* U\\+009B"),
+    ({"exchange": "events\u202e", "routing_key": "x"}, "exchange .* U\\+202E"),
+], ids=["queue-crlf", "queue-c1", "exchange-bidi"])
+def test_a_route_name_a_terminal_would_show_raw_is_refused_on_every_producer_path(
+        proj, redis_client, producer, options, message):
+    with pytest.raises(InvalidOption, match=message):
+        PRODUCERS[producer](proj, proj.record.name, **options)
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
+
+
+@pytest.mark.parametrize("producer", NAMED)
+@pytest.mark.parametrize(("name", "message"), [
+    ("", "task name must be a non-empty string"),
+    (BAD_TASK, "task name .* U\\+001B"),
+    ("reports.\x9b2J", "task name .* U\\+009B"),
+    ("reports.daily\u2028forged", "task name .* U\\+2028"),
+], ids=["empty", "escape", "c1", "line-separator"])
+def test_a_task_name_that_is_empty_or_a_terminal_would_show_raw_is_refused(
+        proj, redis_client, producer, name, message):
+    with pytest.raises(InvalidOption, match=message):
+        PRODUCERS[producer](proj, name)
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
+
+
+def test_an_empty_task_name_never_counts_as_a_cancel(proj, delayq, redis_client):
+    """The counts field "" is the cancels total: a job of task "" was counted there."""
+    with pytest.raises(InvalidOption):
+        delayq.schedule("", ("x",), delay=600)
+    delayq.cancel(delayq.schedule(proj.record.name, ("x",), delay=600).job_id)
+    assert delayq.store.counts() == ({}, 1)
+
+
+def plant(delayq, job_id: str, key: str, task: str) -> None:
+    """A pending job written with raw Redis commands, as an older version stored it."""
+    client, shard = delayq.store.client, delayq.store.keys.shard_for(job_id, key)
+    client.hset(shard.jobs, job_id, json.dumps({"t": task, "y": key}) + "\n[1]\n")
+    client.zadd(shard.due, {job_id: delayq.store.now_ms() + 600_000})
+    client.zadd(shard.bykey, {f"{key}\x00{job_id}": 0})
+
+
+def test_a_job_stored_with_characters_now_refused_is_still_found_and_cancelled(
+        proj, delayq, redis_client):
+    """Ids and keys are checked on writes only: jobs older versions stored stay reachable."""
+    job_id, key = "order:\u202e1", "order:\x9b1"
+    plant(delayq, job_id, key, proj.record.name)
+    assert delayq.get(job_id, key=key).key == key
+    assert [job.job_id for job in delayq.pending(key=key)] == [job_id]
+    assert delayq.cancel(job_id, key=key) is True
+
+
+def test_the_jobs_of_a_key_stored_with_characters_now_refused_are_cancelled_by_key(
+        proj, delayq, redis_client):
+    for job_id in ("old:1", "old:2"):
+        plant(delayq, job_id, "order:\u20281", proj.record.name)
+    assert delayq.cancel_key("order:\u20281") == 2
+    with pytest.raises(InvalidJobId, match="key must be a non-empty string"):
+        delayq.cancel_key("")

@@ -212,7 +212,7 @@ def test_a_password_in_the_url_and_in_delayq_redis_password_is_refused(url):
 
 
 @pytest.mark.skipif(CLUSTER, reason="counts keys of the single store")
-@pytest.mark.parametrize("job_id", ["delayq:{0}:due", "../../etc", "order:1\u2028x", "*"])
+@pytest.mark.parametrize("job_id", ["delayq:{0}:due", "../../etc", "order:1\u200bx", "*"])
 def test_job_ids_that_look_like_keys_stay_inside_the_store(proj, redis_client, job_id):
     before = store_keys(proj.delayq)
     result = proj.record.apply_delayed(args=("x",), delay=60, job_id=job_id, key=job_id)

@@ -53,9 +53,9 @@ JOB_IDS = [
     "a", "A", "~", "~a", "~~a", "order:42:close",
     UUID, UUID.upper(), UUID.replace("-4d2b-", "-1d2b-"),  # packed, and two that are not
     pack_id(UUID),  # the stored form of UUID, as an id of its own
-    "é", "e\u0301", "ключ", "\U0001f642 x", "\x85\u2028",
+    "é", "e\u0301", "ключ", "\U0001f642 x", "\xa0\u200b",
 ]
-KEYS = [None, "order:1", "order:10", "order:1:x", "ключ", "~k", "K", "k", "\u2028"]
+KEYS = [None, "order:1", "order:10", "order:1:x", "ключ", "~k", "K", "k", "\u200b"]
 TASKS = ["t.alpha", "t.beta", "tâche.ü"]
 PAST = datetime(2001, 1, 1, tzinfo=timezone.utc)
 FUTURE = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=300)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_delayq import decoding
-from celery_delayq.errors import PayloadError
+from celery_delayq.errors import InvalidOption, PayloadError
 from celery_delayq.keys import Keyspace
 
 from .calls import UNUSABLE_ENVELOPES, build
@@ -69,3 +69,28 @@ def test_unknown_queue_is_refused_at_the_call_when_queues_are_not_created(app):
     app.conf.task_create_missing_queues = False
     with pytest.raises(UnknownQueue, match=r"unknown queue: .*nowhere"):
         build(app, queue="nowhere")
+
+
+@pytest.mark.parametrize(("name", "options", "message"), [
+    ("", {}, "task name must be a non-empty string"),
+    (None, {}, "task name must be a non-empty string"),
+    ("reports.daily\x1b]0;owned\x07", {}, r"task name .* U\+001B"),
+    ("reports.\x9b31m", {}, r"task name .* U\+009B"),
+    ("reports.\u202egnp", {}, r"task name .* U\+202E"),
+    ("unit.plain", {"queue": "tenant-acme\r\nforged"}, r"queue .* U\+000D"),
+    ("unit.plain", {"queue": "tenant\u2028x"}, r"queue .* U\+2028"),
+    ("unit.plain", {"exchange": "events\x85", "routing_key": "shop.x"}, r"exchange .* U\+0085"),
+    ("unit.plain", {"queue": "topical", "routing_key": "shop.\u2066"}, r"routing_key .* U\+2066"),
+])
+def test_task_and_route_names_a_terminal_would_show_raw_are_refused(app, name, options,
+                                                                      message):
+    with pytest.raises(InvalidOption, match=message):
+        build(app, name, **options)
+
+
+def test_a_router_building_the_queue_from_arguments_is_checked_too(app):
+    app.conf.task_routes = [lambda name, args, kwargs, options, task=None, **_: {
+        "queue": f"tenant-{args[0]}"}]
+    assert decoding.decode(build(app, args=("acme",)).envelope)["q"] == "tenant-acme"
+    with pytest.raises(InvalidOption, match=r"queue 'tenant-acme\\x1b\[2J'"):
+        build(app, args=("acme\x1b[2J",))

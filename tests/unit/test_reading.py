@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from celery_delayq.reading import count_of, counted, elapsed, iso_time
+from celery_delayq.reading import (
+    FORBIDDEN,
+    Unreadable,
+    count_of,
+    counted,
+    elapsed,
+    iso_time,
+    shown,
+)
 
 
 @pytest.mark.parametrize(("ms", "text"), [
@@ -48,3 +57,32 @@ def test_iso_times_without_an_offset_stay_naive_and_others_are_refused():
     for text in ("Z", "next tuesday", "2030-13-01", ""):
         with pytest.raises(ValueError):
             iso_time(text)
+
+
+@pytest.mark.parametrize(("stored", "text"), [
+    ("reports.daily\x1b]0;owned\x07", "reports.daily\\x1b]0;owned\\x07"),
+    ("tenant-acme\r\nforged", "tenant-acme\\x0d\\x0aforged"),
+    ("order:\x9b2J\x85", "order:\\x9b2J\\x85"),
+    ("order:1\u2028x\u2029", "order:1\\u2028x\\u2029"),
+    ("order:\u202egnp.exe\u2066\u061c", "order:\\u202egnp.exe\\u2066\\u061c"),
+    ("not utf-8: \udcff\udc9b", "not utf-8: \\xff\\x9b"),  # bytes as read from Redis
+    ("Müller 注文 \xa0 \U0001f600 \\ tab", "Müller 注文 \xa0 \U0001f600 \\ tab"),
+])
+def test_shown_escapes_what_could_move_colour_or_forge_a_terminal_line(stored, text):
+    assert shown(stored) == text
+
+
+def test_nothing_shown_holds_a_character_no_name_may_hold():
+    everything = "".join(map(chr, range(0x3000)))
+    assert FORBIDDEN.search(shown(everything)) is None
+    escaped = 65 + 1 + 2 + 2 + 5 + 4  # C0, DEL, C1; U+061C, U+200E-F, U+2028-9, U+202A-E, U+2066-9
+    assert shown(everything.replace("\\", "")).count("\\") == escaped
+
+
+def test_a_reader_logs_what_it_skipped_escaped(caplog):
+    """``delayq ls`` logs the entries it skips on stderr: their text is stored text."""
+    skipped = Unreadable("pending jobs", logging.getLogger("celery_delayq.test"))
+    skipped.add("job 'x' on shard 1", "task reports.\x1b]0;owned\x07\r\nforged")
+    with caplog.at_level(logging.WARNING):
+        skipped.log()
+    assert "reports.\\x1b]0;owned\\x07\\x0d\\x0aforged" in caplog.text

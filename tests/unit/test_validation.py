@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -61,6 +62,36 @@ def test_bad_identifier_is_refused(value, message):
 
 def test_identifier_accepts_ordinary_business_ids():
     assert validation.identifier("order:42:close", "job_id", 200) == "order:42:close"
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ("order\x1b[2J", "U+001B"),
+    ("order\x7f", "U+007F"),
+    ("order:1\x85NEL", "U+0085"),  # C1 controls: NEL, and CSI, which colours a terminal
+    ("order:\x9b31mred", "U+009B"),
+    ("order:1\u2028FORGED LINE", "U+2028"),
+    ("order:1\u2029", "U+2029"),
+    ("order:\u202egnp.exe", "U+202E"),  # bidi controls reorder what a terminal shows
+    ("order\u061c", "U+061C"),
+    ("order\u200f", "U+200F"),
+    ("\u2066order", "U+2066"),
+])
+def test_identifier_refuses_what_would_reach_a_terminal_raw_naming_the_character(value, named):
+    with pytest.raises(InvalidJobId, match=re.escape(named)):
+        validation.identifier(value, "key", 200)
+
+
+@pytest.mark.parametrize("value", [
+    "order:\xa042",  # no-break space: str.isprintable() refuses it
+    "order:\u0378",  # unassigned today: valid on every Python, whatever its tables say
+    "Bestellung:Müller-ß", "注文:42", "order:\U0001f600", "order:\u200b",
+])
+def test_identifier_accepts_the_same_text_on_every_python(value):
+    assert validation.identifier(value, "key", 200) == value
+
+
+def test_lookups_take_ids_writes_refuse_so_jobs_stored_before_are_found():
+    validation.looked_up("order:\u202e1\x9b", "order:\u2028")
 
 
 def test_unknown_if_exists_is_refused():
