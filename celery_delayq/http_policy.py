@@ -96,6 +96,11 @@ def _port(parts: SplitResult, url: str) -> int:
     return port or (443 if parts.scheme == "https" else 80)
 
 
+#: Headers of the request's own framing and routing, never the caller's (``Proxy-*`` too).
+_FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection",
+                      "keep-alive", "upgrade", "te", "trailer", "expect"})
+
+
 def check_request(url: object, headers: object, timeout: object,
                   allowed_hosts: tuple[str, ...]) -> None:
     """Refuse a callback that could never be sent, with :class:`CallbackRefused`."""
@@ -108,6 +113,11 @@ def check_request(url: object, headers: object, timeout: object,
             if not _HEADER_NAME.fullmatch(name):
                 raise CallbackRefused(f"header name {name!r} is not an HTTP token: use "
                                       "letters, digits and !#$%&'*+-.^_`|~")
+            if name.lower() in _FRAMING or name.lower().startswith("proxy-"):
+                raise CallbackRefused(
+                    f"header {name!r} may not be set: the request sets its own host, length "
+                    "and connection from its URL and body (set by the caller, the request "
+                    "could name a host the allow-list did not check, or disagree with its body)")
             if _HEADER_CONTROL.search(value) or not _latin1(value):
                 raise CallbackRefused(f"the value of header {name!r} must be Latin-1 text "
                                       "without control characters (CR, LF, NUL, ...)")

@@ -92,6 +92,11 @@ def test_a_url_that_could_never_be_called_is_refused_at_the_call(http_delayq, ur
     {"X-A": "1\r\nInjected: 1"},
     {"X-A": "\x00"},
     {"X-A": "€"},
+    {"Host": "admin.internal.example:8080"},  # past the allow-list, to a vhost behind it
+    {"content-length": "2"},  # a length other than the body's: request smuggling
+    {"Transfer-Encoding": "chunked"},
+    {"Connection": "close, X-Signature"},
+    {"Proxy-Authorization": "Basic eA=="},
 ])
 def test_a_header_that_could_never_be_sent_is_refused_at_the_call(http_delayq, headers):
     task = http_delayq.app.tasks[TASK_NAME]
