@@ -26,7 +26,7 @@ def over_time(div_id: str, title: str, y_title: str, x_title: str,
     import plotly.graph_objects as go
 
     traces = [go.Scatter(x=[t.strftime("%Y-%m-%d %H:%M") for t in times], y=list(values),
-                         name=name, mode="lines+markers", marker={"size": 5})
+                         name=_text(name), mode="lines+markers", marker={"size": 5})
               for name, (times, values) in series.items()
               if any(v is not None for v in values)]
     if not traces:
@@ -41,12 +41,19 @@ def grouped_bars(div_id: str, title: str, y_title: str, x_title: str, categories
     """Bars side by side per category, one per series (none stacked on another)."""
     import plotly.graph_objects as go
 
-    traces = [go.Bar(x=categories, y=values, name=name) for name, values in series.items()]
+    traces = [go.Bar(x=[_text(c) for c in categories], y=values, name=_text(name))
+              for name, values in series.items()]
     if not any(any(values) for values in series.values()):
         return _no_data(title)
     figure = go.Figure(traces, _layout(title, y_title, x_title))
     figure.update_layout(barmode="group", hovermode="x")
     return _html(figure, div_id)
+
+
+def _text(label: str) -> str:
+    """A label (a task name) as plotly draws text: it reads ``<a href>``, ``<b>``, ``<br>``
+    in labels and legend names as markup, so a task name could draw a link."""
+    return escape(label, quote=False)
 
 
 def _layout(title: str, y_title: str, x_title: str) -> dict:

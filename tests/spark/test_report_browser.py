@@ -4,6 +4,7 @@ screenshot in docs/img comes from this test (DELAYQ_UPDATE_SCREENSHOT=1)."""
 from __future__ import annotations
 
 import random
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,30 @@ CLIPPED_LABELS = """
       }
     }
     return out;"""
+
+
+LURE = ('shop.refund<a href="https://phish.example/login"><b style="font-size:40px">'
+        'Your session expired: sign in</b></a>')
+
+
+@pytest.mark.parametrize("chart", ["bars", "lines"])
+def test_a_task_name_is_drawn_as_text_never_as_a_link(tmp_path, chromium, chart):
+    """Plotly reads labels and legend names as a little HTML: a task name could draw a
+    working link in large letters on the page an operator opens."""
+    from celery_delayq.spark import charts
+
+    if chart == "bars":
+        html = charts.grouped_bars("c", "Outcomes", "Events", "Task", [LURE, "shop.ok"],
+                                   {LURE: [3, 4], "failed": [1, 1]})
+    else:
+        hours = [datetime(2026, 1, 1, h, tzinfo=timezone.utc) for h in range(3)]
+        html = charts.over_time("c", "Lateness", "ms", "Time", {
+            LURE: (hours, [1.0, 2.0, 3.0]), "shop.ok": (hours, [2.0, 1.0, 2.0])})
+    page = tmp_path / "chart.html"
+    page.write_text(f"<!doctype html><meta charset=utf-8>{charts.script()}{html}")
+    chromium.get(page.as_uri())
+    chromium.find_element("css selector", ".main-svg")
+    assert chromium.execute_script("return document.querySelectorAll('svg a').length") == 0
+    assert chromium.execute_script(
+        "return Array.from(document.querySelectorAll('svg text')).some("
+        "t => t.textContent.includes('<a href=\"https://phish.example/login\">'))")
