@@ -116,6 +116,8 @@ class Carrier:
         self._unacked: dict[ShardKeys, list[Promoted]] = {}  # to be acked with it
         self._failing: dict[int, str] = {}  # shards whose last claim or recover failed: why
         self._defaults_set = False  # delayq_rate_limits applied (once Redis answered)
+        self._store_id: str | None = None  # the id meta held at the last maintenance
+        self._joined = False  # it has written its heartbeat (close() takes it back)
         self._releasing: set[str] = set()  # tokens of the stalled releases it goes on with
 
     # -- one iteration -----------------------------------------------------------------
@@ -144,12 +146,14 @@ class Carrier:
         """Check memory and the broker, balance shard leases, recover expired job leases;
         returns how many jobs were recovered."""
         with self.store.unavailable():
+            self._check_store()
             self._memory.check_policy()
             self._persistence.check()
             if not self._defaults_set:
                 self._set_default_rate_limits()
             if self.direct and not self.router.checked:
                 self.router.check_broker()
+            self._joined = True
             self._shards = self.ownership.balance()
             self._note_failed_shards("lease", self.ownership.failed)
             # a carrier that died in a backlog held two batches: the last and the next
@@ -164,6 +168,32 @@ class Carrier:
             logger.warning("recovered %s whose carrier lease expired",
                            counted(recovered, "job"))
         return recovered
+
+    def _check_store(self) -> None:
+        """Read the store's id (one call; the shard count is checked with it). Another id
+        than the last one means the store was made again: its Redis lost its data. Say so
+        once, and set ``delayq_rate_limits`` again."""
+        meta = self.store.keys.meta
+        try:
+            made = self.store.store_id()
+        except ConfigurationError as exc:
+            if self._store_id is None:  # its first look: as a start is refused
+                raise
+            raise ConfigurationError(
+                f"the shard count in {meta} changed while this carrier ran: {exc}") from exc
+        known, self._store_id = self._store_id, made
+        if known is None or made == known:
+            return
+        self._defaults_set = False
+        logger.error(
+            "Redis lost the store's data: %s was gone and is written again (Redis restarted "
+            "without persistence, FLUSHALL or FLUSHDB, or a failover to an empty replica). "
+            "The jobs stored before are gone, dead letters too, and so are pauses and rate "
+            "limits set by hand%s. Turn AOF on (appendonly yes) so that a restart keeps "
+            "them; with the Django app, run `manage.py delayq_reconcile --missing` to write "
+            "again the rows not yet run (docs/operations.md, 'Redis persistence')", meta,
+            "; delayq_rate_limits are set again now" if self.delayq.config.rate_limits
+            else "")
 
     def _set_default_rate_limits(self) -> None:
         """Set the ``delayq_rate_limits`` Redis has no live value of, once; a damaged
@@ -327,6 +357,18 @@ class Carrier:
             logger.warning("delayq_redis_url holds a password, which `celery report` and "
                            "`celery inspect conf` print as it is: set delayq_redis_password "
                            "(CELERY_DELAYQ_REDIS_PASSWORD in Django settings) instead")
+        try:
+            self._serve()
+        except ConfigurationError as exc:  # retrying would not help: as a start is refused
+            logger.error("stopping the carrier: %s", exc)
+            raise
+        finally:
+            self.close()
+            logger.info("carrier stopped: %d promoted, %d dead-lettered, %d recovered",
+                        self.stats.promoted, self.stats.dead, self.stats.recovered)
+
+    def _serve(self) -> None:
+        """Loop :meth:`run_once` until a stop, waiting out Redis and broker failures."""
         failures = 0
         while not self._stopping.requested:
             try:
@@ -344,9 +386,6 @@ class Carrier:
                 self._settle()
                 self._reset_connections()
                 self._stopping.sleep(min(_BACKOFF_MAX, 0.1 * 2 ** failures))
-        self.close()
-        logger.info("carrier stopped: %d promoted, %d dead-lettered, %d recovered",
-                    self.stats.promoted, self.stats.dead, self.stats.recovered)
 
     def stop(self) -> None:
         """Stop after the batch in hand (safe from a signal handler)."""
@@ -395,8 +434,9 @@ class Carrier:
         """Settle the jobs in hand, hand the shards back and close connections."""
         self._settle()
         try:
-            with self.store.unavailable():
-                self.ownership.release()
+            if self._joined:  # a carrier refused at its start wrote no heartbeat
+                with self.store.unavailable():
+                    self.ownership.release()
         except DelayQError as exc:  # unavailable, or a lease key damaged
             logger.warning("could not release shard leases (they expire): %s", exc)
         self._reset_connections()

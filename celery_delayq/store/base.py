@@ -1,5 +1,7 @@
 """What every part of :class:`~celery_delayq.store.Store` stands on: its Redis client, the
-translation of Redis errors into ours, and the store's memory (read only)."""
+store's record of itself (``meta``: its shard count, checked, and an id that changes only
+when the store is made again), the translation of Redis errors into ours, and the store's
+memory (read only)."""
 
 from __future__ import annotations
 
@@ -77,20 +79,53 @@ class StoreBase:
                     raise
                 return
             stored = cast("str | None", client.hget(self.keys.meta, "shards"))
+        self._same_shards(stored)
+
+    def _same_shards(self, stored: str | None) -> None:
+        """Raise ConfigurationError unless ``meta`` records this app's shard count (or none)."""
         if stored is None:
             return
         shards = count_of(stored)
+        meta = self.keys.meta
         if shards is None:
             raise ConfigurationError(
-                f"{self.keys.meta} field 'shards' holds {printable(stored)!r}, not a shard "
-                "count; it records the delayq_shards the store was made with: set it back "
-                f"(HSET {self.keys.meta} shards N) before using the store")
+                f"{meta} field 'shards' holds {printable(stored)!r}, not a shard count; it "
+                "records the delayq_shards the store was made with: set it back "
+                f"(HSET {meta} shards N) before using the store")
         if shards != self.keys.shards:
             raise ConfigurationError(
-                f"the store under prefix {self.keys.prefix!r} was created with "
-                f"delayq_shards={shards}, this app says {self.keys.shards}; use the same "
-                "value (or a new delayq_prefix) so every job can be found"
-            )
+                f"the store under prefix {self.keys.prefix!r} records delayq_shards={shards} "
+                f"({meta}), this app says {self.keys.shards}; give every process of the store "
+                "the same value (or this app a new delayq_prefix) so every job can be found. "
+                "The first process that finds the record missing (a new store, or one whose "
+                f"Redis lost its data) writes it: if {shards} is wrong, stop the processes "
+                f"configured with it, then HSET {meta} shards {self.keys.shards}")
+
+    def store_id(self) -> str | None:
+        """The id ``meta`` holds, read with its shard count (which is checked, as at the
+        client's creation): one HMGET. A record missing either is written first (a new
+        store, a store of an older version, or one whose Redis lost its data), so another
+        id than the one read before means the store was made again. None while a full Redis
+        refuses that write."""
+        with self.unavailable():
+            shards, made = self._meta()
+            self._same_shards(shards)
+            if shards is None or made is None:
+                try:
+                    self.client.hsetnx(self.keys.meta, "shards", self.keys.shards)
+                    self.client.hsetnx(self.keys.meta, "id", os.urandom(8).hex())
+                except redis.ResponseError as exc:
+                    if not refused_for_memory(exc):
+                        raise
+                shards, made = self._meta()
+                self._same_shards(shards)
+        return made
+
+    def _meta(self) -> tuple[str | None, str | None]:
+        """``meta``'s shard count and id, None where missing."""
+        shards, made = cast("list[str | None]",
+                            self.client.hmget(self.keys.meta, ["shards", "id"]))
+        return shards, made
 
     @contextlib.contextmanager
     def unavailable(self) -> Iterator[None]:
