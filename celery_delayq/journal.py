@@ -38,7 +38,7 @@ from celery import states as celery_states
 from .envelope import DELAYQ_HEADERS, HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD
 from .errors import DelayQError
 from .events import Event
-from .reading import counted, printable
+from .reading import counted, shown
 from .store.base import refused_for_memory
 from .store.streams import JournalEntry
 
@@ -289,7 +289,7 @@ def _record(task, task_id: str | None, event: Event, request) -> bool:
     shard = _shard_number(request.get(HEADER_SHARD), delayq.store.keys.shards)
     if shard is None:  # (a message of another store, or made by hand)
         logger.warning("delayed job %s has no valid %s header; %s not journaled",
-                       printable(job_id), HEADER_SHARD, event)
+                       shown(job_id), HEADER_SHARD, event)
         return False
     record_event(delayq, shard, event, {
         "job": job_id, "task": task.name, "key": request.get(HEADER_KEY) or "",

@@ -34,7 +34,7 @@ from . import broker
 from .errors import PayloadError, StoreUnavailable, UnknownQueue
 from .keys import ShardKeys
 from .message import Message, MessageBuilder
-from .reading import counted, printable
+from .reading import counted, shown
 from .store import Claimed, Promoted, ShardClaim, Store
 
 logger = logging.getLogger("celery_delayq.carrier")
@@ -117,7 +117,7 @@ class Publisher:
             # not the stored job's fault (a bug of ours, a setting): no dead letter
             logger.exception("error promoting job %s, not caused by its stored data: it is "
                              "left leased, recovered when the lease ends and tried again",
-                             printable(job.job_id))
+                             shown(job.job_id))
             taken.failed.append(job.job_id)
             return None
         assert job.due_ms is not None  # else message_of() refused it
@@ -134,12 +134,12 @@ class Publisher:
         return self.messages.build(job.job_id, raw, shard=shard.shard, due_ms=job.due_ms)
 
     def _dead_letter(self, shard: ShardKeys, job: Claimed, exc: Exception) -> str:
-        """Move a job to the dead letters; returns "job id: reason" for the batch log (bytes
-        that are not UTF-8 shown as ``\\xNN``, so a strict UTF-8 log file takes the line)."""
+        """Move a job to the dead letters; returns "job id: reason" for the batch log, as
+        ``reading.shown`` prints it (one line a strict UTF-8 log file takes)."""
         reason = str(exc.args[0]) if exc.args else type(exc).__name__
         reason = reason[:_REASON_MAX]
         self.store.dead_letter(shard, job, reason)
-        return printable(f"{job.job_id}: {reason}")
+        return shown(f"{job.job_id}: {reason}")
 
     # -- publishing through kombu --------------------------------------------------------
 

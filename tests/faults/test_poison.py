@@ -46,6 +46,9 @@ POISON = {
                          "envelope holds a 'datetime' object kombu cannot decode"),
     "bad-options": ('{"t":"tests.proj.record","o":{"expires":"soon"}}\n[1]\n', 0,
                     "envelope options are unusable"),
+    "\x1b]0;owned\x07\x1b[2J-id-with-escapes": (  # planted: refused at every call now
+        '{"t":"tests.proj.record","o":{"expires":"soon"}}\n[1]\n', 0,
+        "envelope options are unusable"),
     "\xff-id-not-utf8".encode("latin-1"): (
         f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n[2]\n', 0, "its job id is not valid UTF-8"),
 }
@@ -80,6 +83,7 @@ def test_poison_jobs_are_dead_lettered_and_every_healthy_job_is_delivered(
         job = printable(job.decode(errors="surrogateescape")) if isinstance(job, bytes) else job
         assert all(dead[f"{job}-{n}"].startswith(reason) for n in range(shards)), job
     assert not [r for r in caplog.records if r.exc_info], "a data error was logged as a bug"
+    assert not [r for r in caplog.records if "\x1b" in r.getMessage()], "raw escapes logged"
     # the jobs due at +inf stay stored (shown as unreadable) and a carrier sleeps on them
     assert all(delayq.get(f"never-{n}").unreadable for n in range(shards))
     idle = Carrier(proj.app, direct=promotion == "direct")
