@@ -35,6 +35,7 @@ from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import Any
 
+from celery.app import task as celery_task
 from celery.app.routes import MapRoute
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
@@ -67,8 +68,14 @@ _MESSAGE = (
 #: Of them, what logs and monitoring events show instead of the arguments (Celery's way to
 #: keep secrets out of them): text.
 REPRS = ("argsrepr", "kwargsrepr")
-# Values create_task_message uses when an option is absent.
+# Values create_task_message uses when an option is absent (the direct promotion script
+# writes them too).
 _MESSAGE_DEFAULTS = {"retries": 0, "replaced_task_nesting": 0, "ignore_result": False}
+#: What ``send_task`` puts in a message's ``ignore_result`` when the call gives none: null
+#: where the worker then takes its task's own setting (Celery 5.7), else false. Stored as
+#: the task's own when this process knows the task (the same for the worker, and the
+#: envelope stays plain), else as null.
+SEND_TASK_IGNORE_RESULT = None if hasattr(celery_task, "get_actual_ignore_result") else False
 # kombu's names of the delivery modes a call may give (or an int, as 1 and 2).
 _DELIVERY_MODES = (None, "transient", "persistent")
 # Routing options consumed by build (never stored as properties).
@@ -97,6 +104,7 @@ class Call:
     envelope: str
     stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
     drawn: bool = False  # the job id was drawn at random for this call: no job has it yet
+    ignored: bool | None = False  # its result is not stored (None: as its task says)
 
     def __post_init__(self) -> None:
         if not self.stored_id:
@@ -112,6 +120,7 @@ class Template:
     job_id: str | None  # carried over in a retried task's headers
     key: str | None
     fixed: dict[str, Any]  # envelope fields q, x, r, o, h, p
+    ignored: bool | None = False  # the message's ignore_result (None: the task's own)
 
     def call(self, args, kwargs, *, job_id: str | None, key: str | None,
              max_payload_bytes: int, max_nesting: int) -> Call:
@@ -142,7 +151,8 @@ class Template:
             )
         _check_readable(encoded, self.name, max_nesting)
         return Call(job_id=job_id or task_id, task_id=task_id, task=self.name, key=key,
-                    envelope=encoded, stored_id=stored_id, drawn=bool(stored_id))
+                    envelope=encoded, stored_id=stored_id, drawn=bool(stored_id),
+                    ignored=self.ignored)
 
     @cached_property
     def _fields(self) -> str:
@@ -182,6 +192,7 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     if "link_error" in options:
         options["errbacks"] = maybe_list(options.pop("link_error"))
 
+    ignored = _ignore_result(app, name, task_type, options)  # (routing drops a None)
     try:
         routed = app.amqp.router.route(options, name, args, kwargs or {}, task_type)
         queue, exchange, routing_key = _resolve_route(app, routed)
@@ -193,8 +204,11 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     for what, part in (("queue", queue), ("exchange", exchange), ("routing_key", routing_key)):
         _check_name(part, what)
     message = {k: routed.pop(k) for k in _MESSAGE if k in routed}
-    message = {k: v for k, v in message.items()
-               if v is not None and v != _MESSAGE_DEFAULTS.get(k)}
+    # send_task's null: the worker takes its task's own setting
+    message["ignore_result"] = _own_ignore_result(app, name, task_type) if (
+        ignored is None) else ignored
+    message = {k: v for k, v in message.items() if v != _MESSAGE_DEFAULTS.get(k) and (
+        v is not None or k == "ignore_result")}  # null is not false, the default
     for name_ in REPRS:
         if not isinstance(message.get(name_, ""), str):
             raise PayloadError(f"{name_} must be a string (what worker logs and monitoring "
@@ -221,7 +235,23 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     for short, value in (("o", message), ("h", headers), ("p", properties)):
         if value:
             fixed[short] = value
-    return Template(name=name, task_id=task_id, job_id=job_id, key=key, fixed=fixed)
+    return Template(name=name, task_id=task_id, job_id=job_id, key=key, fixed=fixed,
+                    ignored=ignored)
+
+
+def _own_ignore_result(app, name: str, task_type) -> bool | None:
+    """The task's own ``ignore_result``; None when this process does not know the task."""
+    task = task_type or app._tasks.get(name)  # as send_task looks: the app not finalized
+    return None if task is None else bool(task.ignore_result)
+
+
+def _ignore_result(app, name: str, task_type, options: dict[str, Any]) -> bool | None:
+    """The call's ``ignore_result``, taken out of ``options``: given (``Task.apply_async``
+    always gives it, ``send_task`` its own default, :data:`SEND_TASK_IGNORE_RESULT`), else
+    the task's own."""
+    if "ignore_result" in options:
+        return options.pop("ignore_result")
+    return bool(_own_ignore_result(app, name, task_type))
 
 
 def _check_name(value: object, what: str) -> None:

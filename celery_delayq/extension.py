@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from celery import Celery
 from celery.utils.time import maybe_make_aware
 
 from . import journal, revoke, validation
@@ -16,6 +18,7 @@ from .conf import DelayQConfig
 from .decoding import decode_arguments, split
 from .envelope import (
     HEADER_JOB,
+    SEND_TASK_IGNORE_RESULT,
     Call,
     Template,
     Templates,
@@ -31,9 +34,6 @@ from .result import DelayedResult, EagerDelayedResult
 from .store import CancelOutcome, ScheduleCode, Store
 from .validation import Due
 
-if TYPE_CHECKING:
-    from celery import Celery
-
 _ATTR = "_delayq"
 _create_lock = threading.Lock()
 
@@ -48,6 +48,11 @@ _SEND_TASK_AFTER_ETA = (
     "link", "link_error", "add_to_parent", "group_id", "group_index", "retries", "chord",
     "reply_to", "time_limit", "soft_time_limit", "root_id", "parent_id", "route_name",
     "shadow", "chain", "task_type", "replaced_task_nesting")
+#: Whether ``Celery.send_task`` gives a call of a task registered in the process that
+#: task's options (queue, priority, time limits, ...) under the call's own: Celery 5.7, whose
+#: ``time_limit`` default is a marker of its own (a None given clears the task's).
+_SEND_TASK_MERGES = inspect.signature(Celery.send_task).parameters["time_limit"].default \
+    is not None
 
 
 class DelayQ(Holding):
@@ -137,7 +142,7 @@ class DelayQ(Holding):
             result = self.submit([(call, due)], if_exists)[0]
         if sent is not None:
             self._publishing.after(call, sent)
-        return result
+        return self._as_sent(result, call, task_type)
 
     def schedule_many(self, name: str, items: Iterable[Mapping[str, Any]], *,
                       if_exists: str = "keep", task_type=None,
@@ -183,7 +188,16 @@ class DelayQ(Holding):
         submitted = self.submit([prepared[n] for n in direct], if_exists)
         for n, result in zip(direct, submitted, strict=True):
             results[n] = result
-        return results  # type: ignore[return-value]
+        return [self._as_sent(result, call, task_type)  # type: ignore[arg-type]
+                for result, (call, _) in zip(results, prepared, strict=True)]
+
+    def _as_sent(self, result: DelayedResult, call: Call, task_type) -> DelayedResult:
+        """``result`` as ``send_task`` leaves the result it returns: ``ignored`` when the
+        call's result is not stored, reading the task's own backend (``Task.AsyncResult``)."""
+        result.ignored = call.ignored
+        if task_type is not None:
+            result.backend = task_type.backend
+        return result
 
     def _prepare(self, name, args, kwargs, delay, eta, key, job_id, task_type, options,
                  shared: Template | None = None) -> tuple[Call, Due]:
@@ -301,10 +315,21 @@ class DelayQ(Holding):
             if len(more) > len(named):
                 raise TypeError(f"send_task() takes {5 + len(named)} positional arguments "
                                 f"but {5 + len(more)} were given")
-            return self.schedule(name, args, kwargs, if_exists="replace", **delay,
-                                 **dict(zip(named, more, strict=False)), **options)
+            options = {**dict(zip(named, more, strict=False)), **options}
+            if options.get("task_type") is None:
+                options = {**self._registered_options(name), **options}
+            options.setdefault("ignore_result", SEND_TASK_IGNORE_RESULT)
+            return self.schedule(name, args, kwargs, if_exists="replace", **delay, **options)
 
         app.send_task = send_task_via_store
+
+    def _registered_options(self, name: str) -> dict[str, Any]:
+        """The options of the task registered here as ``name`` that Celery's ``send_task``
+        gives a call of it by name (none before Celery 5.7)."""
+        task = self.app._tasks.get(name) if _SEND_TASK_MERGES else None
+        if task is None or not hasattr(task, "_get_exec_options"):
+            return {}
+        return {k: v for k, v in task._get_exec_options().items() if v is not None}
 
     # -- managing ----------------------------------------------------------------------
 
@@ -316,17 +341,17 @@ class DelayQ(Holding):
         return self.cancel_outcome(job_id, key) is CancelOutcome.CANCELLED
 
     def cancel_outcome(self, job_id: str, key: str | None = None, by: str = "",
-                       task_id: str | None = None) -> CancelOutcome:
+                       task_id: str | None = None, backend: Any = None) -> CancelOutcome:
         """Like :meth:`cancel`, telling "too late" apart from "unknown"; ``by`` is journaled.
 
         The cancelled job's task id is marked REVOKED (``task_id``, when the caller knows
-        it, else the one the store answers).
+        it, else the one the store answers) in ``backend``, else the app's.
         """
         validation.looked_up(job_id, key)
         outcome, cancelled_task = self.store.cancel(job_id, key, by)
         revoked = task_id or cancelled_task
         if outcome is CancelOutcome.CANCELLED and revoked is not None:
-            revoke.mark_revoked(self.app, revoked)
+            revoke.mark_revoked(self.app, revoked, backend)
         return outcome
 
     def revoke(self, task_ids: Iterable[str]) -> int:

@@ -21,12 +21,13 @@ class DelayedResult(AsyncResult):
     """The ``AsyncResult`` of a delayed task, plus its job id, due time and ``cancel()``."""
 
     def __init__(self, id: str, job_id: str, eta: datetime | None, delayq: DelayQ,
-                 key: str | None = None, parent: AsyncResult | None = None) -> None:
+                 key: str | None = None, parent: AsyncResult | None = None,
+                 backend: Any = None) -> None:
         # AsyncResult.__init__ but for on_ready (a promise holding a weak method, a large
         # share of apply_delayed_many's time), built when first used: most are never awaited.
         self.app = delayq.app
         self.id = id
-        self.backend = delayq.app.backend
+        self.backend = backend or delayq.app.backend  # a task's own, as Task.AsyncResult
         self.parent = parent
         self._cache = None
         self._ignored = False
@@ -40,7 +41,7 @@ class DelayedResult(AsyncResult):
         return promise(self._on_fulfilled, weak=True)
 
     def __reduce_args__(self) -> tuple:  # what pickle rebuilds it from
-        return self.id, self.job_id, self.eta, self._delayq, self.key, self.parent
+        return self.id, self.job_id, self.eta, self._delayq, self.key, self.parent, self.backend
 
     def __copy__(self) -> DelayedResult:
         return DelayedResult(*self.__reduce_args__())
@@ -48,13 +49,15 @@ class DelayedResult(AsyncResult):
     def cancel(self) -> bool:
         """True if the job was still pending and is now cancelled (its result REVOKED);
         False if too late."""
-        outcome = self._delayq.cancel_outcome(self.job_id, self.key, task_id=self.id)
+        outcome = self._delayq.cancel_outcome(self.job_id, self.key, task_id=self.id,
+                                              backend=self.backend)
         return outcome is CancelOutcome.CANCELLED
 
     def revoke(self, *args: Any, **kwargs: Any) -> None:
         """Cancel the job if it is still stored, then revoke it as Celery does (which stops
         it if it was promoted already)."""
-        self._delayq.cancel_outcome(self.job_id, self.key, by="revoke", task_id=self.id)
+        self._delayq.cancel_outcome(self.job_id, self.key, by="revoke", task_id=self.id,
+                                    backend=self.backend)
         super().revoke(*args, **kwargs)
 
 

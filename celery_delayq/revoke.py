@@ -39,9 +39,10 @@ _command_lock = threading.Lock()
 _command_wrapped = False
 
 
-def mark_revoked(app, task_id: str) -> None:
-    """Store the REVOKED state of a cancelled task, as a worker does for a revoked one."""
-    app.backend.mark_as_revoked(task_id, REASON)
+def mark_revoked(app, task_id: str, backend: Any = None) -> None:
+    """Store the REVOKED state of a cancelled task, as a worker does for a revoked one, in
+    ``backend`` (its task's own) or else the app's."""
+    (backend or app.backend).mark_as_revoked(task_id, REASON)
 
 
 def install(delayq: DelayQ) -> None:

@@ -39,7 +39,7 @@ class DelayedTask(Task):
         ``apply_async`` option (queue, priority, headers, expires, link, ...) is kept.
         With ``task_always_eager`` the task runs at once, as ``apply_async`` runs it.
         """
-        options = {**self._get_exec_options(), **options}
+        options = self._call_options(options)
         return DelayQ.of(self.app).schedule(
             self.name, args, kwargs, delay=delay, eta=eta, key=key, job_id=job_id,
             if_exists=if_exists, task_type=self, **options)
@@ -51,9 +51,15 @@ class DelayedTask(Task):
         ``items``: mappings with ``args``, ``kwargs``, ``delay`` or ``eta``, ``key``,
         ``job_id``. ``options`` (queue, priority, ...) apply to every call.
         """
-        options = {**self._get_exec_options(), **options}
+        options = self._call_options(options)
         return DelayQ.of(self.app).schedule_many(
             self.name, items, if_exists=if_exists, task_type=self, **options)
+
+    def _call_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """A call's options over the task's, as ``Task.apply_async`` merges them."""
+        options = {**self._get_exec_options(), **options}
+        options.setdefault("ignore_result", self.ignore_result)
+        return options
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None,
                     link_error=None, shadow=None, **options):

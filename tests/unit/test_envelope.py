@@ -94,3 +94,23 @@ def test_a_router_building_the_queue_from_arguments_is_checked_too(app):
     assert decoding.decode(build(app, args=("acme",)).envelope)["q"] == "tenant-acme"
     with pytest.raises(InvalidOption, match=r"queue 'tenant-acme\\x1b\[2J'"):
         build(app, args=("acme\x1b[2J",))
+
+
+def test_ignore_result_is_stored_only_when_not_false_so_most_calls_stay_plain(app):
+    assert "o" not in decoding.decode(build(app, ignore_result=False).envelope)
+    assert decoding.decode(build(app, ignore_result=True).envelope)["o"] == {
+        "ignore_result": True}
+
+
+def test_send_tasks_null_ignore_result_is_stored_as_the_known_tasks_own_else_null(app):
+    """A worker reads null as its task's setting (Celery 5.7): the same as the task's own."""
+    @app.task(name="unit.quiet", ignore_result=True, shared=False)
+    def quiet():
+        pass
+
+    app.finalize()
+    assert decoding.decode(build(app, "unit.quiet", ignore_result=None).envelope)["o"] == {
+        "ignore_result": True}
+    assert decoding.decode(build(app, "unit.elsewhere", ignore_result=None).envelope)["o"] == {
+        "ignore_result": None}
+    assert decoding.decode(build(app, "unit.quiet").envelope)["o"] == {"ignore_result": True}

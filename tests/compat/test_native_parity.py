@@ -1,0 +1,239 @@
+"""A delayed call behaves as the same call through Celery's own countdown, side by side.
+
+One opted-in project (``parityproj``, written to a temporary directory) runs a real worker
+and a real carrier in processes of their own. Each test makes a call twice from this
+process: natively (Celery's own ``Task.apply_async`` / ``Celery.send_task``, which leave
+the countdown to the broker and the worker) and delayed (``DelayedTask.apply_async`` /
+the opted-in ``app.send_task``, through the store and the carrier), and compares what the
+installed Celery made of each: no expected value is written down where Celery decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import importlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery, Task
+
+from celery_delayq import DelayQ
+from tests.compat.test_do_no_harm_imports import plain_environ
+from tests.conftest import wait_for
+
+DB, OWN_BACKEND_DB = 6, 7  # databases of the session's Redis no other suite uses
+DONE = "parity:done"  # task ids, pushed when a run has ended (its result stored or not)
+
+PROJECT = '''
+"""The project of tests/compat/test_native_parity.py."""
+import os
+
+import redis
+from celery import Celery, signals
+from celery.backends.redis import RedisBackend
+
+from celery_delayq import DelayedTask, DelayQ
+
+URL = os.environ["PARITY_URL"]
+app = Celery("parityproj", broker=URL, backend=URL)
+app.conf.update(broker_connection_retry_on_startup=True, task_default_queue="parity",
+                delayq_shards=2, delayq_idle_timeout=0.2, worker_hijack_root_logger=False)
+DelayQ(app)
+done = redis.Redis.from_url(URL)
+
+
+@signals.task_postrun.connect
+def _done(task_id, **_):
+    done.rpush("{done}", task_id)
+
+
+@app.task(base=DelayedTask, name="parity.echo")
+def echo(x):
+    return ["echo", x]
+
+
+@app.task(base=DelayedTask, name="parity.quiet", ignore_result=True)
+def quiet(x):
+    return ["quiet", x]
+
+
+@app.task(base=DelayedTask, bind=True, name="parity.special", queue="special", time_limit=40)
+def special(self, x):
+    return [self.request.delivery_info.get("routing_key"), self.request.timelimit]
+
+
+own_backend = RedisBackend(app=app, url=os.environ["PARITY_OWN_BACKEND_URL"])
+
+
+@app.task(base=DelayedTask, name="parity.own_backend", backend=own_backend)
+def with_own_backend(x):
+    return ["own", x]
+'''.replace("{done}", DONE)
+
+
+@dataclasses.dataclass
+class Parity:
+    """The project, imported here, with a worker and a carrier running."""
+
+    module: object
+    app: Celery
+    client: object
+
+    def done(self, *task_ids: str, timeout: float = 20.0) -> None:
+        """Wait until each of these tasks has run to its end."""
+        wait_for(lambda: set(task_ids) <= set(self.client.lrange(DONE, 0, -1)),
+                 timeout=timeout, what=f"runs of {task_ids}")
+
+    def stored(self, task_id: str, backend=None) -> bool:
+        """Whether a result of ``task_id`` is in ``backend`` (the app's by default)."""
+        backend = backend or self.app.backend
+        return backend.get(backend.get_key_for_task(task_id)) is not None
+
+    @contextlib.contextmanager
+    def natively(self) -> Iterator[None]:
+        """Calls of the block take Celery's own way: ``send_task`` leaves their countdown
+        to the broker (call ``Task.apply_async`` unbound to skip ``DelayedTask``'s)."""
+        delayq = DelayQ.of(self.app)
+        config = delayq.config
+        delayq.__dict__["config"] = dataclasses.replace(config, route_send_task=False)
+        try:
+            yield
+        finally:
+            delayq.__dict__["config"] = config
+
+
+@pytest.fixture(scope="module")
+def parity(redis_server, tmp_path_factory) -> Iterator[Parity]:
+    import redis
+
+    home = tmp_path_factory.mktemp("parityproj")
+    (home / "parityproj.py").write_text(PROJECT)
+    url = f"{redis_server.url}/{DB}"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    with pytest.MonkeyPatch.context() as patch, _Services(home) as processes:
+        patch.setenv("PARITY_URL", url)
+        patch.setenv("PARITY_OWN_BACKEND_URL", f"{redis_server.url}/{OWN_BACKEND_DB}")
+        patch.syspath_prepend(str(home))
+        module = importlib.import_module("parityproj")
+        processes.start(os.environ)
+        parity = Parity(module, module.app, client)
+        warm = module.echo.apply_async(("warm",), countdown=0.1)  # both are up
+        parity.done(warm.id, timeout=60)
+        yield parity
+        gc.collect()  # results unsubscribe now (on Celery 5.3, at exit they wait for Redis)
+    sys.modules.pop("parityproj", None)
+    client.flushdb()
+    client.close()
+
+
+class _Services(contextlib.AbstractContextManager):
+    """The project's worker (its default queue and ``special``) and carrier, ended on exit."""
+
+    def __init__(self, home) -> None:
+        self.home, self.processes = home, []
+
+    def start(self, environ) -> None:
+        env = dict(plain_environ(), PYTHONPATH=str(self.home),
+                   **{k: v for k, v in environ.items() if k.startswith("PARITY_")})
+        celery = [sys.executable, "-m", "celery", "-A", "parityproj"]
+        for n, args in enumerate((
+                ["worker", "-Q", "parity,special", "-P", "threads", "-c", "4", "-l", "INFO",
+                 "--without-heartbeat", "--without-gossip", "--without-mingle"],
+                ["delayq", "carrier"])):
+            with open(self.home / f"process-{n}.log", "w") as out:
+                self.processes.append(subprocess.Popen(
+                    celery + args, cwd=self.home, env=env, stdout=out,
+                    stderr=subprocess.STDOUT))
+
+    def __exit__(self, *exc) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+# -- ignore_result ---------------------------------------------------------------------------
+
+IGNORING_CALLS = {
+    "of a task with ignore_result": lambda p, apply: apply(p.module.quiet, (1,), {}),
+    "with ignore_result=True": lambda p, apply: apply(p.module.echo, (2,),
+                                                      {"ignore_result": True}),
+    "with ignore_result=False": lambda p, apply: apply(p.module.quiet, (3,),
+                                                       {"ignore_result": False}),
+}
+
+
+def _native_apply(task, args, options):
+    return Task.apply_async(task, args, countdown=0.3, **options)
+
+
+def _delayed_apply(task, args, options):
+    return task.apply_async(args, countdown=0.3, **options)
+
+
+def _native_send(task, args, options):
+    return Celery.send_task(task.app, task.name, args, countdown=0.3, **options)
+
+
+def _delayed_send(task, args, options):
+    return task.app.send_task(task.name, args, countdown=0.3, **options)
+
+
+@pytest.mark.parametrize("how", [(_native_apply, _delayed_apply), (_native_send, _delayed_send)],
+                         ids=["apply_async", "send_task"])
+@pytest.mark.parametrize("call", list(IGNORING_CALLS))
+def test_a_result_is_ignored_or_stored_as_celery_does_it_natively(parity, call, how):
+    native_way, delayed_way = how
+    with parity.natively():
+        native = IGNORING_CALLS[call](parity, native_way)
+    delayed = IGNORING_CALLS[call](parity, delayed_way)
+    parity.done(native.id, delayed.id)
+    time.sleep(0.2)  # a result being written
+    assert (delayed.ignored, parity.stored(delayed.id)) == \
+        (native.ignored, parity.stored(native.id))
+    if native.ignored:
+        started = time.monotonic()
+        assert delayed.get(timeout=5) is None
+        assert time.monotonic() - started < 1, "get() of an ignored result returns at once"
+
+
+# -- send_task of a registered task ----------------------------------------------------------
+
+def test_send_task_by_name_takes_the_registered_tasks_options_as_celery_does(parity):
+    """Celery 5.7's ``send_task`` gives a task registered here its own queue and time limit
+    (a worker of that queue runs it); Celery 5.3's does not."""
+    name = parity.module.special.name
+    with parity.natively():
+        native = Celery.send_task(parity.app, name, ("n",), countdown=0.3)
+    delayed = parity.app.send_task(name, ("d",), countdown=0.3)
+    assert delayed.get(timeout=20) == native.get(timeout=20)
+
+
+# -- a task's own result backend -------------------------------------------------------------
+
+def test_the_result_of_a_task_with_a_backend_of_its_own_reads_that_backend(parity):
+    task = parity.module.with_own_backend
+    with parity.natively():
+        native = Task.apply_async(task, ("n",), countdown=0.3)
+    delayed = task.apply_async(("d",), countdown=0.3)
+    assert delayed.get(timeout=20) == ["own", "d"]
+    assert (delayed.state, delayed.backend) == (native.state, native.backend)
+
+
+@pytest.mark.parametrize("end", ["cancel", "revoke"])
+def test_a_cancelled_task_with_a_backend_of_its_own_is_revoked_there(parity, end):
+    task = parity.module.with_own_backend
+    delayed = task.apply_async(("d",), countdown=600)
+    getattr(delayed, end)()
+    assert task.backend.get_state(delayed.id) == "REVOKED"
+    assert not parity.stored(delayed.id)
