@@ -21,11 +21,13 @@ counted in :attr:`ExportResult.unreadable` and logged once per export.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timezone
 from pathlib import Path
@@ -148,12 +150,24 @@ def _write_backlog(store: Store, root: Path) -> Path:
     folder = root / BACKLOG
     folder.mkdir(exist_ok=True)
     path = folder / f"backlog-{at_ms}.json"
-    tmp = folder / f".{path.name}.tmp"
-    tmp.write_text(json.dumps({
-        "at_ms": at_ms, "shards": [{k: s[k] for k in _BACKLOG_COUNTS} for s in shards],
-        "tasks": tasks}), encoding="utf-8")
-    os.replace(tmp, path)
+    with _replacing(path) as tmp:
+        tmp.write_text(json.dumps({
+            "at_ms": at_ms, "shards": [{k: s[k] for k in _BACKLOG_COUNTS} for s in shards],
+            "tasks": tasks}), encoding="utf-8")
     return path
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[Path]:
+    """A hidden file beside ``path`` to write, put in its place once written; removed when
+    the writing fails (a full disk: a partial file would keep it full, unseen)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _since_ms(since: str) -> int:
@@ -230,14 +244,13 @@ def _write(root: Path, shard: int, entries: list, fmt: str,
         folder = root / f"date={date}"
         folder.mkdir(exist_ok=True)
         path = folder / f"events-s{shard}-{records[0]['id']}.{fmt}"
-        tmp = folder / f".{path.name}.tmp"
-        if fmt == "parquet":
-            _write_parquet(tmp, records)
-        else:
-            with open(tmp, "w", encoding="utf-8") as out:
-                for record in records:
-                    out.write(json.dumps(record, separators=(",", ":")) + "\n")
-        os.replace(tmp, path)
+        with _replacing(path) as tmp:
+            if fmt == "parquet":
+                _write_parquet(tmp, records)
+            else:
+                with open(tmp, "w", encoding="utf-8") as out:
+                    for record in records:
+                        out.write(json.dumps(record, separators=(",", ":")) + "\n")
         written.append(path)
     return written
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -10,7 +14,7 @@ import pytest
 
 from celery_delayq.errors import InvalidOption
 from celery_delayq.export import COLUMNS, export_journal
-from tests.conftest import finish
+from tests.conftest import ROOT, finish
 
 
 def _ms(text: str) -> int:
@@ -226,3 +230,27 @@ def test_a_damaged_journal_key_stops_only_its_shards_export(delayq, spawn, tmp_p
     out = finish(process, timeout=60)
     assert process.returncode == 1 and "Traceback" not in out, out
     assert f"shard {damaged.shard}'s journal cannot be read" in out and "exported 0" in out
+
+
+def test_an_export_that_fills_the_disk_leaves_no_partial_file_and_resumes(
+        delayq, redis_server, tmp_path):
+    """A write that failed part way (a full disk; here a file size limit) left its hidden
+    partial file behind, keeping the disk full where no one would look."""
+    delayq.schedule_many("tests.proj.record", [
+        {"job_id": f"j{n}", "delay": 600, "key": "order:1"} for n in range(400)])
+    out = tmp_path / "events"
+    limited = textwrap.dedent(f"""
+        import resource, signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8_000, 8_000))
+        from tests import proj
+        from celery_delayq.export import export_journal
+        export_journal(proj.delayq.store, {str(out)!r}, fmt="jsonl", batch=100)
+    """)
+    env = dict(os.environ, DELAYQ_TEST_REDIS_URL=redis_server.url, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-c", limited], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "File too large" in done.stderr, done.stderr[-2000:]
+    assert [p.name for p in out.rglob("*.tmp")] == []
+    export_journal(delayq.store, out, fmt="jsonl")
+    assert sorted(r["job"] for r in _jsonl(out)) == sorted(f"j{n}" for n in range(400))
