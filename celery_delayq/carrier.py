@@ -351,8 +351,13 @@ class Carrier:
         """Serve until :meth:`stop` (or SIGTERM, SIGINT, SIGHUP), finishing the batch in
         hand."""
         self._install_signal_handlers()
-        logger.info("carrier started: %d shards, batch %d, lease %.0fs",
-                    self.store.keys.shards, self.batch, self.lease_ms / 1000)
+        logger.info("carrier started: %d shards, batch %d, lease %.0fs", self.store.keys.shards,
+                    self.batch, self.lease_ms / 1000)
+        logger.info("serving the store at %s (prefix %r%s), publishing to the broker at %s",
+                    redact(self.delayq.config.redis_url), self.store.keys.prefix,
+                    "" if self.app.conf.get("delayq_redis_url")
+                    else "; delayq_redis_url is not set: the broker's Redis",
+                    redact(self.app.conf.broker_url or ""))
         if password_shown(self.app):
             logger.warning("delayq_redis_url holds a password, which `celery report` and "
                            "`celery inspect conf` print as it is: set delayq_redis_password "

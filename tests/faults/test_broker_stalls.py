@@ -120,3 +120,20 @@ def test_a_batch_published_past_its_lease_is_reported_once(proj, redis_client, c
     warnings = [r.getMessage() for r in caplog.records if "as long as the lease" in r.getMessage()]
     assert len(warnings) == 1 and "raise delayq_lease_seconds" in warnings[0], warnings
     carrier.close()
+
+
+def test_a_carrier_says_which_store_and_broker_it_serves(stalling, proj, caplog):
+    """A carrier given the wrong broker logged only "promoted 50 jobs" (to a broker no
+    worker reads), and one whose store followed the broker served an empty store."""
+    app, proxy = stalling
+    caplog.set_level(logging.INFO, "celery_delayq")
+    for served in (app, proj.app):
+        carrier = Carrier(served)
+        carrier.stop()  # run() says where it serves, then stops at once
+        thread = threading.Thread(target=carrier.run)  # (not the main thread: no handlers)
+        thread.start()
+        thread.join(10)
+    served = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving")]
+    assert len(served) == 2, served
+    assert f"publishing to the broker at {proxy.url}/0" in served[0]
+    assert "delayq_redis_url is not set: the broker's Redis" in served[1]
