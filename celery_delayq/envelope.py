@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import Any
@@ -39,6 +39,7 @@ from celery.app import task as celery_task
 from celery.app.routes import MapRoute
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
+from kombu.common import Broadcast
 from kombu.utils.json import JSONEncoder
 
 from .decoding import RESERVED_PROPERTIES, decode_fields, decode_json, nesting
@@ -105,6 +106,8 @@ class Call:
     stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
     drawn: bool = False  # the job id was drawn at random for this call: no job has it yet
     ignored: bool | None = False  # its result is not stored (None: as its task says)
+    # the running task whose child it is (send_task's add_to_parent)
+    parent: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.stored_id:
@@ -121,6 +124,8 @@ class Template:
     key: str | None
     fixed: dict[str, Any]  # envelope fields q, x, r, o, h, p
     ignored: bool | None = False  # the message's ignore_result (None: the task's own)
+    # the running task its calls are children of (send_task's add_to_parent)
+    parent: Any = field(default=None, compare=False, repr=False)
 
     def call(self, args, kwargs, *, job_id: str | None, key: str | None,
              max_payload_bytes: int, max_nesting: int) -> Call:
@@ -152,7 +157,7 @@ class Template:
         _check_readable(encoded, self.name, max_nesting)
         return Call(job_id=job_id or task_id, task_id=task_id, task=self.name, key=key,
                     envelope=encoded, stored_id=stored_id, drawn=bool(stored_id),
-                    ignored=self.ignored)
+                    ignored=self.ignored, parent=self.parent)
 
     @cached_property
     def _fields(self) -> str:
@@ -170,6 +175,8 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
         raise InvalidOption(f"the task name must be a non-empty string, got {name!r}; pass "
                             "the name the task is registered under, e.g. 'shop.tasks.refund'")
     _check_name(name, "task name")
+    parent = app.current_worker_task
+    adds_to_parent = options.get("add_to_parent", True)
     options = {k: v for k, v in options.items() if k not in _IGNORED}
     serializer = options.pop("serializer", None) or (
         getattr(task_type, "serializer", None) or app.conf.task_serializer)
@@ -195,7 +202,7 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     ignored = _ignore_result(app, name, task_type, options)  # (routing drops a None)
     try:
         routed = app.amqp.router.route(options, name, args, kwargs or {}, task_type)
-        queue, exchange, routing_key = _resolve_route(app, routed)
+        queue, exchange, routing_key = _resolve_route(app, name, routed)
     except KeyError as exc:  # celery's QueueNotFound, or a queue missing from task_queues
         raise UnknownQueue(
             f"unknown queue: {name} routes to a queue that is not in task_queues "
@@ -214,7 +221,7 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
             raise PayloadError(f"{name_} must be a string (what worker logs and monitoring "
                                f"events show instead of the arguments); got "
                                f"{type(message[name_]).__name__}")
-    _inherit_parent(app, message)
+    _inherit_parent(app, parent, message, routed)
     if "reply_to" not in message and replies_to_caller(app):
         message["reply_to"] = app.thread_oid  # as send_task sets it
     if "expires" in message:
@@ -236,7 +243,7 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
         if value:
             fixed[short] = value
     return Template(name=name, task_id=task_id, job_id=job_id, key=key, fixed=fixed,
-                    ignored=ignored)
+                    ignored=ignored, parent=parent if adds_to_parent else None)
 
 
 def _own_ignore_result(app, name: str, task_type) -> bool | None:
@@ -426,9 +433,10 @@ def _lone_surrogate(text: str) -> bool:
     return high_end is not None
 
 
-def _resolve_route(app, routed: dict[str, Any]) -> tuple[str, str, str | None]:
+def _resolve_route(app, name: str, routed: dict[str, Any]) -> tuple[str, str, str]:
     """(queue name, exchange name, routing key) exactly as Celery's publisher picks them;
-    no routing key for a non-direct exchange routed without one."""
+    a non-direct exchange routed without a routing key gets "", as kombu publishes None.
+    A Broadcast queue is refused (:func:`_refuse_broadcast`)."""
     queue = routed.get("queue")
     exchange = routed.get("exchange")
     routing_key = routed.get("routing_key")
@@ -436,6 +444,8 @@ def _resolve_route(app, routed: dict[str, Any]) -> tuple[str, str, str | None]:
         queue = app.amqp.default_queue
     if isinstance(queue, str):
         queue = app.amqp.queues[queue]
+    if isinstance(queue, Broadcast):
+        _refuse_broadcast(name, queue)
     exchange_type = routed.get("exchange_type") or (
         queue.exchange.type if queue is not None else "direct")
     exchange = getattr(exchange, "name", exchange)
@@ -446,15 +456,31 @@ def _resolve_route(app, routed: dict[str, Any]) -> tuple[str, str, str | None]:
         assert queue is not None  # the default queue when neither was routed
         exchange = queue.exchange.name or app.conf.task_default_exchange
         routing_key = routing_key or queue.routing_key or app.conf.task_default_routing_key
-    return qname, exchange, routing_key
+    return qname, exchange, routing_key or ""
 
 
-def _inherit_parent(app, message: dict[str, Any]) -> None:
-    """Called from inside a task: the delayed task is its child, as with apply_async."""
-    parent = app.current_worker_task
-    if parent and parent.request.id:
+def _refuse_broadcast(name: str, queue) -> None:
+    """A Broadcast queue's name is drawn anew in each process (``bcast.<uuid>``): a carrier
+    would publish to the exchange through a queue of its own, declared and bound there,
+    that no worker consumes and that keeps a copy of every message."""
+    raise InvalidOption(
+        f"{name} routes to the Broadcast queue {queue.alias or queue.name!r} (fanout exchange "
+        f"{queue.exchange.name!r}), which celery-delayq cannot delay: each process names "
+        "its copy of that queue anew, so the carrier would declare one of its own bound to "
+        "the exchange, which no worker reads. Send it when it is due, or through Celery's "
+        "own countdown: celery.Celery.send_task(app, name, args, countdown=...)")
+
+
+def _inherit_parent(app, parent, message: dict[str, Any], routed: dict[str, Any]) -> None:
+    """Called from inside a task: the delayed task is its child, as with ``send_task``,
+    which gives it the task's priority too with ``task_inherit_parent_priority``."""
+    if not parent or ("root_id" in message and "parent_id" in message):
+        return
+    if parent.request.id:
         message.setdefault("root_id", parent.request.root_id or parent.request.id)
         message.setdefault("parent_id", parent.request.id)
+    if app.conf.task_inherit_parent_priority:
+        routed.setdefault("priority", (parent.request.delivery_info or {}).get("priority"))
 
 
 def replies_to_caller(app) -> bool:

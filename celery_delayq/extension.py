@@ -193,10 +193,13 @@ class DelayQ(Holding):
 
     def _as_sent(self, result: DelayedResult, call: Call, task_type) -> DelayedResult:
         """``result`` as ``send_task`` leaves the result it returns: ``ignored`` when the
-        call's result is not stored, reading the task's own backend (``Task.AsyncResult``)."""
+        call's result is not stored, reading the task's own backend (``Task.AsyncResult``),
+        one of the running task's children when called from one (``add_to_parent``)."""
         result.ignored = call.ignored
         if task_type is not None:
             result.backend = task_type.backend
+        if call.parent is not None:
+            call.parent.add_trail(result)
         return result
 
     def _prepare(self, name, args, kwargs, delay, eta, key, job_id, task_type, options,

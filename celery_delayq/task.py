@@ -39,7 +39,10 @@ class DelayedTask(Task):
         ``apply_async`` option (queue, priority, headers, expires, link, ...) is kept.
         With ``task_always_eager`` the task runs at once, as ``apply_async`` runs it.
         """
+        if "shadow" not in options:  # (apply_async gives it)
+            options["shadow"] = self._shadow_name(args, kwargs, options)
         options = self._call_options(options)
+        args, kwargs = self._dumped(args, kwargs, options)
         return DelayQ.of(self.app).schedule(
             self.name, args, kwargs, delay=delay, eta=eta, key=key, job_id=job_id,
             if_exists=if_exists, task_type=self, **options)
@@ -52,6 +55,12 @@ class DelayedTask(Task):
         ``job_id``. ``options`` (queue, priority, ...) apply to every call.
         """
         options = self._call_options(options)
+        if getattr(self, "_dump_pydantic_arguments", None) is not None:
+            dumped = []
+            for item in items:
+                args, kwargs = self._dumped(item.get("args"), item.get("kwargs"), options)
+                dumped.append({**item, "args": args, "kwargs": kwargs})
+            items = dumped
         return DelayQ.of(self.app).schedule_many(
             self.name, items, if_exists=if_exists, task_type=self, **options)
 
@@ -61,6 +70,20 @@ class DelayedTask(Task):
         options.setdefault("ignore_result", self.ignore_result)
         return options
 
+    def _dumped(self, args, kwargs, options: dict[str, Any]) -> tuple[Any, Any]:
+        """``args`` and ``kwargs`` with a ``pydantic=True`` task's models dumped, as
+        ``Task.apply_async`` dumps them (Celery 5.7+; unless the serializer is pickle)."""
+        dump = getattr(self, "_dump_pydantic_arguments", None)
+        if dump is None or options.get("serializer") == "pickle":
+            return args, kwargs
+        return dump(args, kwargs)
+
+    def _shadow_name(self, args, kwargs, options: dict[str, Any]) -> str | None:
+        """The task's ``shadow_name`` of a call, as ``Task.apply_async`` asks it."""
+        if self.__v2_compat__:
+            return self.shadow_name(self(), args, kwargs, options)
+        return self.shadow_name(args, kwargs, options)
+
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None,
                     link_error=None, shadow=None, **options):
         delay = DelayQ.of(self.app).store_delay(options.get("countdown"), options.get("eta"))
@@ -68,11 +91,12 @@ class DelayedTask(Task):
             return super().apply_async(args, kwargs, task_id=task_id, producer=producer,
                                        link=link, link_error=link_error, shadow=shadow,
                                        **options)
+        shadow = shadow or self._shadow_name(args, kwargs, options)
         options = {k: v for k, v in options.items() if k not in ("countdown", "eta")}
-        for name, value in (("task_id", task_id), ("link", link), ("link_error", link_error),
-                            ("shadow", shadow)):
+        for name, value in (("task_id", task_id), ("link", link), ("link_error", link_error)):
             if value is not None:
                 options[name] = value
+        options["shadow"] = shadow
         # A retry (or a second apply_async with the same task id) replaces the stored call.
         return self.apply_delayed(args, kwargs, if_exists="replace", **delay, **options)
 

@@ -43,7 +43,8 @@ from celery_delayq import DelayedTask, DelayQ
 URL = os.environ["PARITY_URL"]
 app = Celery("parityproj", broker=URL, backend=URL)
 app.conf.update(broker_connection_retry_on_startup=True, task_default_queue="parity",
-                delayq_shards=2, delayq_idle_timeout=0.2, worker_hijack_root_logger=False)
+                delayq_shards=2, delayq_idle_timeout=0.2, worker_hijack_root_logger=False,
+                task_inherit_parent_priority=True)
 DelayQ(app)
 done = redis.Redis.from_url(URL)
 
@@ -74,6 +75,39 @@ own_backend = RedisBackend(app=app, url=os.environ["PARITY_OWN_BACKEND_URL"])
 @app.task(base=DelayedTask, name="parity.own_backend", backend=own_backend)
 def with_own_backend(x):
     return ["own", x]
+
+
+@app.task(base=DelayedTask, bind=True, name="parity.shadowed",
+          shadow_name=lambda task, args, kwargs, options: f"shadow:{args[0]}")
+def shadowed(self, x):
+    return self.request.shadow
+
+
+@app.task(base=DelayedTask, name="parity.parent")
+def parent(natively):
+    """Delays a child (Celery's own send_task, or DelayedTask's) and returns its id."""
+    if natively:
+        return Celery.send_task(app, "parity.priority", countdown=0.3).id
+    return priority.apply_async(countdown=0.3).id
+
+
+@app.task(base=DelayedTask, bind=True, name="parity.priority")
+def priority(self):
+    return self.request.delivery_info.get("priority")
+
+
+try:
+    import pydantic
+except ImportError:  # the test of pydantic=True skips
+    pydantic = None
+if pydantic is not None and hasattr(DelayedTask, "_dump_pydantic_arguments"):  # Celery 5.7+
+    class Order(pydantic.BaseModel):
+        id: int
+        note: str
+
+    @app.task(base=DelayedTask, name="parity.order", pydantic=True)
+    def order(o: Order) -> str:
+        return f"{type(o).__name__}:{o.id}:{o.note}"
 '''.replace("{done}", DONE)
 
 
@@ -237,3 +271,58 @@ def test_a_cancelled_task_with_a_backend_of_its_own_is_revoked_there(parity, end
     getattr(delayed, end)()
     assert task.backend.get_state(delayed.id) == "REVOKED"
     assert not parity.stored(delayed.id)
+
+
+# -- pydantic=True ---------------------------------------------------------------------------
+
+def test_a_pydantic_tasks_model_arguments_are_dumped_as_celery_dumps_them(parity):
+    """Celery 5.7's ``apply_async`` dumps a ``pydantic=True`` task's model arguments; the
+    worker gets them back as models."""
+    task = getattr(parity.module, "order", None)
+    if task is None:
+        pytest.skip("pydantic=True dumps arguments from Celery 5.7 on, with pydantic installed")
+    model = parity.module.Order
+    with parity.natively():
+        native = Task.apply_async(task, (model(id=1, note="n"),), countdown=0.3)
+    delayed = task.apply_async((model(id=1, note="d"),), countdown=0.3)
+    many = task.apply_delayed_many([{"args": (model(id=2, note="m"),), "delay": 0.3}])
+    assert native.get(timeout=20) == "Order:1:n"
+    assert [delayed.get(timeout=20), many[0].get(timeout=20)] == ["Order:1:d", "Order:2:m"]
+
+
+# -- shadow_name -----------------------------------------------------------------------------
+
+def test_a_tasks_shadow_name_names_a_delayed_call_as_it_names_a_native_one(parity):
+    task = parity.module.shadowed
+    with parity.natively():
+        native = [Task.apply_async(task, (7,), countdown=0.3, **options)
+                  for options in ({}, {"shadow": "own"})]
+    delayed = [task.apply_async((7,), countdown=0.3, **options)
+               for options in ({}, {"shadow": "own"})]
+    parked = task.apply_delayed((7,), delay=0.3)
+    assert [r.get(timeout=20) for r in [*delayed, parked]] == \
+        [r.get(timeout=20) for r in [*native, native[0]]]
+
+
+# -- a call made inside a task ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def children(parity):
+    """A parent run at priority 5 delays a child natively, another through the store:
+    (each parent's children as its result lists them, the id of the child it delayed).
+    No result is kept: on Celery 5.3 one still subscribed holds the process at exit."""
+    parents = [parity.module.parent.apply_async((natively,), priority=5)
+               for natively in (True, False)]
+    child_ids = [parent.get(timeout=20) for parent in parents]
+    return [[child.id for child in parent.children or ()] for parent in parents], child_ids
+
+
+def test_a_call_made_inside_a_task_is_one_of_its_children_as_natively(children):
+    listed, child_ids = children
+    assert listed == [[child_id] for child_id in child_ids]
+
+
+def test_a_call_made_inside_a_task_inherits_its_priority_as_natively(parity, children):
+    """With ``task_inherit_parent_priority``."""
+    native, delayed = (parity.app.AsyncResult(child_id) for child_id in children[1])
+    assert delayed.get(timeout=20) == native.get(timeout=20) == 5

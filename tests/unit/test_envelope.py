@@ -114,3 +114,46 @@ def test_send_tasks_null_ignore_result_is_stored_as_the_known_tasks_own_else_nul
     assert decoding.decode(build(app, "unit.elsewhere", ignore_result=None).envelope)["o"] == {
         "ignore_result": None}
     assert decoding.decode(build(app, "unit.quiet").envelope)["o"] == {"ignore_result": True}
+
+
+def _celerys_route(app, name, options):
+    """(exchange, routing key) Celery's own publisher sends a call of ``name`` to (kombu's
+    ``Producer`` publishes a routing key of None as "")."""
+    from unittest import mock
+
+    producer = mock.Mock()
+    message = app.amqp.create_task_message("id", name, [], {})
+    routed = app.amqp.router.route(dict(options), name, (), {})
+    app.amqp.send_task_message(producer, name, message, **routed)
+    sent = producer.publish.call_args.kwargs
+    return sent["exchange"], sent["routing_key"] or ""
+
+
+@pytest.mark.parametrize("options", [
+    {"queue": "fanned", "exchange": "fan"},  # a fanout exchange, no routing key
+    {"queue": "fanned"},
+    {"queue": "topical", "exchange": "events"},  # a topic exchange, no routing key
+], ids=["fanout routed", "fanout queue", "topic routed"])
+def test_a_route_without_a_routing_key_is_published_where_celery_publishes_it(app, options):
+    from kombu import Exchange, Queue
+
+    from celery_delayq.message import MessageBuilder
+
+    app.conf.task_queues = [*app.conf.task_queues,
+                            Queue("fanned", Exchange("fan", type="fanout"))]
+    call = build(app, **options)
+    message = MessageBuilder(app).build(call.job_id, call.envelope, shard=0, due_ms=0)
+    assert (message.exchange, message.routing_key) == _celerys_route(app, "unit.plain", options)
+
+
+@pytest.mark.parametrize("route", [{"queue": "bcast", "exchange": "bcast"}, {"queue": "bcast"}],
+                         ids=["Celery's recipe", "queue only"])
+def test_a_call_routed_to_a_broadcast_queue_is_refused_at_the_call(app, route):
+    """A Broadcast queue's name is unique to each process: the carrier would declare one of
+    its own, bound to the exchange, that no worker consumes."""
+    from kombu.common import Broadcast
+
+    app.conf.task_queues = [*app.conf.task_queues, Broadcast("bcast")]
+    app.conf.task_routes = {"unit.plain": route}
+    with pytest.raises(InvalidOption, match=r"Broadcast queue 'bcast'.*Celery.send_task"):
+        build(app)
