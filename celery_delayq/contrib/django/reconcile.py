@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from django.db.models import Max
@@ -49,12 +50,14 @@ def mark_missing(delayq: DelayQ | None = None, include_unknown: bool = False) ->
 
 
 def reconcile(delayq: DelayQ | None = None, missing: bool = False,
-              include_unknown: bool = False) -> PushReport:
+              include_unknown: bool = False,
+              progress: Callable[[int], None] | None = None) -> PushReport:
     """Push unstored rows; with ``missing``, first find pending rows Redis lost (the
-    report's ``unknown`` lists those :func:`mark_missing` left alone)."""
+    report's ``unknown`` lists those :func:`mark_missing` left alone). ``progress`` is
+    given the running count of rows pushed."""
     delayq = delayq or project_delayq()
     found = mark_missing(delayq, include_unknown) if missing else Missing([], [])
-    report = push_unstored(delayq)
+    report = push_unstored(delayq, progress=progress)
     report.unknown = found.unknown
     return report
 

@@ -6,18 +6,29 @@ nothing. Task retries are written at once (a retry raised inside ``atomic()`` ro
 back). A row whose Redis write failed stays ``stored=False``; ``push_unstored`` (the
 ``delayq_reconcile`` command) writes it later. A row the admin cancelled while it was not
 in Redis is not written, or, cancelled during its write, has the job just written cancelled.
+
+Each write of a row is claimed on the row first (``store_error`` says who writes it,
+``updated_at`` since when): the on-commit write when the row is written, a reconcile by a
+conditional UPDATE. So two reconciles, or one and the on-commit write, never both write a
+row: the second write of a job promoted meanwhile would be run again. A claim older than
+``CLAIM_LEASE`` is taken over (its writer died). A writer that died after its Redis write
+left a job the journal records: ``delayq_sync`` marks its row stored.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import redis
 from django.conf import settings
 from django.db import router, transaction
+from django.db.models import Q
 from django.utils import timezone as dj_timezone
 
 from celery_delayq import DelayedResult, DelayQ, DelayQError
@@ -36,6 +47,13 @@ from .times import from_db, to_db
 
 logger = logging.getLogger("celery_delayq.contrib.django")
 _connected: weakref.WeakSet[DelayQ] = weakref.WeakSet()
+
+#: How long a claim keeps other writers off a row: far longer than one Redis write, and
+#: than ``delayq_sync`` takes to mark stored a row whose writer died after writing it.
+CLAIM_LEASE = timedelta(minutes=2)
+_WRITING = "being written to Redis"
+_ON_COMMIT = f"{_WRITING} on commit"
+_CHUNK = 500  # rows read at once by push_unstored
 
 
 def connect(delayq: DelayQ | None = None) -> None:
@@ -70,15 +88,22 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
     row, _ = rows.update_or_create(job_id=call.job_id, defaults={
         **fields, "task_id": call.task_id, "task": call.task,
         "key": call.key or "", "due": eta, "state": State.SCHEDULED, "stored": False,
-        "store_error": "", "envelope": call.envelope, "scheduled_at": now,
+        "store_error": _ON_COMMIT, "envelope": call.envelope, "scheduled_at": now,
     })
-    transaction.on_commit(lambda: _submit(delayq, row.pk, call, due, if_exists), using=using)
+    transaction.on_commit(lambda: _submit(delayq, row.pk, call, due, if_exists, now),
+                          using=using)
     return DelayedResult(call.task_id, call.job_id, from_db(eta), delayq)
 
 
-def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str) -> None:
-    """The on-commit Redis write; a failure is recorded on the row, never raised."""
+def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str,
+            claimed_at: datetime) -> None:
+    """The on-commit Redis write; a failure is recorded on the row, never raised. After a
+    long transaction, its claim is renewed first, unless another writer took it over."""
     rows = DelayedTask.objects.filter(pk=pk)
+    now = dj_timezone.now()
+    if now - claimed_at > CLAIM_LEASE / 2 and not rows.filter(
+            state=State.SCHEDULED, stored=False, store_error=_ON_COMMIT).update(updated_at=now):
+        return  # written, cancelled or taken over since
     try:
         result = delayq.submit([(call, due)], if_exists)[0]
     except (DelayQError, redis.RedisError) as exc:  # raised, it would skip later on_commits
@@ -99,41 +124,71 @@ class PushReport:
     failed: dict[str, str] = field(default_factory=dict)
     #: (``reconcile --missing``) rows not in Redis left alone: see ``reconcile.Missing``
     unknown: list[str] = field(default_factory=list)
+    #: rows another writer (an on-commit write, another reconcile) had claimed and has not
+    #: written yet: left to it
+    busy: list[str] = field(default_factory=list)
 
 
-def push_unstored(delayq: DelayQ | None = None, queryset=None) -> PushReport:
+def push_unstored(delayq: DelayQ | None = None, queryset=None,
+                  progress: Callable[[int], None] | None = None) -> PushReport:
     """Write pending rows that are not in Redis (``stored=False``) to the store, keeping
     jobs Redis already has; each row is due at its recorded time (now if that has passed).
-    A row cancelled since it was listed is skipped, or, during its write, its job cancelled."""
+    Each row is claimed first: one another writer holds is left to it, one cancelled since
+    it was listed is skipped, or, during its write, its job cancelled. The rows are read in
+    chunks, and each write is its own transaction, so no read stays open across writes (on
+    SQLite another connection's commit then fails the next write). ``progress`` is given
+    the running count of rows pushed."""
     delayq = delayq or project_delayq()
     report = PushReport()
     rows = DelayedTask.objects.unstored() if queryset is None else queryset
+    pks = list(rows.values_list("pk", flat=True))
+    by = f"{_WRITING} by delayq_reconcile (pid {os.getpid()} on {socket.gethostname()})"
     down: StoreUnavailable | None = None  # then the rest are not tried: each would wait
-    for row in rows.iterator():
-        if not DelayedTask.objects.filter(pk=row.pk, state=State.SCHEDULED).exists():
-            continue  # cancelled (or run) since it was listed
-        if down is not None:
-            report.failed[row.job_id] = f"not tried: {down}"
-            continue
-        if not row.envelope:
-            report.failed[row.job_id] = "no stored call to push (envelope unknown)"
-            continue
-        call = Call(job_id=row.job_id, task_id=row.task_id or row.job_id, task=row.task,
-                    key=row.key or None, envelope=row.envelope)
-        due_ms = round(from_db(row.due).timestamp() * 1000) if row.due else None
-        due = Due(at_ms=due_ms, delay_ms=None) if due_ms else Due(at_ms=None, delay_ms=0)
-        try:
-            result = delayq.submit([(call, due)], "keep")[0]
-        except DelayQError as exc:
-            report.failed[row.job_id] = str(exc)
-            DelayedTask.objects.filter(pk=row.pk).update(store_error=str(exc))
-            if isinstance(exc, StoreUnavailable):
-                down = exc
-            continue
-        if _written(delayq, row.pk, call, due=to_db(result.eta) or row.due):
-            _local_event(row.pk, "pushed", "written to Redis by delayq_reconcile")
-            report.pushed.append(row.job_id)
+    for start in range(0, len(pks), _CHUNK):
+        chunk = DelayedTask.objects.in_bulk(pks[start:start + _CHUNK])
+        for row in (chunk[pk] for pk in pks[start:start + _CHUNK] if pk in chunk):
+            if down is not None:
+                report.failed[row.job_id] = f"not tried: {down}"
+                continue
+            down = _push(delayq, row, by, report)
+            if progress is not None:
+                progress(len(report.pushed))
+    report.busy = [job_id for start in range(0, len(report.busy), _CHUNK)
+                   for job_id in DelayedTask.objects.unstored().filter(  # its writer is done
+                       job_id__in=report.busy[start:start + _CHUNK]).values_list(
+                       "job_id", flat=True)]
     return report
+
+
+def _push(delayq: DelayQ, row: DelayedTask, by: str,
+          report: PushReport) -> StoreUnavailable | None:
+    """Claim one row and write its job, keeping one Redis has; the store's error when it
+    is unavailable (the rest are then not tried)."""
+    now = dj_timezone.now()
+    claimable = ~Q(store_error__startswith=_WRITING) | Q(updated_at__lt=now - CLAIM_LEASE)
+    rows = DelayedTask.objects.filter(pk=row.pk)
+    if not rows.unstored().filter(claimable).update(store_error=by, updated_at=now):
+        if rows.unstored().exists():  # else written, cancelled or run since it was listed
+            report.busy.append(row.job_id)
+        return None
+    if not row.envelope:
+        report.failed[row.job_id] = error = "no stored call to push (envelope unknown)"
+        rows.update(store_error=error)
+        return None
+    call = Call(job_id=row.job_id, task_id=row.task_id or row.job_id, task=row.task,
+                key=row.key or None, envelope=row.envelope)
+    due_ms = round(from_db(row.due).timestamp() * 1000) if row.due else None
+    due = Due(at_ms=due_ms, delay_ms=None) if due_ms else Due(at_ms=None, delay_ms=0)
+    try:
+        result = delayq.submit([(call, due)], "keep")[0]
+    except DelayQError as exc:
+        report.failed[row.job_id] = str(exc)
+        rows.update(store_error=str(exc))
+        return exc if isinstance(exc, StoreUnavailable) else None
+    if _written(delayq, row.pk, call, due=to_db(result.eta) or row.due):
+        _local_event(row.pk, "pushed", "written to Redis by delayq_reconcile")
+        report.pushed.append(row.job_id)
+    return None
 
 
 def _written(delayq: DelayQ, pk: int, call: Call, **changes) -> bool:
@@ -152,6 +207,7 @@ def _written(delayq: DelayQ, pk: int, call: Call, **changes) -> bool:
         why = f"the cancel did not reach Redis ({exc}): it is pending there"
     else:
         if outcome is not CancelOutcome.TOO_LATE:
+            rows.filter(state=State.CANCELLED).update(store_error="")  # its claim
             return False
         why = "a carrier took it first: it runs"
     logger.error("delayed job %s was cancelled while it was written to Redis, but %s",

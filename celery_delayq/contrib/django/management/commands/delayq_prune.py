@@ -5,7 +5,8 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError
 
 from celery_delayq.contrib.django.prune import prune
-from celery_delayq.progress import Progress
+
+from ._stops import Count, stops_said
 
 _LONGEST = 36_500
 
@@ -23,6 +24,9 @@ class Command(BaseCommand):
         if not 0 < days <= _LONGEST:
             raise CommandError(f"--days must be a number of days above 0 and at most "
                                f"{_LONGEST} (100 years), got {days:g}")
-        deleted = prune(timedelta(days=days), progress=Progress(self.stderr.write, "deleted"))
-        self.stdout.write(f"deleted {deleted} delayed tasks finished more than {days:g} days "
-                          "ago, with their events")
+        deleted = Count(self.stderr.write, "deleted")
+        with stops_said("delayq_prune", deleted, "each chunk of rows is deleted in one "
+                        "transaction, and the next run deletes what is left"):
+            deleted.done = prune(timedelta(days=days), progress=deleted)
+        self.stdout.write(f"deleted {deleted.done} delayed tasks finished more than "
+                          f"{days:g} days ago, with their events")

@@ -7,7 +7,12 @@ from django.core.management.base import BaseCommand, CommandError
 
 from celery_delayq import DelayQError
 from celery_delayq.contrib.django.sync import JournalSync
-from celery_delayq.progress import Progress
+
+from ._stops import Count, stops_said
+
+_RERUN = ("each batch of events is applied with its shard's position in one transaction, "
+          "so the next run goes on after the last one applied (and a backfill writes only "
+          "rows that still differ from the store)")
 
 
 class Command(BaseCommand):
@@ -28,14 +33,16 @@ class Command(BaseCommand):
 
     def handle(self, *args, once=False, interval=0.5, batch=500, backfill=False, **options):
         sync = JournalSync(batch=batch)
+        backfilled = Count(self.stderr.write, "backfilled")
         try:
-            if backfill:
-                written = sync.backfill(progress=Progress(self.stderr.write, "backfilled"))
-                self.stdout.write(f"backfilled {written} rows from the store")
-            if once:
-                applied = sync.run_once()
-                self.stdout.write(f"applied {applied} journal events")
-                return
+            with stops_said("delayq_sync", backfilled if backfill else "", _RERUN):
+                if backfill:
+                    written = sync.backfill(progress=backfilled)
+                    self.stdout.write(f"backfilled {written} rows from the store")
+                if once:
+                    applied = sync.run_once()
+                    self.stdout.write(f"applied {applied} journal events")
+                    return
         except DelayQError as exc:  # a store down or refusing: said, not a traceback
             raise CommandError(str(exc)) from exc
         signal.signal(signal.SIGTERM, lambda *_: sync.stop())
