@@ -9,7 +9,8 @@ queue's list in the broker (the same Redis) as the message apply_async would sen
 forgotten as ack forgets it: exactly once, with no round trip per job.
 
 Direct promotion takes a job whose envelope's first line holds only the fields t, i, y
-and q (no options, headers, properties or exchange) and whose queue is one of those
+and q, and options of ignore_result alone (no other options, headers, properties or
+exchange) and whose queue is one of those
 passed. Args and kwargs go into the body verbatim: cjson never re-encodes user data.
 
 KEYS[1]   due       ZSET  job id -> due ms
@@ -134,12 +135,19 @@ end
 
 -- What a job's first line says, when it is open to direct promotion: its fields and the
 -- parts of its message that depend on them alone; false when it is not.
+local IGNORED = {[true] = 'true', [false] = 'false', [cjson.null] = 'null'}
 local function route(line)
   local fields = first_line(line)
   if not fields or type(fields['t']) ~= 'string' then return false end
+  local ignore = 'false'  -- the message's ignore_result: the call's own, else false
   for name, value in pairs(fields) do
-    if type(value) ~= 'string' or not (name == 't' or name == 'i' or name == 'y'
-                                       or name == 'q') then
+    if name == 'o' and type(value) == 'table' then  -- options: ignore_result alone
+      for option, given in pairs(value) do
+        if option ~= 'ignore_result' or not IGNORED[given] then return false end
+        ignore = IGNORED[given]
+      end
+    elseif type(value) ~= 'string' or not (name == 't' or name == 'i' or name == 'y'
+                                           or name == 'q') then
       return false
     end
   end
@@ -147,7 +155,7 @@ local function route(line)
   local queue = routes[name]
   if not queue then return false end
   return {
-    fields = fields, index = queue.index,
+    fields = fields, index = queue.index, ignore = ignore,
     id = fields['i'] and cjson.encode(fields['i']),
     task = cjson.encode(fields['t']),
     key = fields['y'] and (',"delayq_key":' .. cjson.encode(fields['y'])) or '',
@@ -300,8 +308,8 @@ end
 local EMBED = [[,{\"callbacks\":null,\"errbacks\":null,\"chain\":null,\"chord\":null}]"]]
   .. ',"content-encoding":"utf-8","content-type":"application/json","headers":{'
   .. '"lang":"py","task":'
-local AFTER_KWARGSREPR = '","origin":' .. cjson.encode(ARGV[5]) .. ',"ignore_result":false,'
-  .. '"replaced_task_nesting":0,"stamped_headers":null,"stamps":{},"delayq_job":"'
+local AFTER_KWARGSREPR = '","origin":' .. cjson.encode(ARGV[5]) .. ',"ignore_result":'
+local AFTER_IGNORE = ',"replaced_task_nesting":0,"stamped_headers":null,"stamps":{},"delayq_job":"'
 local AFTER_JOB = '","delayq_shard":' .. ARGV[4] .. ',"delayq_due":'
 local function message(stored, due, r, args, kwargs)
   local uuid, job_id = unpack_id(stored)
@@ -316,7 +324,8 @@ local function message(stored, due, r, args, kwargs)
     .. ',"expires":null,"group":null,"group_index":null,"retries":0,'
     .. '"timelimit":[null,null],"root_id":' .. id .. ',"parent_id":null,"argsrepr":"'
     .. (#args <= repr_max and a or inside(repr(args))) .. '","kwargsrepr":"'
-    .. (#kwargs <= repr_max and k or inside(repr(kwargs))) .. AFTER_KWARGSREPR .. job
+    .. (#kwargs <= repr_max and k or inside(repr(kwargs))) .. AFTER_KWARGSREPR .. r.ignore
+    .. AFTER_IGNORE .. job
     .. AFTER_JOB .. due .. r.key .. '},"properties":{"correlation_id":' .. id
     .. r.properties .. '"' .. job .. '@' .. now_us .. '"}}'
 end

@@ -52,6 +52,7 @@ def comparable(message: dict) -> tuple[dict, tuple[str, str]]:
     (("odd ids",), None, {"job_id": '~a"b\\c/d', "task_id": "~~x"}),
     (("uuid ids",), None, {"job_id": "0b7e8f3a-3c1e-4e55-9a1d-8d3b8e1e5f00",
                            "task_id": "0b7e8f3a-3c1e-4e55-9a1d-8d3b8e1e5f00"}),
+    (("result ignored",), None, {"ignore_result": True}),  # an app's task_ignore_result
 ])
 def test_direct_message_is_the_message_kombu_publishes(proj, app, redis_client, args, kwargs,
                                                          options):
