@@ -1,11 +1,13 @@
 """One producer at a time per job id: reservations held while ids of the caller's own
-choosing are scheduled.
+choosing are scheduled, or their dead letters replayed.
 
 A job lives on the shard of its business key, so one id given two keys could be written on
 two shards by producers racing each other: each looks on the other shards for the id, finds
 nothing yet, and writes its own copy. A producer therefore first takes a reservation of
 each such id, a key on the id's own shard (``reserve-1+.lua``), and holds it until its
 writes are done; the next producer of that id waits for it, then sees the copy it stored.
+A replay of a dead letter holds its id's reservation in the same way, since it brings back
+a job on the letter's shard, which need not be the shard a producer writes the id on.
 
 On one Redis server the reservations ride in the round trips the producer makes anyway
 (one connection keeps the order of a pipeline); on a cluster, whose nodes answer in any
@@ -20,10 +22,12 @@ import os
 import random
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 from .envelope import Call
 from .errors import StoreUnavailable
@@ -38,7 +42,7 @@ Calls = list[tuple[Script, list[str], list[Any]]]
 
 
 class Reservation:
-    """The reservations of one schedule call, taken and released around its own calls;
+    """The reservations of one schedule or replay call, taken and released around its calls;
     what is still held is released when its ``with`` block ends."""
 
     def __init__(self, client, groups: list[list[str]]) -> None:
@@ -68,9 +72,14 @@ class Reservation:
         deadline = time.monotonic() + RESERVATION_MS / 1000
         while self._groups:
             takes = self._calls("take", self._groups)
-            along = calls if self._ordered else []
             self._held = True  # some may be, from here on (the release is the token's only)
-            replies = execute(self._client, takes + along, raise_errors=False)
+            if self._ordered:
+                replies = self._in_order(takes + calls)
+                if replies is None:  # Redis lacked a script, loaded now: nothing kept
+                    self.run(self._calls("release", self._groups))
+                    continue
+            else:
+                replies = execute(self._client, takes, raise_errors=False)
             taken = replies[:len(takes)]
             if all(reply == 1 for reply in taken):
                 if self._ordered:
@@ -88,18 +97,36 @@ class Reservation:
             time.sleep(random.uniform(0.001, 0.005))  # the other producer writes meanwhile
         return self.run(calls)
 
-    def release_after(self, calls: Calls) -> list[Any]:
-        """Run ``calls``, then release the reservations; the calls' replies as above."""
+    def release_after(self, calls: Calls, along: bool = True) -> list[Any]:
+        """Run ``calls``, then release the reservations; the calls' replies as above. On
+        one server the release rides in their round trip, where a call whose script Redis
+        lacked runs again after it; ``along=False`` releases once their replies are in (a
+        round trip more)."""
         if not self._held:
             return self.run(calls)
         self._held = False
         releases = self._calls("release", self._groups)
-        if not self._ordered:
+        if not (self._ordered and along):
             replies = self.run(calls)
             with contextlib.suppress(redis.RedisError):  # else they end by themselves
                 self.run(releases)
             return replies
         return execute(self._client, calls + releases, raise_errors=False)[:len(calls)]
+
+    def _in_order(self, calls: Calls) -> list[Any] | None:
+        """On one server: ``calls`` in one pipeline, their replies (errors in place); None
+        when Redis lacked the script of one (it forgets them when it restarts), loaded
+        then. Such a call did not run, and would run again only after the calls behind it:
+        a look before the take it needed."""
+        pipe = self._client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            script.queue(pipe, keys, args)
+        replies = pipe.execute(raise_on_error=False)
+        lacked = {script for (script, _, _), reply in zip(calls, replies, strict=True)
+                  if isinstance(reply, NoScriptError)}
+        for script in lacked:
+            self._client.script_load(script.source)
+        return None if lacked else replies
 
     def _calls(self, action: str, groups: list[list[str]]) -> Calls:
         return [(SCRIPTS["reserve"], group, [action, self._token, RESERVATION_MS])
@@ -119,10 +146,15 @@ class Reservation:
 def reserving(client, keys: Keyspace, calls: list[Call]) -> Reservation:
     """A :class:`Reservation` of the calls' job ids that the caller chose (none with one
     shard, whose scripts see every copy), to use as a context manager."""
+    return reserving_ids(client, keys, ((call.job_id, call.stored_id) for call in calls
+                                        if not call.drawn))  # a drawn id: no other has it
+
+
+def reserving_ids(client, keys: Keyspace, ids: Iterable[tuple[str, str]]) -> Reservation:
+    """A :class:`Reservation` of these (job id, stored id) pairs, as :func:`reserving`
+    takes them (the replay of a dead letter takes them too)."""
     by_shard: dict[ShardKeys, set[str]] = defaultdict(set)  # one script call per shard
     if keys.shards > 1:
-        for call in calls:
-            if not call.drawn:  # a fresh random id: no other producer has it
-                by_shard[keys.shard_for(call.job_id)].add(
-                    keys.reservation(call.job_id, call.stored_id))
+        for job_id, stored_id in ids:
+            by_shard[keys.shard_for(job_id)].add(keys.reservation(job_id, stored_id))
     return Reservation(client, [sorted(group) for group in by_shard.values()])

@@ -13,7 +13,11 @@ import pytest
 
 from celery_delayq.carrier import Carrier
 from celery_delayq.errors import DamagedShard, InvalidOption, JobExists
+from celery_delayq.scripts import SCRIPTS
+from celery_delayq.store.dead_letters import DeadLetters, Replayed
+from celery_delayq.store.producing import Producing
 from tests.conftest import store_keys
+from tests.faults.test_carrier_faults import PARKED
 
 
 def keys_on_two_shards(delayq, job_id: str = "close-42") -> tuple[str, str]:
@@ -156,3 +160,142 @@ def test_producers_racing_with_one_id_under_two_keys_store_one_job(proj, delayq,
             assert sorted(answers.values()) == sorted([job.task_id, "refused"]), job.job_id
         else:  # the last one stored wins
             assert job.task_id == answers[job.key], job.job_id
+
+
+def dead_under(proj, delayq, job_id: str, key: str) -> str:
+    """``job_id`` scheduled under ``key``, claimed and dead-lettered, as a carrier does it;
+    its task id."""
+    task_id = proj.record.apply_delayed(args=("dead",), delay=0, job_id=job_id, key=key,
+                                        queue=PARKED).id
+    store = delayq.store
+    for claim in store.claim(list(store.keys), 10, 60_000):
+        for job in claim.jobs:
+            assert store.dead_letter(claim.shard, job, "unknown queue: gone")
+    return task_id
+
+
+def meanwhile(call) -> tuple[threading.Thread, dict[str, object]]:
+    """``call`` started in a thread, given up to half a second to finish (a call that waits
+    for the one in hand takes longer); the thread, and its outcome once joined."""
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["returned"] = call()
+        except JobExists as exc:
+            outcome["raised"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(0.5)
+    return thread, outcome
+
+
+REPLAYS = {"replay": lambda store: store.replay("close-42"),
+           "replay_dead": lambda store: store.replay_dead()}
+
+
+@pytest.mark.parametrize("replay", list(REPLAYS))
+def test_a_schedule_between_a_replays_look_and_its_write_keeps_the_replayed_job(
+        proj, delayq, monkeypatch, replay):
+    """A producer schedules (keep) the id of a dead letter under a key of another shard
+    while a replay has looked for live copies and not yet put the letter back: it waits
+    for the replay and is given the replayed job, one copy."""
+    dead_key, other_key = keys_on_two_shards(delayq)
+    task_id = dead_under(proj, delayq, "close-42", dead_key)
+    replay_calls = DeadLetters._replay_calls
+    producers = []
+
+    def schedule_first(self, *args, **kwargs):
+        producers.append(meanwhile(lambda: proj.record.apply_delayed(
+            args=("again",), delay=60, job_id="close-42", key=other_key, if_exists="keep")))
+        return replay_calls(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeadLetters, "_replay_calls", schedule_first)
+    replayed = REPLAYS[replay](delayq.store)
+    [(thread, outcome)] = producers
+    thread.join()
+
+    assert replayed in (True, Replayed(replayed=1, live=0, unreadable=0))
+    assert stored_copies(delayq, "close-42") == 1
+    assert outcome["returned"].id == task_id
+    assert [(j.args, j.key) for j in delayq.pending()] == [(["dead"], dead_key)]
+
+
+@pytest.mark.parametrize("replay", list(REPLAYS))
+def test_a_replay_between_a_schedules_look_and_its_write_finds_the_scheduled_job(
+        proj, delayq, monkeypatch, replay):
+    """A replay of a dead letter while a producer that schedules its id under a key of
+    another shard has looked for copies and not yet written its own: it waits for the
+    producer, then finds its job and keeps the letter dead."""
+    dead_key, other_key = keys_on_two_shards(delayq)
+    dead_under(proj, delayq, "close-42", dead_key)
+    stored_elsewhere = Producing._stored_elsewhere
+    replays = []
+
+    def replay_first(self, *args, **kwargs):
+        found = stored_elsewhere(self, *args, **kwargs)
+        replays.append(meanwhile(lambda: REPLAYS[replay](delayq.store)))
+        return found
+
+    monkeypatch.setattr(Producing, "_stored_elsewhere", replay_first)
+    scheduled = proj.record.apply_delayed(args=("again",), delay=60, job_id="close-42",
+                                          key=other_key, if_exists="keep")
+    [(thread, outcome)] = replays
+    thread.join()
+
+    assert stored_copies(delayq, "close-42") == 1
+    assert [(j.task_id, j.args, j.key) for j in delayq.pending()] == [
+        (scheduled.id, ["again"], other_key)]
+    if replay == "replay":
+        assert isinstance(outcome["raised"], JobExists)
+    else:
+        assert outcome["returned"] == Replayed(replayed=0, live=1, unreadable=0)
+    assert [letter["job_id"] for letter in delayq.store.dead()] == ["close-42"]
+
+
+@pytest.mark.parametrize("lacked", ["reserve", "replay"])
+def test_a_script_redis_lacks_lets_no_call_slip_between_a_look_and_a_write(
+        proj, delayq, monkeypatch, lacked):
+    """Redis forgets its scripts when it restarts. A call it answers NOSCRIPT did not run,
+    and runs again once its script is loaded, after the calls sent behind it: a take after
+    the look that had to follow it (``reserve`` lacked: a producer schedules while a replay
+    comes in), or a replay after the release that had to follow it (``replay`` lacked: a
+    producer comes in). Either way one copy is stored, and each is told of the other's."""
+    dead_key, other_key = keys_on_two_shards(delayq)
+    task_id = dead_under(proj, delayq, "close-42", dead_key)
+    client = delayq.store.client
+    client.script_flush()
+    for script in SCRIPTS.values():
+        if script.name != lacked:
+            client.script_load(script.source)
+    outcome: dict[str, object] = {}
+
+    def schedule() -> None:
+        outcome["scheduled"] = proj.record.apply_delayed(
+            args=("again",), delay=60, job_id="close-42", key=other_key, if_exists="keep").id
+
+    def replay() -> None:
+        try:
+            outcome["replayed"] = delayq.store.replay("close-42")
+        except JobExists:
+            outcome["replayed"] = False
+
+    first, second = (schedule, replay) if lacked == "reserve" else (replay, schedule)
+    load, others = client.script_load, []
+
+    def load_then_let_the_other_in(source: str):  # the moment the first call waits on
+        loaded = load(source)
+        if loaded == SCRIPTS[lacked].sha and not others:
+            others.append(meanwhile(second))
+        return loaded
+
+    monkeypatch.setattr(client, "script_load", load_then_let_the_other_in)
+    first()
+    [(thread, _)] = others
+    thread.join()
+
+    assert stored_copies(delayq, "close-42") == 1
+    [job] = delayq.pending()
+    assert job.task_id == outcome["scheduled"]
+    assert outcome["replayed"] is (job.task_id == task_id)

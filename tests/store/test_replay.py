@@ -8,12 +8,14 @@ with raw commands beside them, as damaged data would be.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from celery_delayq.errors import JobExists, PayloadError
 from celery_delayq.keys import pack_id
 from celery_delayq.store import dead_letters
-from tests.conftest import command_calls, finish
+from tests.conftest import command_calls, finish, store_keys
 from tests.faults.test_carrier_faults import PARKED
 
 #: dead letter text -> why it cannot be replayed as it is
@@ -89,11 +91,50 @@ def test_replay_dead_puts_back_every_readable_dead_letter_in_chunks(proj, delayq
     assert outcome == dead_letters.Replayed(replayed=60, live=0, unreadable=len(bad))
     assert pending_ids(delayq) == set(ids)
     assert dead_ids(delayq) == set(bad)
-    assert command_calls(delayq.store) - before == 60  # one script call per readable letter
     # told after each chunk of at most 7 letters: the running count of replayed jobs
     assert len(seen) >= 60 // 7 and seen == sorted(seen) and seen[-1] == 60
+    # a replay call per readable letter; per chunk, a look on each other shard for live
+    # copies, and a take and a release of the chunk's reservations per shard they are on
+    shards = delayq.store.keys.shards
+    assert command_calls(delayq.store) - before <= 60 + len(seen) * (shards - 1 + 2 * shards)
     assert all(b - a <= 7 for a, b in zip([0, *seen], seen, strict=False))
     assert delayq.store.replay_dead() == dead_letters.Replayed(0, 0, len(bad))
+
+
+@pytest.mark.parametrize("action", ["replay", "drop"])
+def test_a_dead_letter_whose_id_is_not_utf8_is_replayed_or_dropped_with_the_rest(
+        delayq, action):
+    """The dead script keeps a damaged job's id as it was (bytes that are not UTF-8): its
+    letter goes back as its bytes. (No producer can schedule such an id: none is reserved.)"""
+    fixed = f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n["fixed"]\n'
+    shard = delayq.store.keys.shard(1)
+    delayq.store.client.hset(shard.dead, b"odd:\xff",
+                             json.dumps({"at": 1, "reason": "x", "envelope": fixed}))
+
+    if action == "replay":
+        assert delayq.store.replay_dead() == dead_letters.Replayed(1, 0, 0)
+        assert delayq.store.client.hexists(shard.jobs, b"odd:\xff")
+    else:
+        assert delayq.store.drop_dead(by="ops") == 1
+    assert not delayq.store.client.hexists(shard.dead, b"odd:\xff")
+
+
+@pytest.mark.parametrize("outcome", ["replayed", "live", "unreadable", "unknown"])
+def test_no_reservation_outlives_a_replay(proj, delayq, outcome):
+    """A replay holds its ids' reservations (as a producer does) only while it runs."""
+    make_dead(proj, delayq, ["d-0"], "unknown queue: gone")
+    plant_unreadable(delayq)
+    if outcome == "live":
+        proj.record.apply_delayed(("again",), delay=600, job_id="d-0", key="other-shard")
+    job_id = {"unreadable": "bad-0", "unknown": "nobody"}.get(outcome, "d-0")
+
+    try:
+        delayq.store.replay(job_id)
+    except (JobExists, PayloadError):
+        assert outcome in ("live", "unreadable")
+    delayq.store.replay_dead()
+
+    assert [key for key in store_keys(delayq) if ":reserved:" in key] == []
 
 
 def test_replay_dead_selects_by_task_and_reason(proj, delayq):
