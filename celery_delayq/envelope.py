@@ -71,11 +71,11 @@ _MESSAGE = (
 REPRS = ("argsrepr", "kwargsrepr")
 # Values create_task_message uses when an option is absent (the direct promotion script
 # writes them too).
-_MESSAGE_DEFAULTS = {"retries": 0, "replaced_task_nesting": 0, "ignore_result": False}
+_MESSAGE_DEFAULTS = {"retries": 0, "replaced_task_nesting": 0}
 #: What ``send_task`` puts in a message's ``ignore_result`` when the call gives none: null
-#: where the worker then takes its task's own setting (Celery 5.7), else false. Stored as
-#: the task's own when this process knows the task (the same for the worker, and the
-#: envelope stays plain), else as null.
+#: where the worker then takes its task's own setting (Celery 5.7), else false. A call's
+#: ``ignore_result`` is stored only where it is not its task's own: a message carries null
+#: otherwise (the worker takes its task's; Celery before 5.7 reads the task's alone).
 SEND_TASK_IGNORE_RESULT = None if hasattr(celery_task, "get_actual_ignore_result") else False
 # kombu's names of the delivery modes a call may give (or an int, as 1 and 2).
 _DELIVERY_MODES = (None, "transient", "persistent")
@@ -211,11 +211,10 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     for what, part in (("queue", queue), ("exchange", exchange), ("routing_key", routing_key)):
         _check_name(part, what)
     message = {k: routed.pop(k) for k in _MESSAGE if k in routed}
-    # send_task's null: the worker takes its task's own setting
-    message["ignore_result"] = _own_ignore_result(app, name, task_type) if (
-        ignored is None) else ignored
-    message = {k: v for k, v in message.items() if v != _MESSAGE_DEFAULTS.get(k) and (
-        v is not None or k == "ignore_result")}  # null is not false, the default
+    message = {k: v for k, v in message.items()
+               if v is not None and v != _MESSAGE_DEFAULTS.get(k)}
+    if ignored is not None and ignored != bool(_own_ignore_result(app, name, task_type)):
+        message["ignore_result"] = ignored  # else null: the worker takes its task's own
     for name_ in REPRS:
         if not isinstance(message.get(name_, ""), str):
             raise PayloadError(f"{name_} must be a string (what worker logs and monitoring "

@@ -152,7 +152,9 @@ class MessageBuilder:
 
     def _build_shape(self, fields: dict[str, Any]) -> _Shape:
         given = fields.get("o", {})
-        options = {"origin": ORIGIN, **dict.fromkeys(REPRS, ""), **given}
+        # ignore_result null unless the call's is not its task's own (envelope.py)
+        options = {"origin": ORIGIN, "ignore_result": None, **dict.fromkeys(REPRS, ""),
+                   **given}
         expires = options.get("expires")
         try:
             headers, properties, body, _ = self._create(

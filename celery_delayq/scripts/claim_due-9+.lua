@@ -139,7 +139,7 @@ local IGNORED = {[true] = 'true', [false] = 'false', [cjson.null] = 'null'}
 local function route(line)
   local fields = first_line(line)
   if not fields or type(fields['t']) ~= 'string' then return false end
-  local ignore = 'false'  -- the message's ignore_result: the call's own, else false
+  local ignore = 'null'  -- the message's ignore_result: the call's own, else the task's
   for name, value in pairs(fields) do
     if name == 'o' and type(value) == 'table' then  -- options: ignore_result alone
       for option, given in pairs(value) do

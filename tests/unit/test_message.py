@@ -65,7 +65,7 @@ def test_every_job_of_a_shared_shape_gets_celerys_own_message(app, options):
         call = build(app, args=(n, "x" * n), kwargs={"n": n} if n else None, **dict(options))
         env = decode(call.envelope)
         msg = promote(app, call, builder, shard=n, due_ms=n)
-        o = {"origin": ORIGIN, **env.get("o", {})}
+        o = {"origin": ORIGIN, "ignore_result": None, **env.get("o", {})}  # null: the task's
         headers, properties, body, _ = app.amqp.create_task_message(
             env.get("i", call.job_id), env["t"], env["a"], env["k"], **o)
         headers.update(env.get("h", {}), delayq_job=call.job_id, delayq_shard=n, delayq_due=n,
