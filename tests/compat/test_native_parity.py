@@ -27,7 +27,7 @@ from celery_delayq import DelayQ
 from tests.compat.test_do_no_harm_imports import plain_environ
 from tests.conftest import wait_for
 
-DB, OWN_BACKEND_DB = 6, 7  # databases of the session's Redis no other suite uses
+DB, OWN_BACKEND_DB = 6, 10  # databases of the session's Redis no other suite uses
 DONE = "parity:done"  # task ids, pushed when a run has ended (its result stored or not)
 
 PROJECT = '''
