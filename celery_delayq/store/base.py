@@ -45,6 +45,14 @@ def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
+def raised(replies: list[Any]) -> list[Any]:
+    """``replies`` of script calls, once none is an error (else the first is raised)."""
+    failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+    if failed is not None:
+        raise failed
+    return replies
+
+
 class StoreBase:
     """The client, configuration and key names the parts of ``Store`` share."""
 

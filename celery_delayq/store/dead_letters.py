@@ -13,7 +13,7 @@ from ..keys import ShardKeys, pack_id, raw_id, unpack_id
 from ..reading import is_text
 from ..reservation import Reservation, reserving_ids
 from ..scripts import SCRIPTS
-from .base import SCAN_CHUNK, StoreBase, chunks
+from .base import SCAN_CHUNK, StoreBase, chunks, raised
 
 #: Dead letters read per round trip by ``replay_dead`` and ``drop_dead``.
 DEAD_CHUNK = 500
@@ -116,7 +116,7 @@ class DeadLetters(StoreBase):
         raw = [raw_id(stored) for stored in stored_ids]
         with self._reserving(stored_ids) as reservation:
             with self.unavailable():
-                found = _raised(reservation.take_then(
+                found = raised(reservation.take_then(
                     [(SCRIPTS["exists"], SCRIPTS["exists"].keys_for(other), raw)
                      for other in self.keys if other is not shard]))
             live = [any(look[n] == "1" for look in found) for n in range(len(raw))]
@@ -141,7 +141,7 @@ class DeadLetters(StoreBase):
                   [self._maxlen, raw, envelope, self.keys.wake_channel, shard.shard])
                  for raw in raw_ids]
         with self.unavailable():
-            return _raised(reservation.release_after(calls, along=False))
+            return raised(reservation.release_after(calls, along=False))
 
     def _drop_call(self, shard: ShardKeys, stored_ids: list[str], by: str) -> int:
         """Drop these dead letters of ``shard`` in one script call; how many were there."""
@@ -151,14 +151,6 @@ class DeadLetters(StoreBase):
         with self.unavailable():
             return int(script.call(self.client, script.keys_for(shard, self.answer_key(shard)),
                                    [self._maxlen, by, *map(raw_id, stored_ids)]))
-
-
-def _raised(replies: list[Any]) -> list[Any]:
-    """``replies`` of script calls, once none is an error (else the first is raised)."""
-    failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
-    if failed is not None:
-        raise failed
-    return replies
 
 
 def _selected(raw: str, task: str | None, reason: str | None) -> bool | None:

@@ -20,7 +20,7 @@ from ..keys import ShardKeys, bykey_member, pack_id, unpack_id
 from ..reservation import Reservation, reserving
 from ..scripts import SCRIPTS
 from ..validation import Due
-from .base import StoreBase, refused_for_memory
+from .base import StoreBase, raised, refused_for_memory
 
 _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 #: How long a run's outcome (``RunRows``) is kept after its last write, unless forgotten.
@@ -214,10 +214,7 @@ class Producing(StoreBase):
         if not calls:
             return {}
         with self.unavailable():
-            replies = reservation.take_then(calls)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
+            replies = raised(reservation.take_then(calls))
         elsewhere: dict[int, ShardKeys] = {}
         for (shard, chunk), found in zip(owners, replies, strict=True):
             for index, hit in zip(chunk, found, strict=True):
