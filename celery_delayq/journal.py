@@ -15,7 +15,9 @@ refused for memory (full) are kept for the next one, up to :data:`_HOLD_AT_MOST`
 Outcomes come from ``task_postrun``, but for those Celery reports with ``task_failure``
 only, from the worker's main process after the run (a hard time limit, a lost worker
 process, ``Reject(requeue=False)``): those are ``failed``, the job's headers read from the
-``Request`` the worker received (``task_received``). ``Ignore`` is ``ignored``; a
+``Request`` the worker received (``task_received``). A run that ends so in ``task_postrun``
+(a ``Reject``) first writes its own waiting events, so its ``started`` precedes that
+``failed``. ``Ignore`` is ``ignored``; a
 ``DelayedTask`` that calls ``replace`` hands its job to the replacement instead
 (:func:`hand_over`), whose outcome ends it.
 """
@@ -265,6 +267,10 @@ def _on_postrun(sender=None, task_id=None, task=None, state=None, **_) -> None:
     event = _OUTCOMES.get(state)
     if event:
         _record(task, task_id, event, task.request)
+    elif (job_id := task.request.get(HEADER_JOB)) is not None:
+        # Its outcome comes from the worker's main process (a Reject): the run's events
+        # must be in the journal before this process hands the run back.
+        _outbox.settle(job_id)
 
 
 def _on_failure(sender=None, task_id=None, **_) -> None:

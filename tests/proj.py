@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 
 import redis
@@ -116,6 +117,25 @@ def ignored(self, label):
 @app.task(base=DelayedTask, bind=True)
 def rejected(self, label):
     """Record this run, then reject the message for good."""
+    _record(self, label)
+    raise Reject(label, requeue=False)
+
+
+@app.task(base=DelayedTask, bind=True)
+def rejected_as_its_journal_stalls(self, label):
+    """Reject the message for good while this process's journal writer is held for 0.5 s
+    (a CPU-starved process): its ``started`` event has not been written yet."""
+    from celery_delayq import journal
+
+    held = threading.Event()
+
+    def hold() -> None:
+        with journal._outbox._writing:
+            held.set()
+            time.sleep(0.5)
+
+    threading.Thread(target=hold, daemon=True).start()
+    held.wait()
     _record(self, label)
     raise Reject(label, requeue=False)
 
