@@ -117,16 +117,23 @@ class Reservation:
         """On one server: ``calls`` in one pipeline, their replies (errors in place); None
         when Redis lacked the script of one (it forgets them when it restarts), loaded
         then. Such a call did not run, and would run again only after the calls behind it:
-        a look before the take it needed."""
+        a look before the take it needed. The pipeline also asks which other scripts Redis
+        lacks, and those are loaded too: a write made under the reservations then never
+        meets NOSCRIPT, which would run it after the release sent behind it."""
         pipe = self._client.pipeline(transaction=False)
         for script, keys, args in calls:
             script.queue(pipe, keys, args)
-        replies = pipe.execute(raise_on_error=False)
-        lacked = {script for (script, _, _), reply in zip(calls, replies, strict=True)
+        pipe.script_exists(*(script.sha for script in SCRIPTS.values()))
+        *replies, known = pipe.execute(raise_on_error=False)
+        if isinstance(known, redis.ResponseError):  # an ACL of older docs: no script|exists
+            known = [True] * len(SCRIPTS)  # (then only the calls' own NOSCRIPT is seen)
+        missed = {script for (script, _, _), reply in zip(calls, replies, strict=True)
                   if isinstance(reply, NoScriptError)}
+        lacked = missed | {script for script, there in zip(SCRIPTS.values(), known,
+                                                             strict=True) if not there}
         for script in lacked:
             self._client.script_load(script.source)
-        return None if lacked else replies
+        return None if missed else replies
 
     def _calls(self, action: str, groups: list[list[str]]) -> Calls:
         return [(SCRIPTS["reserve"], group, [action, self._token, RESERVATION_MS])

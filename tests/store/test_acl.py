@@ -9,12 +9,14 @@ Cluster the producer's line and the cluster commands the docs add are enough too
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -134,20 +136,43 @@ def test_a_user_refused_a_store_command_gets_an_error_that_names_the_acl_section
     at docs/operations.md, not a raw ``NoPermissionError`` (no EVALSHA) or ``ResponseError``
     (a command refused inside a script: "The user executing the script can't run this
     command"); nothing written, as the script checks its keys before it writes."""
-    with RedisServer() as server:
-        admin = redis.Redis(port=server.port, decode_responses=True)
-        rules = [rule for rule in documented_acl()["delayq-producer"] if rule != left_out]
-        admin.execute_command("ACL", "SETUSER", "delayq-producer", *rules)
-        app = Celery("acl", broker=f"{redis_server.url}/8", set_as_current=False)
-        app.conf.update(delayq_redis_url=f"redis://delayq-producer:{PASSWORD}@127.0.0.1:"
-                                         f"{server.port}/0")
-        delayq = DelayQ(app)
+    with RedisServer() as server, producer_without(redis_server, server, left_out) as delayq:
         with pytest.raises(ConfigurationError, match="Redis ACL users") as refused:
             delayq.schedule("acl.noop", [1], delay=60)
         assert PASSWORD not in str(refused.value)
-        assert admin.dbsize() == 1  # the store's meta record, written at its first use
+        assert redis.Redis(port=server.port).dbsize() == 1  # the store's meta record,
+        # written at its first use
+
+
+def test_a_producer_given_the_line_of_releases_before_script_exists_still_schedules_own_ids(
+        redis_server):
+    """Before ``+script|exists`` was documented (a reservation asks which scripts Redis
+    lacks, so none is loaded between a write and its release), the producer's line lacked
+    it: such a user still schedules and replaces jobs of ids of its own."""
+    with RedisServer() as server, producer_without(redis_server, server,
+                                                   "+script|exists") as delayq:
+        delayq.schedule("acl.noop", [1], delay=60, job_id="j", key="order:1")
+        delayq.schedule("acl.noop", [2], delay=60, job_id="j", key="order:2",
+                        if_exists="replace")
+        assert [(job.job_id, job.key) for job in delayq.pending()] == [("j", "order:2")]
+
+
+@contextlib.contextmanager
+def producer_without(redis_server, server: RedisServer, left_out: str) -> Iterator[DelayQ]:
+    """A DelayQ on ``server`` as the docs' producer user, less the rule ``left_out``."""
+    admin = redis.Redis(port=server.port, decode_responses=True)
+    rules = [rule for rule in documented_acl()["delayq-producer"] if rule != left_out]
+    assert len(rules) == len(documented_acl()["delayq-producer"]) - 1, left_out
+    admin.execute_command("ACL", "SETUSER", "delayq-producer", *rules)
+    admin.close()
+    app = Celery("acl", broker=f"{redis_server.url}/8", set_as_current=False)
+    app.conf.update(delayq_redis_url=f"redis://delayq-producer:{PASSWORD}@127.0.0.1:"
+                                     f"{server.port}/0", delayq_shards=4)
+    delayq = DelayQ(app)
+    try:
+        yield delayq
+    finally:
         delayq.store.close()
-        admin.close()
 
 
 def test_on_a_cluster_the_documented_lines_and_cluster_commands_are_enough(redis_server):

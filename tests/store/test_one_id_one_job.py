@@ -254,14 +254,16 @@ def test_a_replay_between_a_schedules_look_and_its_write_finds_the_scheduled_job
     assert [letter["job_id"] for letter in delayq.store.dead()] == ["close-42"]
 
 
-@pytest.mark.parametrize("lacked", ["reserve", "replay"])
+@pytest.mark.parametrize("lacked", ["reserve", "replay", "schedule"])
 def test_a_script_redis_lacks_lets_no_call_slip_between_a_look_and_a_write(
         proj, delayq, monkeypatch, lacked):
     """Redis forgets its scripts when it restarts. A call it answers NOSCRIPT did not run,
     and runs again once its script is loaded, after the calls sent behind it: a take after
     the look that had to follow it (``reserve`` lacked: a producer schedules while a replay
-    comes in), or a replay after the release that had to follow it (``replay`` lacked: a
-    producer comes in). Either way one copy is stored, and each is told of the other's."""
+    comes in), or a write after the release that had to follow it (``replay`` lacked: a
+    producer comes in; ``schedule`` lacked, as after a restart once a producer of another
+    version loaded the scripts it shares: a replay comes in). Either way one copy is
+    stored, and each is told of the other's."""
     dead_key, other_key = keys_on_two_shards(delayq)
     task_id = dead_under(proj, delayq, "close-42", dead_key)
     client = delayq.store.client
@@ -281,7 +283,7 @@ def test_a_script_redis_lacks_lets_no_call_slip_between_a_look_and_a_write(
         except JobExists:
             outcome["replayed"] = False
 
-    first, second = (schedule, replay) if lacked == "reserve" else (replay, schedule)
+    first, second = (replay, schedule) if lacked == "replay" else (schedule, replay)
     load, others = client.script_load, []
 
     def load_then_let_the_other_in(source: str):  # the moment the first call waits on
