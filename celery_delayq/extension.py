@@ -348,13 +348,13 @@ class DelayQ(Holding):
         """Like :meth:`cancel`, telling "too late" apart from "unknown"; ``by`` is journaled.
 
         The cancelled job's task id is marked REVOKED (``task_id``, when the caller knows
-        it, else the one the store answers) in ``backend``, else the app's.
+        it, else the one the store answers) in ``backend``, else its task's.
         """
         validation.looked_up(job_id, key)
-        outcome, cancelled_task = self.store.cancel(job_id, key, by)
+        outcome, cancelled_task, task = self.store.cancel(job_id, key, by)
         revoked = task_id or cancelled_task
         if outcome is CancelOutcome.CANCELLED and revoked is not None:
-            revoke.mark_revoked(self.app, revoked, backend)
+            revoke.mark_revoked(self.app, revoked, task, backend)
         return outcome
 
     def revoke(self, task_ids: Iterable[str]) -> int:
@@ -362,8 +362,9 @@ class DelayQ(Holding):
         (see :mod:`celery_delayq.revoke`); returns how many were cancelled."""
         cancelled = 0
         for task_id in task_ids:
-            if self.store.cancel_task(task_id, by="revoke") is CancelOutcome.CANCELLED:
-                revoke.mark_revoked(self.app, task_id)
+            outcome, _, task = self.store.cancel_task(task_id, by="revoke")
+            if outcome is CancelOutcome.CANCELLED:
+                revoke.mark_revoked(self.app, task_id, task)
                 cancelled += 1
         return cancelled
 
@@ -371,10 +372,10 @@ class DelayQ(Holding):
         """Cancel every pending job with this business key (their results REVOKED);
         returns how many."""
         validation.looked_up_key(key)
-        task_ids = self.store.cancel_key(key, by)
-        for task_id in task_ids:
-            revoke.mark_revoked(self.app, task_id)
-        return len(task_ids)
+        cancelled = self.store.cancel_key(key, by)
+        for task_id, task in cancelled:
+            revoke.mark_revoked(self.app, task_id, task)
+        return len(cancelled)
 
     def get(self, job_id: str, key: str | None = None) -> Job | None:
         validation.looked_up(job_id, key)

@@ -39,10 +39,13 @@ _command_lock = threading.Lock()
 _command_wrapped = False
 
 
-def mark_revoked(app, task_id: str, backend: Any = None) -> None:
+def mark_revoked(app, task_id: str, task: str | None, backend: Any = None) -> None:
     """Store the REVOKED state of a cancelled task, as a worker does for a revoked one, in
-    ``backend`` (its task's own) or else the app's."""
-    (backend or app.backend).mark_as_revoked(task_id, REASON)
+    ``backend`` (the one its result reads), else the backend of the task registered here
+    as ``task`` (a task may have its own), else the app's."""
+    if backend is None:  # (the registry as it is: looking must not finalize the app)
+        backend = getattr(app._tasks.get(task or ""), "backend", None) or app.backend
+    backend.mark_as_revoked(task_id, REASON)
 
 
 def install(delayq: DelayQ) -> None:

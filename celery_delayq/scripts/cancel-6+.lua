@@ -28,9 +28,10 @@ to the envelope kept for that copy, so ack, recover and dead see the call the ca
 Returns {code, number cancelled, ...}. For "id" (and "move"), code is 1 cancelled, 0 too
 late (a carrier holds it, or an earlier copy of it: that is delivered), -1 unknown, then
 the cancelled job's Celery task id ("" when it is the job id, or when nothing was
-cancelled). For "key", code is the last index member looked at when it looked at ARGV[6]
-of them (more may follow: call again with it as ARGV[5]), else "", followed by two values
-per job cancelled: its Celery task id ("" when it is the job id) and its job id.
+cancelled) and its task name ("" when nothing was cancelled). For "key", code is the last
+index member looked at when it looked at ARGV[6] of them (more may follow: call again with
+it as ARGV[5]), else "", followed by three values per job cancelled: its Celery task id
+("" when it is the job id), its job id and its task name.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -59,11 +60,12 @@ else
   ids = {value}
   if ARGV[5] ~= '' then
     local fields = first_line(redis.call('HGET', KEYS[2], value))
-    if not (fields and fields['i'] == ARGV[5]) then return {-1, 0, ''} end
+    if not (fields and fields['i'] == ARGV[5]) then return {-1, 0, '', ''} end
   end
 end
 local cancelled = 0
-local reply = {more, 0}  -- for "key": where to go on, the count, then task and job id of each
+local reply = {more, 0}  -- where to go on ("key"), the count, then each job's task id,
+-- job id and task name
 for _, job_id in ipairs(ids) do
   local pending = redis.call('ZREM', KEYS[1], job_id) == 1
   -- a moved job leaves even while a carrier holds it: then its lease stays, without an
@@ -75,6 +77,7 @@ for _, job_id in ipairs(ids) do
     local task, key = text_field(fields, 't'), text_field(fields, 'y')
     reply[#reply + 1] = text_field(fields, 'i')
     reply[#reply + 1] = job_id
+    reply[#reply + 1] = task
     local held = redis.call('ZSCORE', KEYS[3], job_id)
     if moving or not held then
       if redis.call('HDEL', KEYS[2], job_id) == 1 and task ~= '' then add_count(6, task, -1) end
@@ -102,9 +105,9 @@ if kind == 'key' then
 end
 -- a carrier holds an earlier copy (the job was scheduled again while in flight): that one
 -- is delivered, so the answer is "too late" even when the pending copy was cancelled
-local task_id = reply[3] or ''
+local task_id, task = reply[3] or '', reply[5] or ''
 if redis.call('ZSCORE', KEYS[3], value) then
-  return answer(7, {0, cancelled, task_id}, cancelled > 0)
+  return answer(7, {0, cancelled, task_id, task}, cancelled > 0)
 end
-if cancelled == 1 then return answer(7, {1, 1, task_id}, true) end
-return {-1, 0, ''}
+if cancelled == 1 then return answer(7, {1, 1, task_id, task}, true) end
+return {-1, 0, '', ''}

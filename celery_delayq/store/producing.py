@@ -41,11 +41,12 @@ class CancelOutcome(str, Enum):
 
 
 class Cancelled(NamedTuple):
-    """What :meth:`Producing.cancel` did, and the Celery task id of the job it cancelled
-    (None when it cancelled none)."""
+    """What :meth:`Producing.cancel` did, and the Celery task id and task name of the job
+    it cancelled (None when it cancelled none)."""
 
     outcome: CancelOutcome
-    task_id: str | None
+    task_id: str | None = None
+    task: str | None = None
 
 
 class ScheduleCode(int, Enum):
@@ -267,10 +268,13 @@ class Producing(StoreBase):
         else:
             outcome = CancelOutcome.CANCELLED if 1 in codes else CancelOutcome.UNKNOWN
         cancelled = next((reply for reply in replies if reply[1]), None)
-        return Cancelled(outcome, None if cancelled is None else cancelled[2] or job_id)
+        if cancelled is None:
+            return Cancelled(outcome)
+        return Cancelled(outcome, cancelled[2] or job_id, cancelled[3])
 
-    def cancel_key(self, key: str, by: str = "") -> list[str]:
-        """Cancel every pending job with this business key; returns their task ids.
+    def cancel_key(self, key: str, by: str = "") -> list[tuple[str, str]]:
+        """Cancel every pending job with this business key; returns the task id and task
+        name of each.
 
         One script call per :data:`CANCEL_KEY_CHUNK` jobs of the key, each atomic against
         the carrier: a key with very many jobs never blocks Redis for long (one call for
@@ -280,28 +284,28 @@ class Producing(StoreBase):
         shard, after, task_ids = self.keys.shard_for("", key), "", []
         while True:
             reply = self._cancel(shard, "key", key, by, after, CANCEL_KEY_CHUNK)
-            task_ids += [task_id or unpack_id(job_id) for task_id, job_id in zip(
-                reply[2::2], reply[3::2], strict=True)]
+            task_ids += [(task_id or unpack_id(job_id), task) for task_id, job_id, task in zip(
+                reply[2::3], reply[3::3], reply[4::3], strict=True)]
             after = reply[0]
             if not after:
                 return task_ids
 
-    def cancel_task(self, task_id: str, by: str = "") -> CancelOutcome:
+    def cancel_task(self, task_id: str, by: str = "") -> Cancelled:
         """Cancel the pending job of a Celery task id: the job of that id, else the job
         its task id index names (a job scheduled with an id of its own)."""
-        outcome = self.cancel(task_id, by=by).outcome
-        if outcome is not CancelOutcome.UNKNOWN:
-            return outcome
+        cancelled = self.cancel(task_id, by=by)
+        if cancelled.outcome is not CancelOutcome.UNKNOWN:
+            return cancelled
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
             for shard in self.keys:
                 pipe.get(self.keys.task_index(shard, pack_id(task_id)))
             job_ids = {unpack_id(stored) for stored in pipe.execute() if stored is not None}
         for job_id in job_ids:  # one, unless its job moved to another key's shard
-            outcome = self.cancel(job_id, by=by, task_id=task_id).outcome
-            if outcome is not CancelOutcome.UNKNOWN:
-                return outcome
-        return CancelOutcome.UNKNOWN
+            cancelled = self.cancel(job_id, by=by, task_id=task_id)
+            if cancelled.outcome is not CancelOutcome.UNKNOWN:
+                return cancelled
+        return Cancelled(CancelOutcome.UNKNOWN)
 
     def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str,
                 *more: str | int) -> list[Any]:

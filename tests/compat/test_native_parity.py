@@ -264,11 +264,21 @@ def test_the_result_of_a_task_with_a_backend_of_its_own_reads_that_backend(parit
     assert (delayed.state, delayed.backend) == (native.state, native.backend)
 
 
-@pytest.mark.parametrize("end", ["cancel", "revoke"])
+#: the ways to end a stored call knowing only its ids (a job id is its call's task id)
+ENDS = {
+    "cancel": lambda result: result.cancel(),
+    "revoke": lambda result: result.revoke(),
+    "cancel by job id": lambda result: DelayQ.of(result.app).cancel(result.job_id),
+    "cancel by key": lambda result: DelayQ.of(result.app).cancel_key("own-backend"),
+    "control.revoke": lambda result: result.app.control.revoke(result.id),
+}
+
+
+@pytest.mark.parametrize("end", ENDS)
 def test_a_cancelled_task_with_a_backend_of_its_own_is_revoked_there(parity, end):
     task = parity.module.with_own_backend
-    delayed = task.apply_async(("d",), countdown=600)
-    getattr(delayed, end)()
+    delayed = task.apply_delayed(("d",), delay=600, key="own-backend")
+    ENDS[end](delayed)
     assert task.backend.get_state(delayed.id) == "REVOKED"
     assert not parity.stored(delayed.id)
 

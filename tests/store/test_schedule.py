@@ -149,7 +149,8 @@ def test_a_key_with_more_jobs_than_one_call_takes_is_cancelled_call_by_call(
     assert sum(len(claim.jobs) for claim in claims) == 5
     delayq.store.cancel_key("no-such-key")  # the script loaded (a NOSCRIPT call counts)
     before = command_calls(delayq.store)
-    assert sorted(delayq.store.cancel_key("tenant:1")) == sorted(r.id for r in pending)
+    assert sorted(delayq.store.cancel_key("tenant:1")) == sorted(
+        (r.id, "tests.proj.record") for r in pending)
     assert command_calls(delayq.store) - before == 5  # 30 index members, 7 per call
     assert delayq.pending(key="tenant:1") == []
 
