@@ -170,9 +170,9 @@ class Carrier:
         return recovered
 
     def _check_store(self) -> None:
-        """Read the store's id (one call; the shard count is checked with it). Another id
-        than the last one means the store was made again: its Redis lost its data. Say so
-        once, and set ``delayq_rate_limits`` again."""
+        """Read the store's id (one call; the shard count and format are checked with it).
+        Another id than the last one means the store was made again: its Redis lost its
+        data. Say so once, and set ``delayq_rate_limits`` again."""
         meta = self.store.keys.meta
         try:
             made = self.store.store_id()
@@ -180,7 +180,7 @@ class Carrier:
             if self._store_id is None:  # its first look: as a start is refused
                 raise
             raise ConfigurationError(
-                f"the shard count in {meta} changed while this carrier ran: {exc}") from exc
+                f"the store's record {meta} changed while this carrier ran: {exc}") from exc
         known, self._store_id = self._store_id, made
         if known is None or made == known:
             return

@@ -34,8 +34,9 @@ members, fields, journal entries::
     <prefix>:{N}:answer:<token>  STRING the reply of one cancel, replay or drop call, kept a
                            minute: the call sent again after its reply was lost gets it
                            instead of a second run's (scripts/include/answer.lua)
-    <prefix>:meta          HASH  store-wide facts (the shard count it was created with; an
-                           id, new when the store is made again: its Redis lost its data)
+    <prefix>:meta          HASH  store-wide facts (the shard count it was created with; its
+                           format, store.base.FORMAT; an id, new when the store is made
+                           again: its Redis lost its data)
     <prefix>:export        HASH  shard -> id of the last journal entry exported (delayq export)
     <prefix>:carriers      ZSET  carrier id -> heartbeat deadline (ms), the live carriers
     <prefix>:wake          pub/sub channel: a shard number, when a new job became its head

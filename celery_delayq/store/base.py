@@ -1,7 +1,7 @@
 """What every part of :class:`~celery_delayq.store.Store` stands on: its Redis client, the
-store's record of itself (``meta``: its shard count, checked, and an id that changes only
-when the store is made again), the translation of Redis errors into ours, and the store's
-memory (read only)."""
+store's record of itself (``meta``: its shard count and format, checked, and an id that
+changes only when the store is made again), the translation of Redis errors into ours, and
+the store's memory (read only)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,11 @@ _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wro
 #: How Redis 6.2 and 7 word the ACL's refusal of a command a script calls (no NOPERM).
 _SCRIPT_REFUSED = "The user executing the script can't run this command"
 SCAN_CHUNK = 500  # members / fields read per command when a reader scans a key
+#: The layout of the store's keys and values this version reads and writes (``meta``'s
+#: ``format``). A release that changes it raises it and says how to move a store on; a
+#: process refuses a store of a format it does not know, rather than misread its jobs.
+FORMAT = 1
+_META_FIELDS = ("shards", "format", "id")
 
 
 def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -72,22 +77,55 @@ class StoreBase:
         """A client of the store (plain, cluster or Sentinel: see :mod:`connection`)."""
         with self.unavailable():
             client = connect(self.config)
-            self._check_shard_count(client)
+            self._check_meta(client)
         return client
 
-    def _check_shard_count(self, client: redis.Redis | RedisCluster) -> None:
-        """Refuse a shard count other than the store's; a read unless the store is new, so
-        a full Redis does not stop a start (the first write records it then)."""
-        stored = cast("str | None", client.hget(self.keys.meta, "shards"))  # decoded
-        if stored is None:
+    def _check_meta(self, client: redis.Redis | RedisCluster) -> dict[str, str | None]:
+        """Refuse a store of another shard count or format; ``meta``'s fields, those it
+        lacked written first (a new store, one of an older version, or one whose Redis
+        lost its data). A read while the record is whole; a full Redis that refuses the
+        write does not stop a start (a later write records them then)."""
+        fields = self._read_meta(client)
+        self._same_meta(fields)
+        if None in fields.values():
             try:
-                client.hsetnx(self.keys.meta, "shards", self.keys.shards)
+                for name, value in (("shards", self.keys.shards), ("format", FORMAT),
+                                    ("id", os.urandom(8).hex())):
+                    if fields[name] is None:
+                        client.hsetnx(self.keys.meta, name, value)
             except redis.ResponseError as exc:
                 if not refused_for_memory(exc):
                     raise
-                return
-            stored = cast("str | None", client.hget(self.keys.meta, "shards"))
-        self._same_shards(stored)
+            fields = self._read_meta(client)
+            self._same_meta(fields)
+        return fields
+
+    def _read_meta(self, client: redis.Redis | RedisCluster) -> dict[str, str | None]:
+        """``meta``'s fields, None where missing: one HMGET."""
+        return dict(zip(_META_FIELDS, cast("list[str | None]", client.hmget(
+            self.keys.meta, _META_FIELDS)), strict=True))
+
+    def _same_meta(self, fields: dict[str, str | None]) -> None:
+        """Raise ConfigurationError unless ``meta`` records a format this version knows and
+        this app's shard count (or none)."""
+        self._known_format(fields["format"])
+        self._same_shards(fields["shards"])
+
+    def _known_format(self, stored: str | None) -> None:
+        if stored is None or count_of(stored) == FORMAT:
+            return
+        meta, found = self.keys.meta, count_of(stored)
+        if found is not None and found > FORMAT:
+            raise ConfigurationError(
+                f"the store under prefix {self.keys.prefix!r} is of store format {found} "
+                f"({meta} field 'format'), written by a newer celery-delayq; this one knows "
+                f"format {FORMAT}: upgrade celery-delayq in this process (every producer, "
+                "carrier and worker of a store needs a version that knows its format; "
+                "docs/operations.md, 'Upgrading')")
+        raise ConfigurationError(
+            f"{meta} field 'format' holds {printable(stored)!r}, not a store format this "
+            f"celery-delayq knows ({FORMAT}); if it was changed by hand, set it back "
+            f"(HSET {meta} format {FORMAT}) before using the store")
 
     def _same_shards(self, stored: str | None) -> None:
         """Raise ConfigurationError unless ``meta`` records this app's shard count (or none)."""
@@ -110,30 +148,12 @@ class StoreBase:
                 f"configured with it, then HSET {meta} shards {self.keys.shards}")
 
     def store_id(self) -> str | None:
-        """The id ``meta`` holds, read with its shard count (which is checked, as at the
-        client's creation): one HMGET. A record missing either is written first (a new
-        store, a store of an older version, or one whose Redis lost its data), so another
-        id than the one read before means the store was made again. None while a full Redis
-        refuses that write."""
+        """The id ``meta`` holds, read with its shard count and format (which are checked,
+        as at the client's creation): one HMGET. A record missing any is written first, so
+        another id than the one read before means the store was made again. None while a
+        full Redis refuses that write."""
         with self.unavailable():
-            shards, made = self._meta()
-            self._same_shards(shards)
-            if shards is None or made is None:
-                try:
-                    self.client.hsetnx(self.keys.meta, "shards", self.keys.shards)
-                    self.client.hsetnx(self.keys.meta, "id", os.urandom(8).hex())
-                except redis.ResponseError as exc:
-                    if not refused_for_memory(exc):
-                        raise
-                shards, made = self._meta()
-                self._same_shards(shards)
-        return made
-
-    def _meta(self) -> tuple[str | None, str | None]:
-        """``meta``'s shard count and id, None where missing."""
-        shards, made = cast("list[str | None]",
-                            self.client.hmget(self.keys.meta, ["shards", "id"]))
-        return shards, made
+            return self._check_meta(self.client)["id"]
 
     @contextlib.contextmanager
     def unavailable(self) -> Iterator[None]:

@@ -3,7 +3,8 @@ FLUSHALL): the carrier notices at its next maintenance round, since the ``id`` i
 ``delayq:meta`` is gone. It logs an ERROR once (the stored jobs, pauses and rate limits set
 by hand are gone; what to do), sets ``delayq_rate_limits`` again, and writes the shard count
 again, so a producer with another ``delayq_shards`` is refused. A ``meta`` that records
-another shard count stops the carrier with the ConfigurationError, as it refuses a start."""
+another shard count, or a store format this version does not know, stops the carrier with
+the ConfigurationError, as it refuses a start."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from celery import Celery
 from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.carrier import Carrier
 from celery_delayq.errors import ConfigurationError
+from celery_delayq.store.base import FORMAT
 from celery_delayq.testing.redis_server import RedisServer
 from tests.carrier.test_rate_limit import busiest_second, promotions
 from tests.conftest import CLUSTER, command_calls, wait_for
@@ -144,7 +146,7 @@ def test_a_carrier_whose_store_now_records_another_shard_count_stops_saying_why(
     assert isinstance(raised[0], ConfigurationError), raised
     said = errors(caplog)
     assert len(said) == 1, said  # once: it stopped, it does not retry
-    for words in ("shard count in delayq:meta changed while this carrier ran",
+    for words in ("record delayq:meta changed while this carrier ran",
                   "records delayq_shards=8",
                   "this app says 4", "HSET delayq:meta shards 4"):
         assert words in said[0], (words, said[0])
@@ -152,12 +154,42 @@ def test_a_carrier_whose_store_now_records_another_shard_count_stops_saying_why(
     assert client.hget(delayq.store.keys.meta, "shards") == "8"  # left for the operator
 
 
-def test_a_carrier_refused_at_its_start_says_why_once_and_writes_nothing(server, caplog):
+def test_a_store_record_of_an_earlier_version_gets_its_format_and_a_producer_its_refusal(
+        server):
+    """A store made before ``meta`` held a format (shards only) is of format 1: the first
+    process records it. A producer of a version that knows an earlier format only is then
+    refused, as one is once a later release moves the store on."""
     client = redis.Redis(port=server.port, decode_responses=True)
-    client.hset("delayq:meta", "shards", 8)
+    client.hset("delayq:meta", "shards", 4)
+    delayq, noop = make_app(server)
+    noop.apply_delayed((1,), delay=60)
+    assert client.hget("delayq:meta", "format") == str(FORMAT)
+    client.hset("delayq:meta", "format", FORMAT + 1)
+    _, later = make_app(server)
+    with pytest.raises(ConfigurationError, match="newer celery-delayq"):
+        later.apply_delayed((2,), delay=60)
+    assert [job.args for job in delayq.pending()] == [[1]]
+
+
+#: meta records written by another process → what a carrier refusing that store says
+REFUSED = {
+    "another shard count": ({"shards": 8}, r"delayq_shards=8.*this app says 4"),
+    "a newer format": ({"shards": 4, "format": FORMAT + 1},
+                       rf"store format {FORMAT + 1} .*newer celery-delayq.*knows format "
+                       rf"{FORMAT}: upgrade celery-delayq"),
+    "a format unknown": ({"format": "x"}, r"'format' holds 'x'.*HSET delayq:meta format 1"),
+}
+
+
+@pytest.mark.parametrize("record", REFUSED)
+def test_a_carrier_refused_at_its_start_says_why_once_and_writes_nothing(
+        server, caplog, record):
+    meta, refusal = REFUSED[record]
+    client = redis.Redis(port=server.port, decode_responses=True)
+    client.hset("delayq:meta", mapping=meta)
     delayq, _ = make_app(server)
     with caplog.at_level(logging.INFO, logger="celery_delayq"), \
-            pytest.raises(ConfigurationError, match=r"delayq_shards=8.*this app says 4"):
+            pytest.raises(ConfigurationError, match=refusal):
         Carrier(delayq.app).run()
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and said[0].startswith("stopping the carrier: "), said
