@@ -12,6 +12,7 @@ them oldest first.
 from __future__ import annotations
 
 from .errors import InvalidOption
+from .reading import forbidden
 
 KINDS = ("task", "queue")
 
@@ -24,9 +25,11 @@ def field(task: str | None, queue: str | None) -> str:
         raise InvalidOption("pass exactly one of task= (a task name, e.g. "
                             "'shop.tasks.check_refund_status') or queue= (e.g. 'refunds')")
     kind, name = given[0]
-    if not isinstance(name, str) or not name or not name.isprintable():
-        raise InvalidOption(f"{kind}= must be a non-empty name of printable characters, "
-                            f"got {name!r}")
+    if not isinstance(name, str) or not name:
+        raise InvalidOption(f"{kind}= must be a non-empty name, got {name!r}")
+    problem = forbidden(name, f"{kind}=")  # the rule names are scheduled under
+    if problem is not None:
+        raise InvalidOption(problem)
     return f"{kind}:{name}"
 
 

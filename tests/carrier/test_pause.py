@@ -122,6 +122,16 @@ def test_pause_of_nothing_or_of_two_things_is_refused_and_writes_nothing(delayq,
     assert [key for key in store_keys(delayq) if not key.endswith(":meta")] == []
 
 
+@pytest.mark.parametrize("name", ["caisse\u00a0principale", "zero\u200bwidth"])
+def test_a_name_the_store_takes_for_a_queue_or_task_can_be_paused(delayq, name):
+    """Names are refused by one rule (``reading.FORBIDDEN``) when scheduled and paused
+    alike: a no-break or zero-width space is neither a control character nor a bidi
+    control, so jobs can be routed to such a queue, and it can be paused."""
+    delayq.pause(queue=name)
+    delayq.pause(task=name)
+    assert delayq.paused() == {"tasks": [name], "queues": [name]}
+
+
 def test_a_held_job_keeps_its_due_time_for_keep_replace_and_error(proj, app, delayq):
     delayq.pause(task=proj.record.name)
     proj.record.apply_delayed(args=("first",), eta=PAST, job_id="same")
