@@ -336,3 +336,13 @@ def test_a_call_made_inside_a_task_inherits_its_priority_as_natively(parity, chi
     """With ``task_inherit_parent_priority``."""
     native, delayed = (parity.app.AsyncResult(child_id) for child_id in children[1])
     assert delayed.get(timeout=20) == native.get(timeout=20) == 5
+
+
+# -- compression -----------------------------------------------------------------------------
+
+def test_a_compressed_call_runs_and_returns_as_it_does_natively(parity):
+    task = parity.module.echo
+    with parity.natively():
+        native = Task.apply_async(task, ("n",), countdown=0.3, compression="zlib")
+    delayed = task.apply_async(("d",), countdown=0.3, compression="zlib")
+    assert [native.get(timeout=20), delayed.get(timeout=20)] == [["echo", "n"], ["echo", "d"]]
