@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
@@ -316,25 +317,30 @@ class Producing(StoreBase):
                 [self._maxlen, kind, value if kind == "key" else pack_id(value), by, *more])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
-        """Move a pending job to a new due time; returns it (ms) or None if not pending."""
-        for shard in self._candidates(job_id, key):
-            with self.unavailable():
-                ok, due_ms, task_id = SCRIPTS["reschedule"].call(
-                    self.client, SCRIPTS["reschedule"].keys_for(shard),
-                    [self._maxlen, pack_id(job_id), *due.script_args(), self.keys.wake_channel,
-                     shard.shard])
-                if ok and task_id:  # its task id index lives as long as it is pending
-                    self.client.pexpireat(self.keys.task_index(shard, pack_id(task_id)),
-                                          due_ms + TASK_INDEX_GRACE_MS)
-            if ok:
+        """Move a pending job to a new due time; returns it (ms) or None if not pending.
+        ``key`` says where to look first: a job stored under another key is found too."""
+        first = [self.keys.shard_for(job_id, key)] if key is not None else []
+
+        def shards() -> Iterator[ShardKeys]:  # the others looked for only if first misses
+            yield from first
+            yield from (shard for shard in self._shards_holding(job_id) if shard not in first)
+
+        for shard in shards():
+            due_ms = self._reschedule_on(shard, job_id, due)
+            if due_ms is not None:
                 return due_ms
         return None
 
-
-    def _candidates(self, job_id: str, key: str | None) -> list[ShardKeys]:
-        if key is not None:
-            return [self.keys.shard_for(job_id, key)]
-        return self._shards_holding(job_id)
+    def _reschedule_on(self, shard: ShardKeys, job_id: str, due: Due) -> int | None:
+        with self.unavailable():
+            ok, due_ms, task_id = SCRIPTS["reschedule"].call(
+                self.client, SCRIPTS["reschedule"].keys_for(shard),
+                [self._maxlen, pack_id(job_id), *due.script_args(), self.keys.wake_channel,
+                 shard.shard])
+            if ok and task_id:  # its task id index lives as long as it is pending
+                self.client.pexpireat(self.keys.task_index(shard, pack_id(task_id)),
+                                      due_ms + TASK_INDEX_GRACE_MS)
+        return due_ms if ok else None
 
     def _shards_holding(self, job_id: str, in_flight: bool = False) -> list[ShardKeys]:
         """Shards whose job hash holds ``job_id`` (with ``in_flight``: or whose carrier

@@ -301,3 +301,17 @@ def test_a_script_redis_lacks_lets_no_call_slip_between_a_look_and_a_write(
     [job] = delayq.pending()
     assert job.task_id == outcome["scheduled"]
     assert outcome["replayed"] is (job.task_id == task_id)
+
+
+@pytest.mark.parametrize("given", ["another key", "no key"])
+def test_a_job_looked_up_or_rescheduled_under_a_key_not_its_own_is_found(proj, delayq, given):
+    """A key given with a job id is where the job is looked for first, not a filter: one id
+    is one job whatever its key, so ``get`` and ``reschedule`` (and ``run_now``) find it
+    under another key, as ``cancel`` does, rather than calling a pending job gone."""
+    own, other = keys_on_two_shards(delayq)
+    proj.record.apply_delayed(args=("x",), delay=600, job_id="close-42", key=own)
+    hint = other if given == "another key" else None
+    assert delayq.get("close-42", key=hint).key == own
+    assert delayq.reschedule("close-42", delay=900, key=hint) is not None
+    assert delayq.run_now("close-42", key=hint)
+    assert delayq.cancel("close-42", key=hint)
