@@ -288,9 +288,9 @@ class DelayQ(Holding):
         if eta is not None:
             if isinstance(eta, str):
                 eta = iso_time(eta)
-            eta = maybe_make_aware(eta, self.app.timezone)  # naive: Celery's timezone rules
-            seconds = (eta - self.app.now()).total_seconds()
-            return {"eta": eta} if seconds > threshold else None
+            at: datetime = maybe_make_aware(eta, self.app.timezone)  # naive: Celery's rules
+            seconds = at.timestamp() - self.app.now().timestamp()  # not wall clocks
+            return {"eta": at} if seconds > threshold else None
         return None
 
     def _route_send_task(self) -> None:

@@ -114,3 +114,38 @@ def test_admin_pages_show_local_times_and_reschedule_to_a_local_time(
         "action": "run_now", "_selected_action": [row.pk]}, follow=True)
     assert ran.status_code == 200
     assert DelayedTask.objects.get(pk=row.pk).due <= _local(datetime.now(timezone.utc))
+
+
+#: 01:30 CET on the night of 29 March 2026, when Berlin's clocks go from 02:00 to 03:00
+SPRING_FORWARD = datetime(2026, 3, 29, 0, 30, tzinfo=timezone.utc)
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+@pytest.fixture
+def dst_night(settings, monkeypatch):
+    """A USE_TZ=False project in Berlin whose clocks read 01:30 of a spring-forward night."""
+    from celery_delayq.contrib.django import times
+
+    settings.USE_TZ, settings.TIME_ZONE = False, "Europe/Berlin"
+    monkeypatch.setattr("django.utils.timezone.now", lambda: SPRING_FORWARD.astimezone(
+        BERLIN).replace(tzinfo=None))
+    monkeypatch.setattr(times, "utc_now", lambda: SPRING_FORWARD)
+
+
+def test_a_delay_counts_real_minutes_across_a_clock_change(dst_night, shop_delayq):
+    """Two hours from 01:30 CET is 04:30 CEST by the wall clock, not 03:30: the admin's
+    "delay N minutes", a transactional call's due time on its row (which reconcile writes
+    to the store if the on-commit write failed) and the "due in" column count real time."""
+    from shop.tasks import close_unpaid_order
+
+    from celery_delayq.contrib.django.admin import RescheduleForm, _relative_due
+
+    later = SPRING_FORWARD + timedelta(hours=2)
+    form = RescheduleForm(data={"delay_minutes": "120"})
+    assert form.is_valid(), form.errors
+    assert form.due() == later
+    with transaction.atomic():
+        close_unpaid_order.apply_delayed(args=(6,), delay=7200, job_id="order:6:close")
+        row = DelayedTask.objects.get(job_id="order:6:close")
+    assert row.due == datetime(2026, 3, 29, 4, 30)
+    assert _relative_due(row).replace("\xa0", " ") == "in 2 hours"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -85,3 +86,14 @@ def test_send_task_with_a_countdown_takes_celerys_arguments_by_position(proj, de
 def test_send_task_with_a_countdown_refuses_more_arguments_than_celerys_as_celery_does(proj):
     with pytest.raises(TypeError, match="positional arguments but 30 were given"):
         proj.app.send_task("elsewhere.remind", (1,), None, 600, None, *[None] * 25)
+
+
+def test_an_eta_in_the_apps_zone_on_a_fall_back_night_is_counted_in_real_time(
+        proj, delayq, monkeypatch):
+    """Datetimes of one zone subtract as wall clocks: at 01:50 EDT on the night clocks
+    go back, 01:10 EST is 20 minutes ahead, not 40 behind, so the store takes the call
+    (rather than Celery's own path, which would hold it undurably in a worker)."""
+    zone = ZoneInfo("America/New_York")
+    monkeypatch.setattr(proj.app, "now", lambda: datetime(2026, 11, 1, 1, 50, tzinfo=zone))
+    eta = datetime(2026, 11, 1, 1, 10, fold=1, tzinfo=zone)
+    assert delayq.store_delay(None, eta) == {"eta": eta}

@@ -8,6 +8,7 @@ import json
 import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from django import forms
 from django.apps import apps
@@ -24,7 +25,7 @@ from django.utils.translation import ngettext
 from celery_delayq import DelayQError, StoreUnavailable
 from celery_delayq.conf import MAX_DELAY
 
-from . import operations
+from . import operations, times
 from .chart import pending_chart
 from .models import DelayedTask, State
 from .runtime import delayq as project_delayq
@@ -72,7 +73,7 @@ class RescheduleForm(forms.Form):
         """One due time for every selected task: a delay counts from when the form is applied."""
         if self.cleaned_data.get("due_at") is not None:
             return from_db(self.cleaned_data["due_at"])  # naive without USE_TZ
-        return from_db(timezone.now()) + timedelta(minutes=self.cleaned_data["delay_minutes"])
+        return times.utc_now() + timedelta(minutes=self.cleaned_data["delay_minutes"])
 
 
 @admin.register(DelayedTask)
@@ -358,14 +359,15 @@ def when(moment: datetime) -> str:
 
 def _relative_due(row) -> str:
     """"in 12 minutes", "3 s ago"; ", held by a pause" or ", not run" where so."""
-    now = timezone.now()
-    seconds = (row.due - now).total_seconds()
+    # both in UTC: timesince counts wall-clock fields, which a clock change shifts
+    now, due = times.utc_now(), from_db(row.due).astimezone(dt_timezone.utc)
+    seconds = (due - now).total_seconds()
     if abs(seconds) < 60:
         text = f"in {seconds:.0f} s" if seconds >= 0 else f"{-seconds:.0f} s ago"
     elif seconds > 0:
-        text = f"in {timeuntil(row.due, now, depth=1)}"
+        text = f"in {timeuntil(due, now, depth=1)}"
     else:
-        text = f"{timesince(row.due, now, depth=1)} ago"
+        text = f"{timesince(due, now, depth=1)} ago"
     if row.state in (State.CANCELLED, State.DEAD):
         return f"{text}, not run"
     if getattr(row, "delayq_held", False):

@@ -23,13 +23,13 @@ from datetime import datetime, timedelta
 
 from django.db import router, transaction
 from django.db.models import Q
-from django.utils import timezone
 
 from celery_delayq import DelayQ
 
+from . import times
 from .models import DelayedTask, JournalCursor, State
 from .runtime import delayq as project_delayq
-from .times import db_time_of_ms, from_db, to_db
+from .times import db_time_of_ms, to_db
 
 #: Rows deleted per transaction.
 CHUNK = 1000
@@ -42,7 +42,7 @@ def prune(older_than: timedelta, delayq: DelayQ | None = None, *, chunk: int = C
     went. ``progress`` is given the running count after each chunk."""
     prefix = (delayq or project_delayq()).store.keys.prefix
     applied = [_passed(cursor) for cursor in JournalCursor.objects.filter(prefix=prefix)]
-    bounds = [to_db(from_db(timezone.now()) - older_than), *applied]
+    bounds = [to_db(times.utc_now() - older_than), *applied]
     if not applied or None in bounds:  # no sync yet (no row can have finished)
         return 0
     cutoff = min(bound for bound in bounds if bound is not None)

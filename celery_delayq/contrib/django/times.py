@@ -37,6 +37,13 @@ def to_db(at: datetime | None) -> datetime | None:
     return timezone.make_naive(at, timezone.get_default_timezone())
 
 
+def utc_now() -> datetime:
+    """Now, aware in UTC: a delay added to it, or a time taken from it, counts real time
+    across a clock change, which a naive local time (``timezone.now()`` without
+    ``USE_TZ``) does not. (Call it as ``times.utc_now()``: a test moves the clock there.)"""
+    return datetime.now(dt_timezone.utc)
+
+
 @overload
 def from_db(at: datetime) -> datetime: ...
 @overload

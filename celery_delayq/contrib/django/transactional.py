@@ -40,6 +40,7 @@ from celery_delayq.reading import utc_of_ms
 from celery_delayq.store import CancelOutcome
 from celery_delayq.validation import Due
 
+from . import times
 from .columns import column_json
 from .models import DelayedTask, DelayedTaskEvent, State
 from .runtime import delayq as project_delayq
@@ -84,7 +85,7 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
     if existing is not None and if_exists == "error":
         raise JobExists(call.job_id)
     now = dj_timezone.now()
-    eta = _estimate(due, now)
+    eta = _estimate(due)
     row, _ = rows.update_or_create(job_id=call.job_id, defaults={
         **fields, "task_id": call.task_id, "task": call.task,
         "key": call.key or "", "due": eta, "state": State.SCHEDULED, "stored": False,
@@ -229,12 +230,12 @@ def _fields_of(envelope: str, default_queue: str) -> dict:
             "retries": int(env.get("o", {}).get("retries", 0) or 0)}
 
 
-def _estimate(due: Due, now: datetime) -> datetime | None:
+def _estimate(due: Due) -> datetime | None:
     """The due time by the local clock (Redis's clock decides it on commit), as the
-    database holds it (``now`` too)."""
+    database holds it."""
     if due.at_ms is not None:
         return to_db(utc_of_ms(due.at_ms))
-    return now + timedelta(milliseconds=due.delay_ms or 0)
+    return to_db(times.utc_now() + timedelta(milliseconds=due.delay_ms or 0))
 
 
 def _local_event(pk: int, event: str, detail: str) -> None:
