@@ -33,28 +33,30 @@ __all__ = ["delayq"]
 _DEFAULTS = {setting.name: setting.default for setting in SETTINGS}
 
 
-def _setting(name: str) -> str:
-    """An option's default as help shows it: the app's setting and its built-in value."""
+def _setting(name: str, text: str) -> str:
+    """An option's help ending with its default: the app's setting and its built-in value
+    (click's show_default would put it in parentheses of its own)."""
     value = _DEFAULTS[name]
     shown = value if isinstance(value, bool) else f"{value:g}"
-    return f"app.conf.delayq_{name} (built in: {shown})"
+    return f"{text} [default: app.conf.delayq_{name} (built in: {shown})]"
 
 
 @delayq.command()
-@click.option("--batch", type=int, default=None, show_default=_setting("claim_batch"),
-              help="Jobs claimed per shard per round trip.")
-@click.option("--lease", type=float, default=None, show_default=_setting("lease_seconds"),
-              help="Seconds a claimed job stays leased.")
+@click.option("--batch", type=int, default=None,
+              help=_setting("claim_batch", "Jobs claimed per shard per round trip."))
+@click.option("--lease", type=float, default=None,
+              help=_setting("lease_seconds", "Seconds a claimed job stays leased."))
 @click.option("--shard-lease", type=float, default=None,
-              show_default=_setting("shard_lease_seconds"),
-              help="Seconds a carrier's hold on a shard lasts without renewal.")
-@click.option("--idle-timeout", type=float, default=None, show_default=_setting("idle_timeout"),
-              help="Longest sleep without looking at Redis, seconds.")
+              help=_setting("shard_lease_seconds",
+                            "Seconds a carrier's hold on a shard lasts without renewal."))
+@click.option("--idle-timeout", type=float, default=None,
+              help=_setting("idle_timeout", "Longest sleep without looking at Redis, seconds."))
 @click.option("--direct/--no-direct", default=None,
-              show_default=_setting("direct_promotion"),
-              help="Push plain jobs onto the broker's queue lists inside the claim script.")
-@click.option("--handoff-lead", type=float, default=None, show_default=_setting("handoff_lead"),
-              help="Seconds before its due time a job may be handed to its queue (eta = due).")
+              help=_setting("direct_promotion", "Push plain jobs onto the broker's queue "
+                                                "lists inside the claim script."))
+@click.option("--handoff-lead", type=float, default=None,
+              help=_setting("handoff_lead", "Seconds before its due time a job may be handed "
+                                            "to its queue (eta = due)."))
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve Prometheus metrics on this port (needs celery-delayq[metrics]).")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True,

@@ -9,9 +9,8 @@ from typing import Any
 
 import click
 
-from .cli_group import cli_user, delayq, delayq_of, fail
+from .cli_group import cli_user, counting, ctrl_c_said, delayq, delayq_of, fail
 from .errors import DelayQError
-from .progress import Progress
 from .reading import counted, shown
 
 
@@ -26,10 +25,6 @@ def _one_or_all(command: Callable[..., Any]) -> Callable[..., Any]:
                          help="With --all: only those whose reason contains TEXT."))):
         command = option(command)
     return command
-
-
-def _stderr(message: str) -> None:
-    click.echo(message, err=True)
 
 
 def _check_one_or_all(job_id: str | None, every: bool, task: str | None,
@@ -52,7 +47,10 @@ def replay(ctx: click.Context, job_id: str | None, every: bool, task: str | None
             replayed = store.replay(job_id)
             click.echo(f"{shown(job_id)}: {'replayed' if replayed else 'no such dead job'}")
             sys.exit(0 if replayed else 1)
-        done = store.replay_dead(task=task, reason=reason, progress=Progress(_stderr, "replayed"))
+        count = counting("replayed")
+        with ctrl_c_said(count, "what it replayed is replayed, the rest stays dead, and it "
+                                "goes on with them"):
+            done = store.replay_dead(task=task, reason=reason, progress=count)
     except DelayQError as exc:
         fail(exc)
     kept = [f"{counted(done.live, 'job')} whose id a live job has"] if done.live else []
@@ -80,8 +78,10 @@ def drop(ctx: click.Context, job_id: str | None, every: bool, task: str | None,
             sys.exit(0 if dropped else 1)
         if not yes:
             click.confirm("Drop every dead letter selected, for good?", abort=True)
-        done = store.drop_dead(task=task, reason=reason, by=by,
-                               progress=Progress(_stderr, "dropped"))
+        count = counting("dropped")
+        with ctrl_c_said(count, "what it dropped is gone, the rest stays dead, and it goes "
+                                "on with them"):
+            done = store.drop_dead(task=task, reason=reason, by=by, progress=count)
     except DelayQError as exc:
         fail(exc)
     click.echo(f"dropped {counted(done, 'dead job')}")

@@ -11,13 +11,16 @@ into Redis by hand, none reaches the terminal with its escape sequences or line 
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import sys
+from collections.abc import Iterator
 
 import click
 
 from .errors import DelayQError
 from .extension import DelayQ
+from .interrupts import Count, interrupted
 from .reading import datetime_of_ms, shown
 
 
@@ -49,3 +52,20 @@ def cli_user() -> str:
         return f"cli:{getpass.getuser()}"
     except (KeyError, OSError):  # no user name in this environment (a bare container)
         return "cli"
+
+
+def counting(verb: str) -> Count:
+    """A long command's running count, its progress said on stderr."""
+    return Count(lambda message: click.echo(message, err=True), verb)
+
+
+@contextlib.contextmanager
+def ctrl_c_said(count: Count, rerun: str) -> Iterator[None]:
+    """Within: Ctrl-C stops the command between two steps of ``count``; it then says the
+    exact count, that the same command again is safe (``rerun``: why), and exits 130."""
+    try:
+        with count.ctrl_c_between_steps():
+            yield
+    except KeyboardInterrupt:
+        click.secho(interrupted(count, "the same command", rerun), fg="yellow", err=True)
+        sys.exit(130)

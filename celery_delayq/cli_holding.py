@@ -3,9 +3,11 @@ incident (see ``holding.py``)."""
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from .cli_group import cli_user, delayq, delayq_of, fail
+from .cli_group import cli_user, counting, ctrl_c_said, delayq, delayq_of, fail
 from .errors import DelayQError, InvalidOption
 from .reading import counted, shown
 
@@ -22,8 +24,29 @@ def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
         raise click.UsageError(str(exc)) from None
     except DelayQError as exc:
         fail(exc)
-    click.echo(f"paused {'task ' + task if task else 'queue ' + str(queue)}: its due jobs "
-               "are held, pending, until you run `delayq resume` with the same option")
+    if task and not _registered(ctx, task):
+        click.secho(f"warning: no task {shown(task)} is registered in this app; paused "
+                    "anyway (a task of another app?). If the name is wrong, run `delayq "
+                    "resume` with it and pause the right one", fg="yellow", err=True)
+    click.echo(f"paused {_named(task, queue)}: its due jobs are held, pending, until you "
+               "run `delayq resume` with the same option")
+
+
+def _registered(ctx: click.Context, task: str) -> bool:
+    """Whether the app registers ``task``, once its task modules are imported."""
+    app = ctx.obj.app
+    app.loader.import_default_modules()
+    return task in app.tasks
+
+
+def _named(task: str | None, queue: str | None) -> str:
+    """"task <name>" or "queue <name>", as the CLI says what it paused."""
+    return f"task {shown(task)}" if task else f"queue {shown(str(queue))}"
+
+
+#: Why a resume Ctrl-C stopped may be run again.
+_RESUME_RERUN = ("the pause is over; the held jobs not given back yet wait, and it gives "
+                 "them back (or a carrier does, about 5 s after the stop)")
 
 
 @delayq.command()
@@ -32,14 +55,31 @@ def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
 @click.pass_context
 def resume(ctx: click.Context, task: str | None, queue: str | None) -> None:
     """End a pause: its held jobs are due again and promoted oldest first."""
+    count = counting("gave back")
     try:
-        released = delayq_of(ctx).resume(task=task, queue=queue, by=cli_user())
+        with ctrl_c_said(count, _RESUME_RERUN):
+            done = delayq_of(ctx).resumed(task=task, queue=queue, by=cli_user(),
+                                          progress=count)
+        if not done.was_paused and not done.released:
+            _not_paused(ctx, _named(task, queue))
     except InvalidOption as exc:
         raise click.UsageError(str(exc)) from None
     except DelayQError as exc:
         fail(exc)
-    click.echo(f"resumed {'task ' + task if task else 'queue ' + str(queue)}: "
-               f"{counted(released, 'held job')} due again")
+    if done.was_paused:
+        click.echo(f"resumed {_named(task, queue)}: {counted(done.released, 'held job')} "
+                   "due again")
+    else:
+        click.echo(f"{_named(task, queue)} was not paused any more: gave back "
+                   f"{counted(done.released, 'held job')} a stopped resume left")
+
+
+def _not_paused(ctx: click.Context, named: str) -> None:
+    """Say that ``named`` was not paused, and what is; exit 1."""
+    paused = _pauses(delayq_of(ctx).paused())
+    click.echo(f"{named} was not paused ("
+               + (f"paused: {', '.join(paused)}" if paused else "nothing is paused") + ")")
+    sys.exit(1)
 
 
 @delayq.command()
@@ -50,11 +90,13 @@ def paused(ctx: click.Context) -> None:
         found = delayq_of(ctx).paused()
     except DelayQError as exc:
         fail(exc)
-    if not found["tasks"] and not found["queues"]:
-        click.echo("nothing is paused")
-    for kind in ("tasks", "queues"):
-        for name in found[kind]:
-            click.echo(f"{kind[:-1]} {shown(name)}")
+    for line in _pauses(found) or ["nothing is paused"]:
+        click.echo(line)
+
+
+def _pauses(found: dict[str, list[str]]) -> list[str]:
+    """``DelayQ.paused()``'s listing as the CLI prints it: "task <name>", "queue <name>"."""
+    return [f"{kind[:-1]} {shown(name)}" for kind in ("tasks", "queues") for name in found[kind]]
 
 
 @delayq.command(name="rate-limit")

@@ -4,14 +4,16 @@ listing of them."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from datetime import datetime
 
 import click
 
-from .cli_group import delayq, delayq_of, fail, ms_text
+from .cli_group import cli_user, counting, ctrl_c_said, delayq, delayq_of, fail, ms_text
 from .errors import DelayQError, InvalidDelay
-from .reading import counted, iso_time, shown
+from .reading import FORBIDDEN, counted, iso_time, shown
+from .store.dead_letters import of_task_and_key
 
 
 @delayq.command(name="ls")
@@ -25,12 +27,10 @@ from .reading import counted, iso_time, shown
 @click.pass_context
 def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str | None,
        limit: int, dead: bool) -> None:
-    """List pending jobs in due order (or dead letters with --dead)."""
+    """List pending jobs in due order (or dead letters, newest first, with --dead)."""
     try:
         if dead:
-            for entry in delayq_of(ctx).store.dead(limit):
-                click.echo(f"{shown(entry['job_id'])}  {ms_text(entry['at'])}  "
-                           f"{shown(entry['reason'])}")
+            _ls_dead(ctx, task, key, args_contains, limit)
             return
         jobs = delayq_of(ctx).pending(task=task, key=key, limit=limit,
                                     args_contains=_json_or_text(args_contains))
@@ -43,6 +43,24 @@ def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str
         click.echo(f"{due}  {shown(job.job_id)}  {shown(job.task)}  "
                    f"key={shown(job.key or '-')}  queue={shown(job.queue)}"
                    + ("  (paused)" if job.paused else ""))
+
+
+def _ls_dead(ctx: click.Context, task: str | None, key: str | None,
+             args_contains: str | None, limit: int) -> None:
+    """List the newest ``limit`` dead letters of ``task`` and ``key`` (None: any)."""
+    if args_contains is not None:
+        raise click.UsageError("--args-contains searches pending jobs only; with --dead, "
+                               "select by --task or --key")
+    store = delayq_of(ctx).store
+    if task is None and key is None:
+        letters = store.dead(limit)
+    else:  # every letter read, then the newest of those selected
+        letters = [entry for entry in store.dead(sys.maxsize)
+                   if of_task_and_key(entry["envelope"], task, key)][:limit]
+    if not letters:
+        click.echo("no dead letters")
+    for entry in letters:
+        click.echo(f"{shown(entry['job_id'])}  {ms_text(entry['at'])}  {shown(entry['reason'])}")
 
 
 def _json_or_text(value: str | None) -> object:
@@ -69,27 +87,48 @@ def show(ctx: click.Context, job_id: str, key: str | None) -> None:
         click.echo(f"no job {job_id!r} in the store (promoted, cancelled or never scheduled)")
         sys.exit(1)
     data = dict(vars(job), due=job.due.isoformat() if job.due else None)
-    click.echo(json.dumps(data, indent=2, default=str))
+    click.echo(_json_shown(json.dumps(data, indent=2, default=str, ensure_ascii=False)))
+
+
+#: What ``show`` escapes in its JSON: reading.FORBIDDEN, and lone surrogates (no UTF-8).
+_UNSHOWN = re.compile(FORBIDDEN.pattern[:-1] + r"\ud800-\udfff]")
+
+
+def _json_shown(text: str) -> str:
+    """JSON text as ``show`` prints it: other scripts' characters as they are, those no
+    terminal may get raw as JSON escapes (``\\u202e``), so it stays JSON."""
+    return "\n".join(_UNSHOWN.sub(lambda found: f"\\u{ord(found[0]):04x}", line)
+                     for line in text.split("\n"))  # (its own line breaks kept)
 
 
 @delayq.command()
 @click.argument("job_id", required=False)
-@click.option("--key", default=None, help="Cancel every pending job with this business key.")
+@click.option("--key", default=None,
+              help="With JOB_ID: only where to look for it (the job's business key, found "
+                   "faster); without: cancel every pending job of KEY.")
 @click.pass_context
 def cancel(ctx: click.Context, job_id: str | None, key: str | None) -> None:
-    """Cancel JOB_ID, or every job of --key KEY."""
+    """Cancel JOB_ID, or every pending job of --key KEY (their results REVOKED)."""
     try:
         if job_id:
-            outcome = delayq_of(ctx).cancel_outcome(job_id, key=key, by="cli")
+            outcome = delayq_of(ctx).cancel_outcome(job_id, key=key, by=cli_user())
             click.echo(f"{shown(job_id)}: {outcome.value}")
             sys.exit(0 if outcome.name == "CANCELLED" else 1)
         if key:
-            cancelled = delayq_of(ctx).cancel_key(key, by="cli")
-            click.echo(f"cancelled {counted(cancelled, 'job')} of key {key!r}")
+            _cancel_key(ctx, key)
             return
     except DelayQError as exc:
         fail(exc)
     raise click.UsageError("give a JOB_ID or --key KEY")
+
+
+def _cancel_key(ctx: click.Context, key: str) -> None:
+    """Cancel every pending job of ``key``, chunk by chunk, with progress on stderr."""
+    count = counting("cancelled")
+    with ctrl_c_said(count, "each job cancelled has its result REVOKED; the key's other "
+                            "jobs are still pending, and it cancels them"):
+        cancelled = delayq_of(ctx).cancel_key(key, by=cli_user(), progress=count)
+    click.echo(f"cancelled {counted(cancelled, 'job')} of key {shown(repr(key))}")
 
 
 @delayq.command()

@@ -239,13 +239,29 @@ def _parsed(url: str, shown: str) -> dict[str, Any]:
     try:
         return parse_url(url)
     except ValueError:
-        raise _unreadable(shown) from None
+        raise _unreadable(shown, _wrong_past_userinfo(url)) from None
 
 
-def _unreadable(url: str) -> ConfigurationError:
+def _wrong_past_userinfo(url: str) -> str:
+    """What redis-py finds wrong in ``url`` with its userinfo taken out (so its words hold
+    no part of a password); "" when that reads: then the userinfo is what it cannot read."""
+    try:
+        parse_url(_USERINFO.sub(lambda found: found["scheme"] or "", url, count=1))
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def _unreadable(url: str, wrong: str = "") -> ConfigurationError:
+    """The error of a store URL redis-py cannot read: ``wrong`` (redis-py's words on a part
+    past the userinfo), else the advice to percent-encode the user name and password."""
+    where = (f"cannot read the store's Redis URL {redact(url)!r} (delayq_redis_url, else the "
+             "broker URL)")
+    if wrong:
+        return ConfigurationError(f"{where}: {wrong.rstrip('.')}; fix that part of the URL "
+                                  "(redis-py's from_url documents its query options)")
     return ConfigurationError(
-        f"cannot read the store's Redis URL {redact(url)!r} (delayq_redis_url, else the "
-        "broker URL): percent-encode the characters / ? # @ : % [ ] in its user name and "
+        f"{where}: percent-encode the characters / ? # @ : % [ ] in its user name and "
         "password (urllib.parse.quote(password, safe='')), and @ in its query, or set the "
         "password in delayq_redis_password instead")
 

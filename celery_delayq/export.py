@@ -93,6 +93,9 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
         _require_pyarrow()
     if batch < 1:
         raise InvalidOption("batch must be at least 1")
+    if not os.fspath(to):
+        raise InvalidOption("the export folder (--to) is empty: name the folder to export "
+                            "into, e.g. --to ./journal (`.` for the current one)")
     start = None if since is None else f"{_since_ms(since)}-0"
     root = Path(to)
     root.mkdir(parents=True, exist_ok=True)

@@ -368,14 +368,36 @@ class DelayQ(Holding):
                 cancelled += 1
         return cancelled
 
-    def cancel_key(self, key: str, by: str = "") -> int:
+    def cancel_key(self, key: str, by: str = "",
+                   progress: Callable[[int], object] | None = None) -> int:
         """Cancel every pending job with this business key (their results REVOKED);
-        returns how many."""
+        returns how many. It goes chunk by chunk, each chunk's results marked as it is
+        cancelled, ``progress`` told the running count after each: stopped part way, what
+        it cancelled is REVOKED and a second call cancels the rest."""
         validation.looked_up_key(key)
-        cancelled = self.store.cancel_key(key, by)
+        done = 0
+        for chunk in self.store.cancel_key_chunks(key, by):
+            try:
+                self._mark_cancelled(chunk)
+            finally:  # told when Ctrl-C stops it too: the count stays exact
+                done += len(chunk)
+                if progress is not None:
+                    progress(done)
+        return done
+
+    def _mark_cancelled(self, cancelled: list[tuple[str, str]]) -> None:
+        """Mark each of these cancelled jobs' results REVOKED, all of them even when
+        Ctrl-C comes meanwhile (raised once they are: no later call finds those jobs to
+        mark); the mark Ctrl-C broke is made again, unless a second Ctrl-C stops that."""
+        pressed = False
         for task_id, task in cancelled:
-            revoke.mark_revoked(self.app, task_id, task)
-        return len(cancelled)
+            try:
+                revoke.mark_revoked(self.app, task_id, task)
+            except KeyboardInterrupt:
+                pressed = True
+                revoke.mark_revoked(self.app, task_id, task)
+        if pressed:
+            raise KeyboardInterrupt
 
     def get(self, job_id: str, key: str | None = None) -> Job | None:
         validation.looked_up(job_id, key)

@@ -5,6 +5,7 @@ how a held job is kept is :mod:`held`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import pausing, ratelimit
@@ -13,6 +14,7 @@ from .reading import counted
 if TYPE_CHECKING:
     from .conf import DelayQConfig
     from .store import Store
+    from .store.releasing import Resumed
 
 logger = logging.getLogger("celery_delayq")
 
@@ -44,11 +46,19 @@ class Holding:
                by: str = "api") -> int:
         """End a pause; its held jobs fall due again (the carrier promotes them oldest
         first). Returns how many held jobs were given back."""
+        return self.resumed(task=task, queue=queue, by=by).released
+
+    def resumed(self, *, task: str | None = None, queue: str | None = None, by: str = "api",
+                progress: Callable[[int], object] | None = None) -> Resumed:
+        """:meth:`resume`, ``progress`` told how many were given back after each round; it
+        says too whether the task or queue was paused (else it only went on giving back
+        what a resume stopped part way left held)."""
         field = pausing.field(task, queue)
-        released = self.store.resume(field, by)
-        logger.info("resumed %s (by %s): %s given back", field.replace(":", " ", 1), by,
-                    counted(released, "held job"))
-        return released
+        done = self.store.resumed(field, by, progress)
+        logger.info("resumed %s (by %s): %s given back%s", field.replace(":", " ", 1), by,
+                    counted(done.released, "held job"),
+                    "" if done.was_paused else " (it was not paused)")
+        return done
 
     def paused(self) -> dict[str, list[str]]:
         """What is paused: ``{"tasks": [...], "queues": [...]}``."""

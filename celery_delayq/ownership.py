@@ -18,6 +18,7 @@ from zlib import crc32
 
 from .errors import DamagedShard, DelayQError, StoreFull
 from .keys import ShardKeys
+from .reading import counted
 from .store import Store
 
 logger = logging.getLogger("celery_delayq.carrier")
@@ -82,9 +83,9 @@ class ShardOwnership:
                                     strict=True) if ok]
         owned = sorted(kept + taken, key=lambda s: s.shard)
         if owned != self.owned:
-            logger.info("serving shards %s of %d (%d carriers alive)",
+            logger.info("serving shards %s of %d (%s alive)",
                         ",".join(str(s.shard) for s in owned) or "none",
-                        shards, len(live))
+                        shards, counted(len(live), "carrier"))
         self.owned = owned
         return owned
 

@@ -87,7 +87,7 @@ def job_id_of(stored: str) -> str | None:
 
 def counted(n: int, noun: str) -> str:
     """``1 job``, ``2 jobs``: a count for a message."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 _UNITS = ((86_400_000, "d"), (3_600_000, "h"), (60_000, "min"), (1_000, "s"))

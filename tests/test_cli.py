@@ -53,8 +53,8 @@ def test_show_of_an_unknown_job_exits_nonzero(spawn, redis_client):
     assert code == 1 and "no job 'nope'" in output
 
 
-def test_ls_dead_on_an_empty_store_lists_nothing(spawn, redis_client):
-    assert run(spawn, "ls", "--dead") == (0, "")
+def test_ls_dead_on_an_empty_store_says_so(spawn, redis_client):
+    assert run(spawn, "ls", "--dead") == (0, "no dead letters\n")
 
 
 def test_ls_on_an_empty_store_says_so(spawn, redis_client):

@@ -13,7 +13,7 @@ ARGV[5] the resume's token (unique per call; "" for a pause)
 Pause marks the field; the claim script holds each job of it as it falls due. Resume
 begins a release and unmarks it: the store then gives back the jobs no pause holds any
 more (release-6.lua, call by call), and a carrier finishes it if the store stops part way.
-Returns 0.
+Returns 1 when a resume unmarked the field (it was paused on this shard), else 0.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -31,6 +31,6 @@ if action == 'pause' then
   redis.call('HSET', KEYS[1], field, cjson.encode({by = by, at = now_ms()}))
 else  -- a write that needs memory first: a full Redis refuses the call, removing nothing
   note_release(3, 'paused', ARGV[5], '')
-  redis.call('HDEL', KEYS[1], field)
+  return redis.call('HDEL', KEYS[1], field)
 end
 return 0

@@ -162,5 +162,12 @@ def _selected(raw: str, task: str | None, reason: str | None) -> bool | None:
         return None
     if not isinstance(entry, dict) or not isinstance(entry.get("envelope"), str):
         return None
-    return ((task is None or first_line(entry["envelope"]).get("t") == task)
+    return (of_task_and_key(entry["envelope"], task)
             and (reason is None or reason in str(entry.get("reason", ""))))
+
+
+def of_task_and_key(envelope: str, task: str | None, key: str | None = None) -> bool:
+    """Whether a dead letter's envelope is of ``task`` and business ``key`` (None: any),
+    as ``replay --all``, ``drop --all`` and ``ls --dead`` select them."""
+    fields = first_line(envelope)
+    return (task is None or fields.get("t") == task) and (key is None or fields.get("y") == key)

@@ -275,21 +275,26 @@ class Producing(StoreBase):
 
     def cancel_key(self, key: str, by: str = "") -> list[tuple[str, str]]:
         """Cancel every pending job with this business key; returns the task id and task
-        name of each.
+        name of each (:meth:`cancel_key_chunks`, all at once)."""
+        return [job for chunk in self.cancel_key_chunks(key, by) for job in chunk]
+
+    def cancel_key_chunks(self, key: str, by: str = "") -> Iterator[list[tuple[str, str]]]:
+        """Cancel every pending job with this business key, yielding the task id and task
+        name of each chunk's jobs as soon as that chunk is cancelled.
 
         One script call per :data:`CANCEL_KEY_CHUNK` jobs of the key, each atomic against
         the carrier: a key with very many jobs never blocks Redis for long (one call for
         200,000 jobs held it for 2.5 s). A job scheduled with the key while the calls run
         may be cancelled too, or not.
         """
-        shard, after, task_ids = self.keys.shard_for("", key), "", []
+        shard, after = self.keys.shard_for("", key), ""
         while True:
             reply = self._cancel(shard, "key", key, by, after, CANCEL_KEY_CHUNK)
-            task_ids += [(task_id or unpack_id(job_id), task) for task_id, job_id, task in zip(
+            yield [(task_id or unpack_id(job_id), task) for task_id, job_id, task in zip(
                 reply[2::3], reply[3::3], reply[4::3], strict=True)]
             after = reply[0]
             if not after:
-                return task_ids
+                return
 
     def cancel_task(self, task_id: str, by: str = "") -> Cancelled:
         """Cancel the pending job of a Celery task id: the job of that id, else the job

@@ -12,6 +12,7 @@ once it has not moved for :data:`RELEASE_STALE_MS`.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..errors import DelayQError
@@ -27,6 +28,16 @@ RELEASE_STALE_MS = 5000
 #: The releases there are: after a resume (entry "paused"), after a limit's removal
 #: ("rate:<queue>"); as (kind, names a queue).
 _KINDS = {("paused", False), ("rate", True)}
+
+
+Progress = Callable[[int], object]
+
+
+class Resumed(NamedTuple):
+    """What :meth:`Releasing.resumed` did."""
+
+    released: int  # held jobs given back
+    was_paused: bool  # on some shard; else it only went on with a stopped resume's release
 
 
 class Walk(NamedTuple):
@@ -56,9 +67,16 @@ class Releasing(StoreBase):
 
     def resume(self, field: str, by: str) -> int:
         """End a pause on every shard; returns how many held jobs were given back."""
+        return self.resumed(field, by).released
+
+    def resumed(self, field: str, by: str, progress: Progress | None = None) -> Resumed:
+        """End a pause on every shard, ``progress`` told how many held jobs it gave back
+        after each round; says too whether it was paused. Not paused, it still goes on
+        with what a resume stopped part way left held."""
         token = _token()
-        self._on_every_shard(SCRIPTS["pause"], ["resume", field, by, token])
-        return self._release_all("paused", "", token)
+        unmarked = self._on_every_shard(SCRIPTS["pause"], ["resume", field, by, token])
+        released = self._release_all("paused", "", token, progress)
+        return Resumed(released, any(int(reply) == 1 for reply in unmarked))
 
     def set_rate_limit(self, queue: str, limit: str, by: str) -> int:
         """Set a queue's rate limit on every shard (``ratelimit.bucket``), or remove it with
@@ -67,24 +85,29 @@ class Releasing(StoreBase):
         self._on_every_shard(SCRIPTS["limit"], [queue, limit, by, token])
         return self._release_all("rate", queue, token) if limit == OFF else 0
 
-    def _on_every_shard(self, script: Script, args: list[Any]) -> None:
-        """Run a pause / limit script on every shard; it journals on shard 0 only."""
+    def _on_every_shard(self, script: Script, args: list[Any]) -> list[Any]:
+        """Run a pause / limit script on every shard (it journals on shard 0 only);
+        returns each shard's reply."""
         calls = [(script, script.keys_for(s), [self._maxlen if s.shard == 0 else 0, *args])
                  for s in self.keys]
         with self.unavailable():
-            execute(self.client, calls)
+            return execute(self.client, calls)
 
-    def _release_all(self, kind: str, queue: str, token: str) -> int:
+    def _release_all(self, kind: str, queue: str, token: str,
+                     progress: Progress | None = None) -> int:
         """Give back, on every shard, the jobs held ``kind`` that nothing holds any more,
         round after round until every shard is done. A shard whose call fails (a damaged
         key) stops, the others go on, then its error is raised."""
-        done = self.release_held([Walk(shard, kind, queue, token, "") for shard in self.keys])
+        done = self.release_held([Walk(shard, kind, queue, token, "") for shard in self.keys],
+                                 progress=progress)
         if done.failed:
             raise next(iter(done.failed.values()))
         return done.released
 
-    def release_held(self, walks: list[Walk], rounds: int | None = None) -> Round:
-        """Go on with ``walks`` for up to ``rounds`` rounds (None: until they end)."""
+    def release_held(self, walks: list[Walk], rounds: int | None = None,
+                     progress: Progress | None = None) -> Round:
+        """Go on with ``walks`` for up to ``rounds`` rounds (None: until they end),
+        ``progress`` told how many jobs were given back after each round."""
         released, failed = 0, {}
         while walks and rounds != 0:
             done = self._release_round(walks)
@@ -92,6 +115,8 @@ class Releasing(StoreBase):
             failed.update(done.failed)
             walks = done.going_on
             rounds = None if rounds is None else rounds - 1
+            if progress is not None:
+                progress(released)
         return Round(released, walks, failed)
 
     def _release_round(self, walks: list[Walk]) -> Round:

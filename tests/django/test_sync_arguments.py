@@ -31,3 +31,20 @@ def test_arguments_kombu_decodes_to_objects_are_mirrored_as_their_text(
     assert row.kwargs == {"order": "00000000-0000-0000-0000-00000000002a",
                           "day": "2030-01-02"}
     assert DelayedTask.objects.get(job_id="order:43:close").args == [1]
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--batch", "0", "--batch must be at least 1"),
+    ("--batch", "-5", "--batch must be at least 1"),
+    ("--interval", "0", "--interval must be more than 0 seconds"),
+    ("--interval", "-1", "--interval must be more than 0 seconds"),
+    ("--interval", "nan", "--interval must be more than 0 seconds"),
+])
+def test_delayq_sync_refuses_a_batch_or_interval_that_is_not_positive(
+        shop_delayq, option, value, says):
+    """A batch of 0 met a Redis DataError (a traceback); an interval of 0 polled the
+    store without a pause."""
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=says):
+        call_command("delayq_sync", "--once", option, value)

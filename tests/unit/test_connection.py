@@ -122,6 +122,18 @@ def test_a_url_with_a_password_left_unencoded_is_refused_without_printing_it(url
     assert not {"Zm9v", "YmFy", "c2Vj", "1234"} & set(_words(str(refused.value)))
 
 
+@pytest.mark.parametrize(("url", "says"), [
+    ("redis://127.0.0.1:6391/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
+    ("redis://:Zm9vYmFy@h:99999/0", "Port out of range"),
+])
+def test_a_url_unreadable_past_its_userinfo_says_what_is_wrong_not_to_encode_a_password(
+        url, says):
+    with pytest.raises(ConfigurationError, match=says) as refused:
+        DelayQConfig.from_app(app("memory://", delayq_redis_url=url))
+    assert "percent-encode" not in str(refused.value)
+    assert "Zm9v" not in str(refused.value) and "fix" in str(refused.value)
+
+
 def _words(text: str) -> list[str]:
     """Every 4-character piece of ``text``."""
     return [text[i:i + 4] for i in range(len(text) - 3)]

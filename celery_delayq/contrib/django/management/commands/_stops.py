@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from django.core.management.base import CommandError
 from django.db import DatabaseError
 
-from celery_delayq.progress import Progress
+from celery_delayq.interrupts import Count, interrupted, said
 
-
-class Count:
-    """A command's running count: said at most once a second, kept for when it stops."""
-
-    def __init__(self, say: Callable[[str], object], verb: str) -> None:
-        self.done, self.verb, self.progress = 0, verb, Progress(say, verb)
-
-    def __call__(self, done: int) -> None:
-        self.done = done
-        self.progress(done)
-
-    def __str__(self) -> str:
-        return f"{self.verb} {self.done:,} before it"
+__all__ = ["Count", "stops_said"]
 
 
 @contextlib.contextmanager
@@ -33,12 +21,7 @@ def stops_said(command: str, done: object, rerun: str) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        raise CommandError(f"interrupted{_said(done)}; running {command} again is safe: "
-                           f"{rerun}", returncode=130) from None
+        raise CommandError(interrupted(done, command, rerun), returncode=130) from None
     except DatabaseError as exc:
-        raise CommandError(f"the database failed: {exc}{_said(done)}; once it answers, "
+        raise CommandError(f"the database failed: {exc}{said(done)}; once it answers, "
                            f"run {command} again, which is safe: {rerun}") from exc
-
-
-def _said(done: object) -> str:
-    return f" ({done})" if str(done) else ""

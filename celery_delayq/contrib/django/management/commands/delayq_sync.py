@@ -32,6 +32,7 @@ class Command(BaseCommand):
                                  "older than the app)")
 
     def handle(self, *args, once=False, interval=0.5, batch=500, backfill=False, **options):
+        _check(interval, batch)
         sync = JournalSync(batch=batch)
         backfilled = Count(self.stderr.write, "backfilled")
         try:
@@ -51,3 +52,14 @@ class Command(BaseCommand):
         with contextlib.suppress(KeyboardInterrupt):
             sync.run(interval=interval)
         self.stdout.write("delayq_sync: stopped")
+
+
+def _check(interval: float, batch: int) -> None:
+    """Refuse a batch or a poll interval that is not positive (a batch of 0 is no read, an
+    interval of 0 polls without pause)."""
+    if batch < 1:
+        raise CommandError(f"--batch must be at least 1 (events per shard and transaction), "
+                           f"got {batch}; the default is 500")
+    if not interval > 0:  # NaN too
+        raise CommandError(f"--interval must be more than 0 seconds, got {interval:g}; the "
+                           "default is 0.5")

@@ -1,0 +1,59 @@
+"""What the CLI selects and refuses before it reads or writes: ``ls --dead`` filters,
+``export --to ''``; and what it prints for a store's contents."""
+
+from __future__ import annotations
+
+from tests.store.test_replay import make_dead
+from tests.test_cli_interrupted import invoke
+
+
+def test_ls_dead_lists_only_the_dead_letters_of_task_and_key(proj, delayq):
+    make_dead(proj, delayq, ["rec-1", "rec-2"], "unknown queue")
+    make_dead(proj, delayq, ["flaky-1"], "unknown queue", task=proj.flaky)
+    listed = invoke(proj, "ls", "--dead", "--task", proj.flaky.name)
+    assert listed.exit_code == 0
+    assert [line.split()[0] for line in listed.output.splitlines()] == ["flaky-1"]
+    listed = invoke(proj, "ls", "--dead", "--key", "no-such-key")
+    assert (listed.exit_code, listed.output) == (0, "no dead letters\n")
+
+
+def test_ls_dead_refuses_args_contains_saying_what_to_use(proj, delayq):
+    listed = invoke(proj, "ls", "--dead", "--args-contains", "42")
+    assert listed.exit_code == 2
+    assert "--args-contains searches pending jobs only" in listed.output
+
+
+def test_export_to_an_empty_path_is_refused_writing_nothing(proj, delayq, tmp_path,
+                                                            monkeypatch):
+    proj.record.apply_delayed(args=(1,), delay=600)
+    monkeypatch.chdir(tmp_path)
+    done = invoke(proj, "export", "--to", "", "--format", "jsonl")
+    assert done.exit_code == 1
+    assert "(--to) is empty: name the folder to export into" in done.output
+    assert list(tmp_path.iterdir()) == []
+    assert delayq.store.export_positions() == {}
+
+
+def test_final_counts_have_thousands_separators():
+    from celery_delayq.reading import counted
+
+    assert (counted(57_499, "job"), counted(1, "job"), counted(999, "job")) == (
+        "57,499 jobs", "1 job", "999 jobs")
+
+
+def test_show_prints_non_ascii_as_it_is_and_forbidden_characters_escaped(proj, delayq):
+    import json
+
+    proj.record.apply_delayed(args=(["Zürich €", "\u202eforged"],), delay=600, job_id="zürich",
+                              key="clé")
+    shown = invoke(proj, "show", "zürich")
+    assert shown.exit_code == 0, shown.output
+    assert "Zürich €" in shown.output and '"clé"' in shown.output
+    assert "\u202e" not in shown.output and "\\u202e" in shown.output
+    assert json.loads(shown.output)["args"] == [["Zürich €", "\u202eforged"]]
+
+
+def test_carrier_help_shows_each_default_once_without_doubled_brackets(proj):
+    text = " ".join(invoke(proj, "carrier", "--help").output.split())
+    assert "(app.conf." not in text
+    assert "app.conf.delayq_claim_batch (built in: 500)" in text
