@@ -19,7 +19,7 @@ from pathlib import Path
 from celery.app.utils import HIDDEN_SETTINGS
 
 from celery_delayq.connection import redact  # absolute: spark-submit runs this file
-from celery_delayq.errors import DelayQError
+from celery_delayq.errors import DelayQError, InvalidOption
 
 FORMATS = ("parquet", "csv", "json")
 #: Spark 4's default ``spark.redaction.regex``: the value of any property (system properties
@@ -78,9 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     schedule.add_argument("--if-exists", choices=("keep", "replace", "error"), default="keep")
     schedule.add_argument("--past", choices=("run", "reject"), default="run",
                           help="An eta that has passed: run at once (default) or reject.")
-    schedule.add_argument("--batch-size", type=int, default=5000,
+    schedule.add_argument("--batch-size", type=_positive, default=5000,
                           help="Rows per pipelined round trip.")
-    schedule.add_argument("--partitions", type=int, default=None,
+    schedule.add_argument("--partitions", type=_positive, default=None,
                           help="Repartition the input first (parallel Redis writers).")
     schedule.add_argument("--rejects", help="Write rejected rows (+ reason) here as Parquet.")
     _spark_options(schedule)
@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
                              "(file://, hdfs://, s3a://).")
     report.add_argument("--out", required=True,
                         help="Folder for the Parquet tables and report.html (path or URI).")
-    report.add_argument("--slowest", type=int, default=20, help="How many slowest jobs.")
+    report.add_argument("--slowest", type=_positive, default=20, help="How many slowest jobs.")
     report.add_argument("--bucket", choices=("auto", "minute", "hour"), default="auto",
                         help="Time bucket; auto: per minute when the events span under "
                              "3 hours, else per hour.")
@@ -105,7 +105,27 @@ def _spark_options(parser: argparse.ArgumentParser) -> None:
                         help="Spark master, e.g. local[*] or spark://host:7077 (default: "
                              "spark-submit's, else local[*]).")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        type=_key_value,
                         help="Extra Spark configuration (repeatable).")
+
+
+def _positive(text: str) -> int:
+    """An argument that is a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
+def _key_value(text: str) -> str:
+    """A ``--conf`` argument: ``key=value``, the key not empty."""
+    if not text.partition("=")[0] or "=" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE, e.g. "
+                                         "spark.sql.shuffle.partitions=64")
+    return text
 
 
 def _session(args: argparse.Namespace, name: str):
@@ -185,6 +205,19 @@ def _warn_if_password(option: str, value: str, secret: bool = False) -> None:
               "PATH), or with -A in the app's config", file=sys.stderr, flush=True)
 
 
+def _read(read, path: str):
+    """``read(path)``; what Spark cannot read (no such path, another format) is an
+    InvalidOption of one line, not a Python and Java traceback."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    try:
+        return read(path)
+    except (PySparkException, Py4JJavaError) as exc:
+        said = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise InvalidOption(f"cannot read --input {path}: {said[0]}") from None
+
+
 def _schedule(args: argparse.Namespace) -> int:
     from celery_delayq.spark import PartitionProgress, schedule_dataframe
 
@@ -193,7 +226,7 @@ def _schedule(args: argparse.Namespace) -> int:
     reader = spark.read
     if args.format == "csv":
         reader = reader.option("header", "true").option("inferSchema", "true")
-    df = getattr(reader, args.format)(args.input)
+    df = _read(getattr(reader, args.format), args.input)
     if args.partitions:
         df = df.repartition(args.partitions)
 

@@ -27,20 +27,20 @@ def exists(spark, path: str) -> bool:
     return bool(fs.exists(hadoop_path))
 
 
-def data_suffix(spark, root: str, suffixes: tuple[str, ...]) -> str | None:
-    """Which of ``suffixes`` the first data file under ``root`` (at any depth) ends with;
-    None when there is none. Names starting with ``_`` or ``.`` are passed over, as Spark's
-    readers pass over them."""
+def data_suffixes(spark, root: str, suffixes: tuple[str, ...]) -> set[str]:
+    """Which of ``suffixes`` the data files under ``root`` (at any depth) end with. Names
+    starting with ``_`` or ``.`` are passed over, as Spark's readers pass over them."""
     hadoop_path, fs = _resolve(spark, root)
     top = fs.makeQualified(hadoop_path).toUri().getPath().rstrip("/")
     files = fs.listFiles(hadoop_path, True)
+    found = set()
     while files.hasNext():
         path = files.next().getPath()
         below = path.toUri().getPath()[len(top):].split("/")
         suffix = next((s for s in suffixes if path.getName().endswith(s)), None)
         if suffix and not any(part[:1] in ("_", ".") for part in below):
-            return suffix
-    return None
+            found.add(suffix)
+    return found
 
 
 def write_text(spark, path: str, text: str) -> None:

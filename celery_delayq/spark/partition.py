@@ -24,10 +24,11 @@ from datetime import date, datetime
 from typing import Any
 
 import pyarrow as pa
+from celery import Celery
 
 from .. import validation
 from ..envelope import Call, Template, template
-from ..errors import DelayQError, InvalidDelay, InvalidJobId
+from ..errors import DelayQError, InvalidDelay, InvalidJobId, PayloadError
 from ..keys import pack_id
 from ..reading import iso_time, utc_of_ms
 from ..store import RunRows, ScheduleCode, Scheduled, Store
@@ -170,14 +171,19 @@ class _Partition:
         runs again, or a run given again): that one the store answers as it did then."""
         plan, config, fields = self.plan, self.config, self.fields
         prepared = _Slice(rows, [], [], [], [])
-        ids = _values(rows, fields[plan.id_col])
-        keys = _values(rows, fields[plan.key_col]) if plan.key_col else None
+        unreadable: dict[int, str] = {}  # row index -> reason
+
+        def read(name: str) -> list:
+            return _values(rows, fields.get(name, name), name, unreadable)
+
+        ids = read(plan.id_col)
+        keys = read(plan.key_col) if plan.key_col else None
         when = _due_times(plan, rows)
-        args = (list(zip(*(_values(rows, fields[c]) for c in plan.args_cols), strict=True))
+        args = (list(zip(*(read(c) for c in plan.args_cols), strict=True))
                 if plan.args_cols else None)
-        kwargs = _values(rows, fields[plan.kwargs_col]) if plan.kwargs_col else None
-        queues = _values(rows, fields[plan.queue_col]) if plan.queue_col else None
-        lost = _values(rows, LOST) if LOST in rows.schema.names else None
+        kwargs = read(plan.kwargs_col) if plan.kwargs_col else None
+        queues = read(plan.queue_col) if plan.queue_col else None
+        lost = read(LOST) if LOST in rows.schema.names else None
         now_ms = time.time() * 1000
 
         def take(indexes: Iterable[int], written: set[int] | None) -> list[_Late]:
@@ -189,6 +195,8 @@ class _Partition:
                     if lost is not None and lost[index]:
                         raise InvalidJobId(
                             REASONS[ScheduleCode.DUPLICATE].format(_text(ids[index])))
+                    if index in unreadable:
+                        raise PayloadError(unreadable[index])
                     if ids[index] is None:
                         raise InvalidJobId(f"null id: {plan.id_col} is empty")
                     job_id = validation.identifier(_text(ids[index]), "job id",
@@ -248,9 +256,8 @@ class _Partition:
         """The call options of a queue, resolved once (raises on an unknown queue)."""
         found = self.templates.get(queue)
         if found is None:
-            options = self.plan.options if queue is None else {**self.plan.options,
-                                                               "queue": queue}
-            found = self.templates[queue] = template(self.app, self.plan.task, options)
+            found = self.templates[queue] = queue_template(self.app, self.plan.task,
+                                                           self.plan.options, queue)
         return found
 
     def _rejects(self, rows: pa.RecordBatch, rejects: list[tuple[int, str]]) -> pa.RecordBatch:
@@ -268,12 +275,37 @@ class _Partition:
             names=[*self.fields.values(), REASON, COUNTS])
 
 
-def _values(rows: pa.RecordBatch, name: str) -> list:
-    """A column as Python values fit for JSON: structs and maps as dicts, times as ISO
-    text (decimals stay decimals: not JSON)."""
-    column = rows.column(name)
-    kind = column.type
-    values = column.to_pylist()
+def queue_template(app: Celery, task: str, options: dict[str, Any],
+                   queue: str | None) -> Template:
+    """The call options of ``task`` sent to ``queue`` (None: where it routes), resolved as
+    ``apply_delayed`` resolves them; raises the same errors (a forbidden character in the
+    task name, a serializer other than JSON, an unknown queue)."""
+    return template(app, task, options if queue is None else {**options, "queue": queue})
+
+
+def _values(rows: pa.RecordBatch, field: str, name: str, unreadable: dict[int, str]) -> list:
+    """The column ``field`` (the input's ``name``) as Python values fit for JSON: structs
+    and maps as dicts, times as ISO text (decimals stay decimals: not JSON). A value
+    Python cannot hold (a date past year 9999) is None, and its row's reason goes to
+    ``unreadable`` by row index: a reject of that row alone."""
+    column = rows.column(field)
+    try:
+        return _plain_all(column.to_pylist(), column.type)
+    except (ArithmeticError, TypeError, ValueError):  # find the rows: convert one by one
+        return [_value(column, index, name, unreadable) for index in range(len(column))]
+
+
+def _value(column: pa.Array, index: int, name: str, unreadable: dict[int, str]) -> Any:
+    """The value at ``index``, or None with its reason in ``unreadable``."""
+    try:
+        return _plain_all([column[index].as_py()], column.type)[0]
+    except (ArithmeticError, TypeError, ValueError) as exc:
+        unreadable.setdefault(index, f"{name} holds a value Python cannot read ({exc}); "
+                                     "cast the column to a string first")
+        return None
+
+
+def _plain_all(values: list, kind: pa.DataType) -> list:
     if pa.types.is_nested(kind) or pa.types.is_temporal(kind) or pa.types.is_binary(kind):
         return [_plain(value, kind) for value in values]
     return values

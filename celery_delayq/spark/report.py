@@ -17,6 +17,7 @@ UTC hours, whatever the session or driver time zone.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timezone
@@ -26,6 +27,8 @@ from ..errors import InvalidOption
 from ..events import Event
 from ..export import BACKLOG, COLUMNS
 from . import hadoopfs, page
+
+logger = logging.getLogger(__name__)
 
 PERCENTILES = (0.5, 0.95, 0.99)
 OUTCOMES = (Event.SUCCEEDED, Event.FAILED, Event.IGNORED, Event.RETRIED, Event.CANCELLED,
@@ -77,24 +80,36 @@ class Report:
 
 
 def read_events(spark, events: str | os.PathLike):
-    """The exported events under ``events`` as a DataFrame, each entry once."""
+    """The exported events under ``events`` as a DataFrame, each entry once. Entries
+    without an id or a time (a line cut short) are dropped, and their number logged."""
+    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     root = hadoopfs.uri(events)
     if not hadoopfs.exists(spark, root):
         raise FileNotFoundError(f"no exported events at {root}; run "
                                 "`celery -A proj delayq export --to DIR` first")
-    suffix = hadoopfs.data_suffix(spark, root, (".parquet", ".jsonl"))
-    if suffix == ".parquet":
+    suffixes = hadoopfs.data_suffixes(spark, root, (".parquet", ".jsonl"))
+    if len(suffixes) > 1:
+        raise InvalidOption(f"{root} holds both .parquet and .jsonl event files, which "
+                            "are read differently; export each format to its own folder "
+                            "(--to) and report on one")
+    if suffixes == {".parquet"}:
         df = spark.read.parquet(root)
-    elif suffix == ".jsonl":
+    elif suffixes == {".jsonl"}:
         text, num = T.StringType(), T.LongType()
         schema = T.StructType([T.StructField(name, num if name in (
             "shard", "ts_ms", "due_ms", "retries") else text) for name in COLUMNS])
         df = spark.read.schema(schema).option("pathGlobFilter", "*.jsonl").json(root)
     else:
         raise FileNotFoundError(f"{root} holds no .parquet or .jsonl event files")
-    return df.select(*COLUMNS).dropDuplicates(["shard", "id"])
+    broken = F.col("id").isNull() | F.col("ts_ms").isNull()
+    dropped = df.select(F.count(F.when(broken, 1))).first()[0]  # (a pushed-down filter
+    # would parse a cut line otherwise and miss it)
+    if dropped:
+        logger.warning("dropped %d events without an id or time under %s (a line cut "
+                       "short, or not an export's)", dropped, root)
+    return df.where(~broken).select(*COLUMNS).dropDuplicates(["shard", "id"])
 
 
 def read_backlog(spark, events: str | os.PathLike) -> Backlog | None:
@@ -262,5 +277,6 @@ def _dicts(df) -> list[dict[str, Any]]:
 
 def _utc(rows) -> list[dict[str, Any]]:
     """Rows as dicts, their ``bucket`` an aware UTC datetime: PySpark hands timestamps to
-    the driver as naive local times of its own time zone."""
-    return [{**row.asDict(), "bucket": row["bucket"].astimezone(timezone.utc)} for row in rows]
+    the driver as naive local times of its own time zone (a null bucket stays None)."""
+    return [{**row.asDict(), "bucket": row["bucket"] and row["bucket"].astimezone(timezone.utc)}
+            for row in rows]

@@ -25,15 +25,16 @@ import threading
 import time
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import validation
-from ..errors import DelayQError, InvalidOption
+from ..errors import DelayQError, InvalidOption, UnknownQueue
 from ..store import Store
 from . import shipping
-from .partition import COUNTS, LOST, REASON, Plan, write_partition
+from .partition import COUNTS, LOST, REASON, Plan, queue_template, write_partition
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -115,7 +116,7 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
     try:
         reads = f"delayq-read-{plan.run}"  # the reads before and after it
         sc.setJobGroup(reads, f"celery-delayq: find duplicate ids for {task}")
-        source = _source(df, plan)
+        source, partitions = _source(df, plan)
         sc.setJobGroup(group, f"celery-delayq: schedule {task} from a DataFrame")
         done_rows = sc.accumulator(  # (partitions, rows) written
             (0, 0), cast("AccumulatorParam[tuple[int, int]]", _Tally()))
@@ -129,15 +130,15 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
                 "ignore", "distutils Version classes are deprecated", DeprecationWarning)
             outcomes = source.mapInArrow(
                 lambda batches: write_partition(plan, batches, done_rows), written)
-        watcher = _Watcher(df.rdd.getNumPartitions(), done_rows, progress)
+        watcher = _Watcher(partitions, done_rows, progress)
         watcher.start()
         try:  # the one job that writes: nothing computes it again
             collected = outcomes.select(REASON, COUNTS,
                                         _content(plan.used, plan.fields.values())).collect()
         finally:
             watcher.stop()
-        if run is None:
-            forget_run(shipping.config(plan.shipped), plan.run)
+            if run is None:  # a fresh name: no later call answers from it, failed or not
+                forget_run(shipping.config(plan.shipped), plan.run)
         counts = [row[1] for row in collected if row[0] is None]
         sc.setJobGroup(reads, f"celery-delayq: look up the rejected rows of {task}")
         rejects = _rejects(df, plan, [(row[2], row[0]) for row in collected
@@ -168,32 +169,39 @@ def _content(names: Iterable[str], columns: Iterable[str] | None = None) -> Colu
                                 in zip(names, columns or names, strict=True)))).alias(_MATCH)
 
 
-def _source(df: DataFrame, plan: Plan) -> DataFrame:
-    """The used columns of ``df``, and when some id has several rows the ``LOST`` flag
-    on every row but the one whose content sorts first. A count per hash of the id finds
-    them (longs count faster than text); ids whose hash is shared are counted again."""
+def _source(df: DataFrame, plan: Plan) -> tuple[DataFrame, int]:
+    """The used columns of ``df`` and their partitions' count; when some id has several
+    rows, the ``LOST`` flag on every row of it but the one whose content sorts first. A
+    count per hash of the id finds them (longs count faster than text); the rows of those
+    hashes are ranked in the read that writes them, so exactly one row of an id wins even
+    when a column is computed anew on every read; they go to as many partitions again,
+    the other rows keep theirs."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     used = [_column(name).alias(field) for name, field in plan.fields.items()]
     ident = _column(plan.id_col)
     shared = (df.where(ident.isNotNull()).groupBy(F.xxhash64(ident).alias(_HASH)).count()
               .where("count > 1").select(_HASH).collect())
+    partitions = df.rdd.getNumPartitions()
     if not shared:
-        return df.select(*used)
+        return df.select(*used), partitions
     hashes = df.sparkSession.createDataFrame(shared, f"{_HASH} long")
-    winners = (df.join(F.broadcast(hashes), F.xxhash64(ident) == F.col(_HASH))
-               .groupBy(ident.alias(_WINNER))
-               .agg(F.count("*").alias(_NTH), F.min(_content(plan.used)).alias(_MATCH))
-               .where(F.col(_NTH) > 1).select(_WINNER, _MATCH))
-    return (df.join(F.broadcast(winners), ident == F.col(_WINNER), "left")
-            .select(*used, (F.col(_MATCH).isNotNull()
-                            & (_content(plan.used) != F.col(_MATCH))).alias(LOST)))
+    marked = df.join(F.broadcast(hashes), F.xxhash64(ident) == F.col(_HASH), "left")
+    single = marked.where(F.col(_HASH).isNull()).select(*used, F.lit(False).alias(LOST))
+    rank = F.row_number().over(Window.partitionBy(ident).orderBy(_MATCH))
+    ranked = (marked.where(F.col(_HASH).isNotNull())
+              .repartition(partitions, ident)  # as many writers again (not coalesced)
+              .withColumn(_MATCH, _content(plan.used))
+              .select(*used, (ident.isNotNull() & (rank > 1)).alias(LOST)))
+    return single.unionByName(ranked), 2 * partitions
 
 
 def _rejects(df: DataFrame, plan: Plan, found: list[tuple[str, str]]) -> DataFrame:
     """The input rows of the rejects (used columns as JSON text, reason), with their
     reasons: n rejects of one text are n input rows of that text (equal in every used
-    column, so any n of them)."""
+    column, so any n of them). A reject the input no longer holds (a column computed
+    anew on every read) comes back from its used columns, the others null."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -205,12 +213,58 @@ def _rejects(df: DataFrame, plan: Plan, found: list[tuple[str, str]]) -> DataFra
     reasons = (spark.createDataFrame(found, f"{_WINNER} string, {REASON} string")
                .groupBy(_WINNER).agg(F.collect_list(REASON).alias(REASON)))
     nth = F.row_number().over(Window.partitionBy(_MATCH).orderBy(_MATCH))
-    rows = (df.withColumn(_MATCH, _content(plan.used))
-            .join(F.broadcast(reasons), F.col(_MATCH) == F.col(_WINNER))
-            .withColumn(_NTH, nth).where(F.col(_NTH) <= F.size(REASON))
-            .select(*(_column(name) for name in df.columns),
-                    F.element_at(REASON, F.col(_NTH)).alias("reason"))).collect()
-    return spark.createDataFrame(rows, schema)
+    lookup = (df.withColumn(_MATCH, _content(plan.used))
+              .join(F.broadcast(reasons), F.col(_MATCH) == F.col(_WINNER))
+              .withColumn(_NTH, nth).where(F.col(_NTH) <= F.size(REASON))
+              .select(*(_column(name) for name in df.columns),
+                      F.element_at(REASON, F.col(_NTH)).alias("reason"), _MATCH))
+    try:
+        rows = lookup.collect()
+    except (ArithmeticError, ValueError) as exc:  # a value Python cannot hold
+        logger.warning("the rejected rows hold a value Python cannot read (%s); the rejects "
+                       "stay in Spark (a local checkpoint) instead of on the driver", exc)
+        return lookup.drop(_MATCH).localCheckpoint()
+    rejects = spark.createDataFrame([row[:-1] for row in rows], schema)
+    missing = _unmatched(found, [row[-1] for row in rows])
+    if not missing:
+        return rejects
+    logger.warning(
+        "%d of the %d rejected rows were not found in the input again: it is not "
+        "deterministic (a column computed anew on every read, such as a UDF with random(), "
+        "or an input that changed). They come back with their used columns as the write "
+        "saw them and the other columns null; cache the input to keep them whole",
+        len(missing), len(found))
+    return rejects.unionByName(_from_text(df, plan, missing, schema))
+
+
+def _unmatched(found: list[tuple[str, str]], matched: list[str]) -> list[tuple[str, str]]:
+    """The rejects (text, reason) of ``found`` left when each text of ``matched`` has taken
+    one of its own, in order."""
+    taken = Counter(matched)
+    missing = []
+    for text, reason in found:
+        if taken[text]:
+            taken[text] -= 1
+        else:
+            missing.append((text, reason))
+    return missing
+
+
+def _from_text(df: DataFrame, plan: Plan, rejects: list[tuple[str, str]],
+               schema) -> DataFrame:
+    """Rows of ``schema`` from rejects (used columns as JSON text, reason): the used
+    columns parsed back, the others null."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    used = T.StructType([df.schema[name] for name in plan.used])
+    parsed = F.from_json(_WINNER, used)
+    columns = [(parsed.getField(field.name) if field.name in plan.used
+                else F.lit(None)).cast(field.dataType).alias(field.name)
+               for field in df.schema.fields]
+    rows = (df.sparkSession.createDataFrame(rejects, f"{_WINNER} string, reason string")
+            .select(*columns, "reason").collect())
+    return df.sparkSession.createDataFrame(rows, schema)
 
 
 def forget_run(config: DelayQConfig, run: str) -> None:
@@ -255,21 +309,15 @@ def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_
     hidden = [name for name in types if name.startswith("__delayq_")]
     if hidden:
         raise InvalidOption(f"the DataFrame may not have columns named __delayq_*: {hidden}")
-    eta_kind = None
-    if eta_col is not None:
-        eta_type = df.schema[eta_col].dataType
-        if isinstance(eta_type, (T.TimestampType, T.TimestampNTZType)):
-            eta_kind = "us"
-        elif isinstance(eta_type, T.StringType):
-            eta_kind = "str"
-        elif isinstance(eta_type, T.NumericType):
-            eta_kind = "num"
-        else:
-            raise InvalidOption(f"eta_col {eta_col!r} is {eta_type.simpleString()}; use a "
-                                "timestamp, an ISO-8601 string with offset, or epoch seconds")
+    eta_kind = None if eta_col is None else _eta_kind(df, eta_col)
+    if delay_col is not None and not isinstance(df.schema[delay_col].dataType, T.NumericType):
+        raise InvalidOption(
+            f"delay_col {delay_col!r} is {df.schema[delay_col].dataType.simpleString()}; "
+            f"use a number of seconds, e.g. F.col({delay_col!r}).cast('double') for text")
     if kwargs_col is not None and not isinstance(df.schema[kwargs_col].dataType,
                                                  (T.StructType, T.MapType)):
         raise InvalidOption(f"kwargs_col {kwargs_col!r} must be a struct or map column")
+    _refuse_binary(df, (*args_cols, *([kwargs_col] if kwargs_col else [])))
     options = dict(options or {})
     for name in ("queue", "task_id", "countdown", "eta"):
         if name in options:
@@ -282,12 +330,65 @@ def _plan(df, app, task, id_col, delay_col, eta_col, args_cols, kwargs_col, key_
         eta_kind=eta_kind, eta_col=eta_col, args_cols=args_cols, kwargs_col=kwargs_col,
         key_col=key_col, queue=queue, queue_col=queue_col, options=options,
         if_exists=if_exists, batch_size=batch_size, past=past, run=uuid.uuid4().hex)
+    _check_calls(plan)
     try:
         df.select(_content(plan.used))  # rows are told apart by it: it must exist
     except AnalysisException as exc:
         raise InvalidOption(f"the columns {', '.join(plan.used)} cannot be written as JSON "
                             f"text ({exc}); cast the column to a string or struct") from None
     return plan
+
+
+def _eta_kind(df: DataFrame, eta_col: str) -> str:
+    """How ``eta_col`` holds its instants: "us" (a timestamp), "str" or "num" (epoch s)."""
+    from pyspark.sql import types as T
+
+    eta_type = df.schema[eta_col].dataType
+    if isinstance(eta_type, (T.TimestampType, T.TimestampNTZType)):
+        return "us"
+    if isinstance(eta_type, T.StringType):
+        return "str"
+    if isinstance(eta_type, T.NumericType):
+        return "num"
+    raise InvalidOption(f"eta_col {eta_col!r} is {eta_type.simpleString()}; use a "
+                        "timestamp, an ISO-8601 string with offset, or epoch seconds")
+
+
+def _refuse_binary(df: DataFrame, columns: Iterable[str]) -> None:
+    """Refuse argument columns that are, or hold, bytes: JSON has no bytes."""
+    for name in columns:
+        kind = df.schema[name].dataType
+        if _holds_binary(kind):
+            raise InvalidOption(
+                f"argument column {name!r} is {kind.simpleString()}: binary data cannot be "
+                "a task argument (calls are JSON); encode it first, e.g. F.base64(...)")
+
+
+def _holds_binary(kind) -> bool:
+    """True when a Spark type is binary or a struct, array or map holding binary."""
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.BinaryType):
+        return True
+    if isinstance(kind, T.StructType):
+        return any(_holds_binary(field.dataType) for field in kind.fields)
+    if isinstance(kind, T.ArrayType):
+        return _holds_binary(kind.elementType)
+    if isinstance(kind, T.MapType):
+        return _holds_binary(kind.keyType) or _holds_binary(kind.valueType)
+    return False
+
+
+def _check_calls(plan: Plan) -> None:
+    """Build the call template on the driver as executors will: a task name with a
+    forbidden character, a serializer other than JSON, a ``queue=`` the app cannot route
+    to are the same errors as ``apply_delayed`` raises. With ``queue_col`` each row routes
+    itself: a row without a queue whose default is unknown is that row's reject."""
+    try:
+        queue_template(shipping.bare_app(plan.shipped), plan.task, plan.options, plan.queue)
+    except UnknownQueue:
+        if plan.queue_col is None:
+            raise
 
 
 def _check_arguments(app, task: str, args_cols: tuple[str, ...], kwargs_type) -> None:

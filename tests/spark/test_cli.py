@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 from celery_delayq.export import export_journal
 from celery_delayq.spark.__main__ import main
 
@@ -55,3 +57,30 @@ def test_commands_say_how_to_fix_a_missing_app(capsys, monkeypatch, tmp_path):
                  "--delay-col", "d"])
     assert code == 1
     assert "-A module:app" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mistake", [["--partitions", "0"], ["--partitions", "-1"],
+                                     ["--batch-size", "0"], ["--conf", "spark.ui.enabled"],
+                                     ["--conf", "=true"]])
+def test_an_argument_out_of_its_range_is_a_usage_error_before_spark_starts(
+        capsys, tmp_path, mistake):
+    with pytest.raises(SystemExit) as stopped:
+        main(["schedule", "--broker", "redis://127.0.0.1:1/0", "--input", str(tmp_path),
+              "--task", "t", "--id-col", "i", "--delay-col", "d", *mistake])
+    assert stopped.value.code == 2
+    assert f"argument {mistake[0]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", ["missing", "csv read as parquet"])
+def test_an_input_spark_cannot_read_is_one_error_line_not_a_traceback(
+        spark, redis_server, capsys, tmp_path, source):
+    path = tmp_path / "refunds.csv"
+    if source != "missing":
+        path.write_text("refund_id,delay_s\nr1,600\n")
+    code = main(["schedule", "--broker", f"{redis_server.url}/0", "--input", str(path),
+                 "--format", "parquet", "--task", "shop.refund", "--id-col", "refund_id",
+                 "--delay-col", "delay_s"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith(f"error: cannot read --input {path}: ")
+    assert "Traceback" not in err and "\tat " not in err

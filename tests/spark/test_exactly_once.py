@@ -170,3 +170,38 @@ def test_a_run_whose_outcome_cannot_be_dropped_still_returns_and_says_so(delayq,
     forget_run(gone, "run-1")
     assert "could not drop the outcome of run run-1" in caplog.text
     assert "expires by itself" in caplog.text
+
+
+def test_a_call_that_fails_during_its_write_drops_its_outcome(spark, app, delayq,
+                                                              redis_client, redis_server):
+    """A failed call's rows are not answered again (another call has another name), so
+    its outcome is dropped as a finished call's is, not left for 24 h."""
+    from pyspark import TaskContext
+    from pyspark.errors import PythonException
+    from pyspark.sql import functions as F
+
+    url = f"{redis_server.url}/0"
+
+    @F.udf("string")
+    def fails_at_600(n):  # 1 KB: rows before 600 reach the write (see above)
+        group = TaskContext.get().getLocalProperty("spark.jobGroup.id") or ""
+        if n == 600 and group.startswith("delayq-schedule"):
+            import redis
+
+            stored_when_settled(redis.Redis.from_url(url))
+            raise RuntimeError("the write failed")
+        return "x" * 1_000
+
+    df = spark.range(1_000, numPartitions=1).select(
+        F.concat(F.lit("order:"), F.col("id").cast("string")).alias("job"),
+        F.lit(600.0).alias("d"), fails_at_600("id").alias("pad"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        with pytest.raises(PythonException, match="the write failed"):
+            schedule_dataframe(df, app, task=TASK, id_col="job", delay_col="d",
+                               args_cols=["pad"], batch_size=50)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+    assert delayq.pending(limit=1)  # rows before the failure were written
+    assert list(redis_client.scan_iter("delayq:*:outcome:*")) == []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_delayq.errors import InvalidOption
 from celery_delayq.export import export_journal
 from celery_delayq.spark.report import build_report
 
@@ -183,3 +184,33 @@ def test_report_buckets_are_utc_whatever_the_session_and_driver_time_zones(
         ("shop.mail", datetime(2030, 1, 1, 11, tzinfo=timezone.utc)),
         ("shop.refund", datetime(2030, 1, 1, 10, tzinfo=timezone.utc))]
     assert "2030-01-01 10:00" in Path(report.html).read_text()
+
+
+def test_a_truncated_json_line_is_dropped_and_counted_not_a_crash(spark, delayq,
+                                                                  redis_client, tmp_path,
+                                                                  caplog):
+    plant(delayq.store.client, delayq.store.keys.shard(1).journal,
+          job_events("shop.ping", "p1", T0, 7, 9, "succeeded"))
+    export_journal(delayq.store, tmp_path / "events", fmt="jsonl")
+    (exported,) = (tmp_path / "events").glob("date=*/*.jsonl")
+    with exported.open("a") as file:
+        file.write('\n{"id":"1-1","shard":0,"ts_ms":12\n')
+
+    with caplog.at_level("WARNING", "celery_delayq.spark.report"):
+        report = build_report(spark, tmp_path / "events", tmp_path / "report")
+
+    assert report.events == 4
+    assert "dropped 1 events without an id or time" in caplog.text
+
+
+def test_a_folder_of_both_parquet_and_json_lines_exports_is_refused(spark, delayq,
+                                                                    redis_client, tmp_path):
+    plant(delayq.store.client, delayq.store.keys.shard(1).journal,
+          job_events("shop.ping", "p1", T0, 7, 9, "succeeded"))
+    export_journal(delayq.store, tmp_path / "events", fmt="jsonl")
+    plant(delayq.store.client, delayq.store.keys.shard(2).journal,
+          job_events("shop.ping", "p2", T0 + HOUR, 7, 9, "succeeded"))
+    export_journal(delayq.store, tmp_path / "events")  # Parquet
+
+    with pytest.raises(InvalidOption, match=r"both \.parquet and \.jsonl"):
+        build_report(spark, tmp_path / "events", tmp_path / "report")
