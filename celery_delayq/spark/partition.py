@@ -6,8 +6,10 @@ schedule scripts) while the next one is prepared, so the Python work overlaps th
 round trip. The partition yields Arrow batches of its rejects (the used columns and a
 reason) and then one summary row (``COUNTS``).
 
-Rows are named ``partition:position`` for ``RunRows``: a retried task names them alike,
-so the store answers the first attempt's outcome and writes nothing twice. With
+The store keeps the run's outcome per job id (``RunRows``, every row named alike): the
+driver leaves one row per id, so a row that comes again (a retried task, which may read
+its partition in another order) is answered the first attempt's outcome, never written
+twice, nor taken for a second row of its id. With
 past="reject", rows whose eta has passed are looked up in that outcome first: those the
 run wrote are answered alike, not rejected.
 """
@@ -100,29 +102,23 @@ class _Slice:
     rejects: list[tuple[int, str]]  # (row index, reason)
     indexes: list[int]  # the row of each call
     items: list[tuple[Call, Due]]
-    names: list[str]
 
 
 def write_partition(plan: Plan, batches: Iterable[pa.RecordBatch],
                     done_rows) -> Iterator[pa.RecordBatch]:
     """Schedule one partition's rows; yield its rejects, then its summary row."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    assert context is not None  # this runs in a Spark task
-    yield from _Partition(plan, context.partitionId(), done_rows).run(batches)
+    yield from _Partition(plan, done_rows).run(batches)
 
 
 class _Partition:
-    def __init__(self, plan: Plan, partition: int, done_rows) -> None:
-        self.plan, self.partition, self.done_rows = plan, partition, done_rows
+    def __init__(self, plan: Plan, done_rows) -> None:
+        self.plan, self.done_rows = plan, done_rows
         self.app = shipping.bare_app(plan.shipped)
         self.config = shipping.config(plan.shipped)
         self.store = Store(self.config)
         self.fields = plan.fields
         self.templates: dict[str | None, Template] = {}  # by queue
         self.counts = [0, 0, 0, 0]  # scheduled, existed, rejected, past
-        self.position = 0
         self.types: list[pa.DataType] = []  # of the used columns, from the first batch
 
     def run(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -148,7 +144,7 @@ class _Partition:
 
     def _write(self, prepared: _Slice) -> list[Scheduled]:
         return self.store.schedule(prepared.items, self.plan.if_exists,
-                                   RunRows(self.plan.run, prepared.names))
+                                   RunRows(self.plan.run, [""] * len(prepared.items)))
 
     def _finish(self, prepared: _Slice, sent: Future | None) -> Iterator[pa.RecordBatch]:
         results: list[Scheduled] = sent.result() if sent is not None else []
@@ -170,7 +166,7 @@ class _Partition:
         row whose eta has passed is one unless this run wrote it (in an attempt Spark
         runs again, or a run given again): that one the store answers as it did then."""
         plan, config, fields = self.plan, self.config, self.fields
-        prepared = _Slice(rows, [], [], [], [])
+        prepared = _Slice(rows, [], [], [])
         unreadable: dict[int, str] = {}  # row index -> reason
 
         def read(name: str) -> list:
@@ -227,13 +223,11 @@ class _Partition:
                     continue
                 prepared.indexes.append(index)
                 prepared.items.append((call, due))
-                prepared.names.append(f"{self.partition}:{self.position + index}")
             return late
 
         late = take(range(rows.num_rows), None)
         if late:
             take((row.index for row in late), self._written(late))
-        self.position += rows.num_rows
         return prepared
 
     def _written(self, rows: list[_Late]) -> set[int]:

@@ -205,3 +205,47 @@ def test_a_call_that_fails_during_its_write_drops_its_outcome(spark, app, delayq
 
     assert delayq.pending(limit=1)  # rows before the failure were written
     assert list(redis_client.scan_iter("delayq:*:outcome:*")) == []
+
+
+def test_a_retried_task_that_reads_its_rows_in_another_order_counts_each_once(
+        spark, app, delayq, redis_server):
+    """A task retried after a lost attempt may read its partition in another order (a
+    shuffle computed again). Its rows are the same rows: the ones the lost attempt wrote
+    count as scheduled again, none as a duplicate id, and none is written twice."""
+    from pyspark import TaskContext
+    from pyspark.sql import functions as F
+
+    url = f"{redis_server.url}/0"
+
+    @F.udf("string")
+    def job_reordered_on_retry(n):
+        """The write's first attempt stops at row 600 once some rows are stored, then
+        dies; its retry reads the rows back to front."""
+        context = TaskContext.get()
+        writing = context.getLocalProperty("spark.jobGroup.id").startswith("delayq-schedule")
+        if writing and context.attemptNumber() == 0 and n == 600:
+            import redis
+
+            client = redis.Redis.from_url(url)
+            client.set("test:stored", stored_when_settled(client))
+            raise RuntimeError("executor lost")
+        return f"order:{999 - n if writing and context.attemptNumber() else n}"
+
+    @F.udf("string")
+    def padding(n):  # 1 KB: a UDF's results come back in 64 KB writes (rows reach the write)
+        return "x" * 1_000
+
+    df = spark.range(1_000, numPartitions=1).select(
+        F.col("id").alias("n"), job_reordered_on_retry("id").alias("job"),
+        F.lit(3_600.0).alias("d"), padding("id").alias("pad"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="job",
+                                              delay_col="d", args_cols=["pad"], batch_size=50)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+    assert int(delayq.store.client.get("test:stored")) > 0  # the lost attempt wrote some
+    assert summary == Summary(scheduled=1_000, existed=0, rejected=0, past=0)
+    assert rejects.count() == 0
+    assert len(delayq.pending(limit=2_000)) == 1_000
