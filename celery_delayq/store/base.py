@@ -175,6 +175,12 @@ class StoreBase:
                 f"Redis at {redact(self.config.redis_url)} is loading its data into memory "
                 "after a restart and refuses commands until it has (`INFO persistence`, "
                 "loading_loaded_perc, says how far it is); retry in a moment") from exc
+        except redis.AuthenticationError as exc:  # a ConnectionError, but the server is up
+            raise StoreUnavailable(
+                f"Redis at {redact(self.config.redis_url)} refused the credentials ({exc}): "
+                "give the store's password in delayq_redis_password "
+                "(CELERY_DELAYQ_REDIS_PASSWORD in Django settings) or in its URL, and the "
+                "ACL user name in the URL (redis://USER@host) if it has ACL users") from exc
         except _NETWORK_ERRORS as exc:
             follow_cluster(self.__dict__.get("client"))  # (None while it is being made)
             raise StoreUnavailable(

@@ -147,6 +147,21 @@ def test_store_works_with_a_password_protected_redis():
         assert DelayQ.of(app).get(result.job_id).key == "order:1"
 
 
+@pytest.mark.parametrize("given", ["a wrong password", "no password"])
+def test_a_store_refusing_the_credentials_says_so_not_that_it_is_down(given):
+    """A wrong password (WRONGPASS) or none for a requirepass Redis (NOAUTH) is told as
+    such: "unavailable ... check that it runs" sent operators looking for a down server."""
+    password = secret()
+    with RedisServer(extra=("--requirepass", password)) as server:
+        userinfo = f":{secret()}@" if given == "a wrong password" else ""
+        _, noop = app_with_store(f"redis://{userinfo}127.0.0.1:{server.port}/0")
+        with pytest.raises(StoreUnavailable, match="refused the credentials") as refused:
+            noop.apply_delayed(delay=60)
+    said = str(refused.value)
+    assert "delayq_redis_password" in said and "check that it runs" not in said
+    assert password not in said and (not userinfo or userinfo[1:-1] not in said)
+
+
 def shown(app) -> str:
     """What Celery shows of an app's settings to whoever asks: ``celery report`` (pasted
     into bug reports) and ``celery inspect conf`` (any client of the broker)."""
