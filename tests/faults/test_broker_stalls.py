@@ -94,7 +94,8 @@ def test_a_second_stop_signal_stops_a_carrier_stuck_on_its_servers_at_once(
         carrier = subprocess.Popen(celery_cli("delayq", "carrier", "--batch", "100"), cwd=ROOT,
                                    env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: redis_client.llen(PARKED) > 0, what="first promotions")
+        wait_for(lambda: redis_client.llen(PARKED) > 0, timeout=60,  # a start under load
+                 what="first promotions")
         proxy.stall()
         time.sleep(0.5)
         carrier.send_signal(signal.SIGINT)
