@@ -38,7 +38,7 @@ _ATTR = "_delayq"
 _create_lock = threading.Lock()
 
 
-_ITEM_FIELDS = frozenset({"args", "kwargs", "delay", "eta", "key", "job_id"})
+_ITEM_FIELDS = frozenset({"args", "kwargs", "delay", "eta", "key", "job_id", "shadow"})
 Interceptor = Callable[["DelayQ", Call, Due, str], "DelayedResult | None"]
 
 
@@ -149,8 +149,9 @@ class DelayQ(Holding):
                       **options: Any) -> list[DelayedResult]:
         """Park many calls of task ``name`` in one round trip per shard batch.
 
-        Each item is a mapping with ``args``, ``kwargs``, ``delay`` or ``eta``, ``key`` and
-        ``job_id`` (all optional but the due time); ``options`` apply to every call. Every
+        Each item is a mapping with ``args``, ``kwargs``, ``delay`` or ``eta``, ``key``,
+        ``job_id`` and ``shadow`` (the name worker logs show for that call; all optional but
+        the due time); ``options`` apply to every call. Every
         item is validated before anything is written. Publish signals and ``task-sent``
         events fire for each call once all are validated, before the batch is written.
         """
@@ -165,9 +166,12 @@ class DelayQ(Holding):
             if unknown:
                 raise InvalidOption(f"item {n} has unknown fields {sorted(unknown)}; allowed: "
                                     f"{', '.join(sorted(_ITEM_FIELDS))}")
+            shadow = item.get("shadow")  # a template of its own (cached per name)
             prepared.append(self._prepare(
                 name, item.get("args"), item.get("kwargs"), item.get("delay"), item.get("eta"),
-                item.get("key"), item.get("job_id"), task_type, options, shared))
+                item.get("key"), item.get("job_id"), task_type,
+                options if shadow is None else {**options, "shadow": shadow},
+                shared if shadow is None else None))
         eager = self._eager_task(prepared[0][0], task_type) if prepared else None
         if eager is not None:
             return [self._run_eagerly(eager, call, due, options) for call, due in prepared]

@@ -52,17 +52,28 @@ class DelayedTask(Task):
         """Schedule many calls at once, pipelined; see ``DelayQ.schedule_many``.
 
         ``items``: mappings with ``args``, ``kwargs``, ``delay`` or ``eta``, ``key``,
-        ``job_id``. ``options`` (queue, priority, ...) apply to every call.
+        ``job_id``, ``shadow``. ``options`` (queue, priority, ...) apply to every call; the
+        task's ``shadow_name`` names each call, unless ``shadow=`` is given.
         """
         options = self._call_options(options)
-        if getattr(self, "_dump_pydantic_arguments", None) is not None:
-            dumped = []
-            for item in items:
-                args, kwargs = self._dumped(item.get("args"), item.get("kwargs"), options)
-                dumped.append({**item, "args": args, "kwargs": kwargs})
-            items = dumped
+        dump = getattr(self, "_dump_pydantic_arguments", None) is not None
+        shadowed = "shadow" not in options and type(self).shadow_name is not Task.shadow_name
+        if dump or shadowed:
+            items = [self._as_called(item, options, dump, shadowed) for item in items]
         return DelayQ.of(self.app).schedule_many(
             self.name, items, if_exists=if_exists, task_type=self, **options)
+
+    def _as_called(self, item: Mapping[str, Any], options: dict[str, Any], dump: bool,
+                   shadowed: bool) -> Mapping[str, Any]:
+        """An item of ``apply_delayed_many`` as ``apply_async`` would make its call: its
+        models dumped, its shadow name asked of the task (unless the item gives one)."""
+        args, kwargs = item.get("args"), item.get("kwargs")
+        if shadowed and item.get("shadow") is None:
+            item = {**item, "shadow": self._shadow_name(args, kwargs, options)}
+        if dump:
+            args, kwargs = self._dumped(args, kwargs, options)
+            item = {**item, "args": args, "kwargs": kwargs}
+        return item
 
     def _call_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """A call's options over the task's, as ``Task.apply_async`` merges them."""

@@ -312,6 +312,8 @@ def test_a_tasks_shadow_name_names_a_delayed_call_as_it_names_a_native_one(parit
     parked = task.apply_delayed((7,), delay=0.3)
     assert [r.get(timeout=20) for r in [*delayed, parked]] == \
         [r.get(timeout=20) for r in [*native, native[0]]]
+    many = task.apply_delayed_many([{"args": (n,), "delay": 0.3} for n in (8, 9)])
+    assert [r.get(timeout=20) for r in many] == ["shadow:8", "shadow:9"]
 
 
 # -- a call made inside a task ---------------------------------------------------------------
