@@ -589,3 +589,58 @@ def test_detail_page_writes_a_time_the_local_zone_has_no_date_for_in_its_own_zon
     html = _page(admin_client, "admin:delayq_delayedtask_change", row.pk)
 
     assert html.count("9999-12-31 23:59:59 UTC") == 3  # due, and the event's time and due
+
+
+def test_an_action_on_more_rows_than_a_request_may_take_is_refused_saying_what_to_do(
+        admin_client, pending, shop_delayq, monkeypatch):
+    """Each row is a Redis call: "select all" over 100,000 rows would outlast any proxy's
+    timeout, stopped nobody knows where. Past ``MOST_ROWS`` nothing is done, and the
+    message says how to narrow the selection or which command does it in bulk."""
+    from celery_delayq.contrib.django import admin as delayq_admin
+
+    monkeypatch.setattr(delayq_admin, "MOST_ROWS", 2)
+    ticked = [row.pk for row in pending.values()]  # the page's rows, as a browser posts them
+    for action in ("cancel_tasks", "reschedule_tasks", "run_now"):
+        done = admin_client.post(reverse(CHANGELIST), {
+            "action": action, "select_across": "1", "index": "0", "_selected_action": ticked,
+            "apply": "Reschedule", "delay_minutes": "5"}, follow=True)
+        [message] = _messages(done)
+        assert message.startswith("3 delayed tasks selected: an action takes at most 2"), message
+        assert "filters" in message and "celery -A" in message
+    assert {job.job_id: job.due for job in shop_delayq.pending()} == {
+        job_id: row.due for job_id, row in pending.items()}
+
+
+def test_reschedule_of_all_rows_of_a_filtered_list_carries_the_selection_not_its_rows(
+        admin_client, pending, shop_delayq):
+    """A form holding one field per selected row went over Django's 1,000 fields past
+    1,000 rows (400 Bad Request, nothing done): "select all" carries the list's filters."""
+    url = reverse(CHANGELIST) + "?task__exact=shop.tasks.close_unpaid_order"
+    ticked = pending["order:1:close"].pk  # the page's rows, as a browser posts them
+    form = admin_client.post(url, {"action": "reschedule_tasks", "select_across": "1",
+                                   "index": "0", "_selected_action": [ticked]})
+    html = form.content.decode()
+    assert html.count('name="_selected_action"') == 1
+    assert 'name="select_across" value="1"' in html
+    done = admin_client.post(url, {"action": "reschedule_tasks", "select_across": "1",
+                                   "_selected_action": [ticked], "apply": "Reschedule",
+                                   "delay_minutes": "300"}, follow=True)
+    assert "2 tasks" in _messages(done)[0]
+    assert [job.job_id for job in shop_delayq.pending()][-2:] == ["order:1:close",
+                                                                   "order:2:close"]
+
+
+@pytest.mark.parametrize("written", ["+{pk}", " {pk}", "0{pk}"])
+def test_a_business_key_that_only_reads_as_an_objects_key_is_not_linked_to_it(
+        admin_client, shop_delayq, sync, settings, written):
+    from shop import services
+
+    settings.DELAYQ_KEY_MODELS = {"order": "shop.Order"}
+    order = services.place_order("Ada", "19.90")
+    key = "order:" + written.format(pk=order.pk)
+    shop_delayq.schedule(ORDER_TIMEOUT, args=(1,), delay=60, key=key, job_id="look-alike")
+    sync.run_once()
+    page = _page(admin_client)
+    assert reverse("admin:shop_order_change", args=[order.pk]) in page  # its own row's
+    assert key in _cells(page, "key_link")
+    assert f'">{key}</a>' not in page

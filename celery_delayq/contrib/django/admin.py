@@ -14,6 +14,7 @@ from django import forms
 from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import quote
 from django.core.exceptions import ValidationError
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
@@ -40,6 +41,9 @@ _BADGE_COLOURS = {
     State.DEAD: "#000",
 }
 _LISTED_IDS = 10
+#: The most rows one admin action takes: each is a Redis call (~4 ms), and a request must
+#: end before a proxy's timeout cuts it short, done nobody knows how far.
+MOST_ROWS = 1_000
 _NO_BANNER = "What is paused is unknown (no banner): Redis could not say"
 
 
@@ -142,8 +146,10 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             if model_admin is None or not model_admin.has_view_or_change_permission(request):
                 return None
             opts = model._meta
+            if str(opts.pk.to_python(pk)) != pk:  # "+42" reads as 42: not that object's key
+                return None
             return reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",
-                           args=[opts.pk.to_python(pk)])
+                           args=[quote(pk)])
         except (LookupError, ValueError, ValidationError, NoReverseMatch):
             return None  # no such model, or not its kind of primary key
 
@@ -262,6 +268,8 @@ class DelayedTaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Reschedule selected delayed tasks", permissions=["reschedule"])
     def reschedule_tasks(self, request, queryset):
+        if not self._within_limit(request, queryset):
+            return None
         form = RescheduleForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
             due = form.due()
@@ -274,6 +282,7 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             "form": form,
             "queryset": queryset,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            **_selection(request, queryset),
         })
 
     @admin.action(description="Replay selected dead-lettered tasks", permissions=["run_now"])
@@ -320,6 +329,8 @@ class DelayedTaskAdmin(admin.ModelAdmin):
         """Run ``operation`` on every row, until Redis is unavailable (each row left would
         wait for it again: the request would outlast any proxy's timeout); one message per
         distinct outcome."""
+        if not self._within_limit(request, queryset):
+            return
         outcomes: dict[tuple[bool, str], list[str]] = defaultdict(list)
         rows = list(queryset)
         for n, row in enumerate(rows):
@@ -339,6 +350,30 @@ class DelayedTaskAdmin(admin.ModelAdmin):
             count = ngettext("%(n)d task", "%(n)d tasks", len(job_ids)) % {"n": len(job_ids)}
             self.message_user(request, f"{message}: {count} ({listed})",
                               level=_level(done, message))
+
+
+    def _within_limit(self, request, queryset) -> bool:
+        """Whether the selection is at most :data:`MOST_ROWS` rows; else say what to do."""
+        count = queryset.count()
+        if count <= MOST_ROWS:
+            return True
+        self.message_user(request, (
+            f"{count:,} delayed tasks selected: an action takes at most {MOST_ROWS:,}, so "
+            "that its request ends before a proxy's timeout. Narrow the list with its "
+            "filters and search, or use the command line for a whole business key or "
+            "task: `celery -A proj delayq cancel --key KEY`, `delayq replay --all --task "
+            "TASK`, `delayq drop --all --task TASK`"), level=messages.ERROR)
+        return False
+
+
+def _selection(request, queryset) -> dict:
+    """What the reschedule form posts back to select its rows again: their keys, or with
+    "select all" the rows the page ticked and ``select_across`` (the list's filters, in
+    the URL, select the rest): one field per row went past Django's 1,000 fields."""
+    if request.POST.get("select_across") == "1":
+        return {"select_across": True,
+                "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
+    return {"select_across": False, "selected": [row.pk for row in queryset]}
 
 
 def _level(done: bool, message: str) -> int:
