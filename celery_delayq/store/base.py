@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterable, Iterator
 from functools import cached_property
 from itertools import islice
@@ -36,6 +37,9 @@ _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wro
 #: How Redis 6.2 and 7 word the ACL's refusal of a command a script calls (no NOPERM).
 _SCRIPT_REFUSED = "The user executing the script can't run this command"
 SCAN_CHUNK = 500  # members / fields read per command when a reader scans a key
+#: The description of its client a Sentinel's "No master found for 'm' : <...> - " holds:
+#: a kilobyte of pool and connection options.
+_CLIENT_SHOWN = re.compile(r" : <redis\..*\)>(?: - )?", re.S)
 #: The layout of the store's keys and values this version reads and writes (``meta``'s
 #: ``format``). A release that changes it raises it and says how to move a store on; a
 #: process refuses a store of a format it does not know, rather than misread its jobs.
@@ -185,8 +189,8 @@ class StoreBase:
             follow_cluster(self.__dict__.get("client"))  # (None while it is being made)
             raise StoreUnavailable(
                 f"Redis at {redact(self.config.redis_url)} is unavailable after "
-                f"{self.config.redis_retries} retries ({exc}); check that it runs and that "
-                "delayq_redis_url points at it"
+                f"{self.config.redis_retries} retries ({_CLIENT_SHOWN.sub(': ', str(exc))}); "
+                "check that it runs and that delayq_redis_url points at it"
             ) from exc
         except redis.ResponseError as exc:
             if str(exc).startswith(_DAMAGED):

@@ -150,3 +150,17 @@ def test_calls_on_a_server_gone_connect_at_most_once_per_try():
         hanging_up.close()
         server.close()
         app.close()
+
+
+def test_a_sentinel_that_finds_no_master_is_told_in_a_line_not_a_clients_description():
+    """redis-py's MasterNotFoundError carries a kilobyte of its client's pool and
+    connection options; the admin showed all of it on every page while Sentinel was away."""
+    app = Celery("sentinel-away", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.update(delayq_redis_retries=1, delayq_redis_socket_timeout=0.3,
+                    delayq_redis_url="sentinel://127.0.0.1:1",
+                    delayq_redis_transport_options={"master_name": "shop"})
+    with pytest.raises(StoreUnavailable) as away:
+        DelayQ(app).schedule("t", delay=5)
+    said = str(away.value)
+    assert "No master found for 'shop'" in said and "Connection refused" in said
+    assert "ConnectionPool" not in said and len(said) < 400, said
