@@ -61,39 +61,33 @@ def assert_journaled(delayq, jobs: dict[str, str], outcomes: dict[str, list[str]
             ("tests.proj.record", journaled[replaced][-3]["task_id"])] * 2
 
 
-def test_a_prefork_worker_journals_how_every_run_ended(proj, delayq, carrier, spawn):
-    worker = spawn("worker", "-Q", "outcomes", "-P", "prefork", "-c", "2",
-                   "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO")
-    outcomes = {**ON_EVERY_POOL, **IN_CHILD_PROCESSES}
-    jobs = schedule(proj, outcomes, "outcomes")
+def journaled_by(spawn, proj, delayq, queue: str, outcomes: dict[str, list[str]],
+                 *pool: str) -> None:
+    """A worker of ``pool`` on ``queue`` runs one job of each task of ``outcomes``: assert
+    its journal (printing the worker's log if it is not as said)."""
+    worker = spawn("worker", "-Q", queue, "-P", *pool, "--without-heartbeat",
+                   "--without-gossip", "--without-mingle", "-l", "INFO")
+    jobs = schedule(proj, outcomes, queue)
     try:
         assert_journaled(delayq, jobs, outcomes)
     except BaseException:
         print(worker.log.read_text()[-4000:])
         raise
+
+
+def test_a_prefork_worker_journals_how_every_run_ended(proj, delayq, carrier, spawn):
+    journaled_by(spawn, proj, delayq, "outcomes", {**ON_EVERY_POOL, **IN_CHILD_PROCESSES},
+                 "prefork", "-c", "2")
 
 
 def test_a_reject_is_journaled_after_the_started_event_its_process_had_not_written(
         proj, delayq, carrier, spawn):
-    worker = spawn("worker", "-Q", "outcomes-stalled", "-P", "prefork", "-c", "1",
-                   "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO")
-    outcomes = {"rejected_as_its_journal_stalls": ON_EVERY_POOL["rejected"]}
-    jobs = schedule(proj, outcomes, "outcomes-stalled")
-    try:
-        assert_journaled(delayq, jobs, outcomes)
-    except BaseException:
-        print(worker.log.read_text()[-4000:])
-        raise
+    journaled_by(spawn, proj, delayq, "outcomes-stalled",
+                 {"rejected_as_its_journal_stalls": ON_EVERY_POOL["rejected"]},
+                 "prefork", "-c", "1")
 
 
 @pytest.mark.parametrize("pool", ["threads", "solo"])
 def test_a_worker_without_child_processes_journals_how_every_run_ended(
         proj, delayq, carrier, spawn, pool):
-    worker = spawn("worker", "-Q", f"outcomes-{pool}", "-P", pool, "--without-heartbeat",
-                   "--without-gossip", "--without-mingle", "-l", "INFO")
-    jobs = schedule(proj, ON_EVERY_POOL, f"outcomes-{pool}")
-    try:
-        assert_journaled(delayq, jobs, ON_EVERY_POOL)
-    except BaseException:
-        print(worker.log.read_text()[-4000:])
-        raise
+    journaled_by(spawn, proj, delayq, f"outcomes-{pool}", ON_EVERY_POOL, pool)
