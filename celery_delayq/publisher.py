@@ -122,7 +122,7 @@ class Publisher:
             return None
         assert job.due_ms is not None  # else message_of() refused it
         promoted = Promoted(job.job_id, message.task, message.key, job.due_ms,
-                            job.stored_id, job.lease)
+                            job.stored_id, job.lease, message.headers.get("id") or "")
         taken.sent.append((promoted, message))
         return promoted
 

@@ -40,6 +40,7 @@ class Promoted(NamedTuple):
     due_ms: int
     stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
     lease: str = ""  # Claimed.lease; "" acks whatever lease holds the job
+    task_id: str = ""  # its message's task id: one not its job id has an index, which goes
 
 
 @dataclass(frozen=True)
@@ -133,12 +134,17 @@ class Claims(StoreBase):
                    ) -> list[tuple[Script, list[str], list[Any]]]:
         calls = []
         for shard, jobs in acks.items():
+            keys = SCRIPTS["ack"].keys_for(shard)
             args: list[Any] = [self._maxlen]
             for job in jobs:
                 stored = job.stored_id or pack_id(job.job_id)
+                index = 0
+                if job.task_id and job.task_id != job.job_id:
+                    keys.append(self.keys.task_index(shard, pack_id(job.task_id)))
+                    index = len(keys)
                 args += [raw_id(stored), raw_id(bykey_member(job.key, stored)), job.task,
-                         job.key or "", job.due_ms, job.lease]
-            calls.append((SCRIPTS["ack"], SCRIPTS["ack"].keys_for(shard), args))
+                         job.key or "", job.due_ms, job.lease, index]
+            calls.append((SCRIPTS["ack"], keys, args))
         return calls
 
     def recover(self, shards: list[ShardKeys], batch: int

@@ -259,10 +259,12 @@ class Producing(StoreBase):
         ``task_id``, only a job of that Celery task id is cancelled.
         """
         home = self.keys.shard_for(job_id, key)
-        replies = [self._cancel(home, "id", job_id, by, task_id)]
-        replies += [self._cancel(shard, "id", job_id, by, task_id)
-                    for shard in self._shards_holding(job_id, in_flight=True)
-                    if shard is not home]
+        shards = [home, *(shard for shard in self._shards_holding(job_id, in_flight=True)
+                          if shard is not home)]
+        replies = [self._cancel(shard, "id", job_id, by, task_id) for shard in shards]
+        for shard, reply in zip(shards, replies, strict=True):
+            if reply[1]:
+                self._forget_task_indexes(shard, [reply[2]])
         codes = {reply[0] for reply in replies}
         if 0 in codes:  # a carrier holds a copy: it will be delivered
             outcome = CancelOutcome.TOO_LATE
@@ -290,6 +292,7 @@ class Producing(StoreBase):
         shard, after = self.keys.shard_for("", key), ""
         while True:
             reply = self._cancel(shard, "key", key, by, after, CANCEL_KEY_CHUNK)
+            self._forget_task_indexes(shard, reply[2::3])
             yield [(task_id or unpack_id(job_id), task) for task_id, job_id, task in zip(
                 reply[2::3], reply[3::3], reply[4::3], strict=True)]
             after = reply[0]
@@ -312,6 +315,15 @@ class Producing(StoreBase):
             if cancelled.outcome is not CancelOutcome.UNKNOWN:
                 return cancelled
         return Cancelled(CancelOutcome.UNKNOWN)
+
+    def _forget_task_indexes(self, shard: ShardKeys, task_ids: list[str]) -> None:
+        """Drop the task id indexes of these cancelled jobs' task ids ("": the job id, no
+        index): only a pending job is found by its task id, and each would stay a day."""
+        names = [self.keys.task_index(shard, pack_id(task_id)) for task_id in task_ids
+                 if task_id]
+        if names:
+            with self.unavailable():
+                self.client.delete(*names)
 
     def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str,
                 *more: str | int) -> list[Any]:

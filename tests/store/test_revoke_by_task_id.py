@@ -3,12 +3,16 @@ id is not its job id: the store keeps a task id index beside such a job (keys.py
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from celery import states
 from celery.result import AsyncResult
 
 from celery_delayq.keys import pack_id
 from celery_delayq.store import TASK_INDEX_GRACE_MS
+from celery_delayq.store.claims import Promoted
+from tests.carrier.test_pause import serve_once
 
 
 @pytest.mark.parametrize("key", [None, "order:1"], ids=["no-key", "business-key"])
@@ -66,3 +70,52 @@ def test_the_task_id_index_lives_while_its_job_is_pending_and_a_day_more(proj, d
 
     delayq.revoke([result.id])
     assert delayq.pending() == []
+
+
+def _indexed(delayq, task_id: str, key: str | None) -> bool:
+    store = delayq.store
+    shard = store.keys.shard_for("order:1:close", key)
+    return bool(store.client.exists(store.keys.task_index(shard, pack_id(task_id))))
+
+
+#: the ways a job of an id of its own leaves the store
+LEAVES = {
+    "promoted": lambda proj, delayq, result: serve_once(proj.app),
+    "cancelled by job id": lambda proj, delayq, result: delayq.cancel("order:1:close",
+                                                                      key="order:1"),
+    "cancelled by key": lambda proj, delayq, result: delayq.cancel_key("order:1"),
+    "revoked": lambda proj, delayq, result: delayq.revoke([result.id]),
+}
+
+
+@pytest.mark.parametrize("leaves", LEAVES)
+def test_the_task_id_index_goes_when_its_job_leaves_the_store(proj, delayq, leaves):
+    """Kept a day past the job's due time, the index of every job that left stayed a day
+    after it: ~180 bytes per job of an id of its own, 1.5 GB at 100 such jobs a second."""
+    result = proj.record.apply_delayed(args=(1,), delay=0.01, job_id="order:1:close",
+                                       key="order:1")
+    assert _indexed(delayq, result.id, "order:1")
+    time.sleep(0.02)
+    LEAVES[leaves](proj, delayq, result)
+    assert delayq.pending() == []
+    assert not _indexed(delayq, result.id, "order:1")
+
+
+def test_the_task_id_index_of_a_call_stored_again_while_its_job_is_in_flight_stays(
+        proj, delayq):
+    """A retry stores its task's call again, under the same task id, while the carrier
+    that published it may not have acked it yet: that ack leaves the index to the copy
+    pending again."""
+    first = proj.record.apply_delayed(args=(1,), delay=0, job_id="order:1:close")
+    [claim] = [c for c in delayq.store.claim(list(delayq.store.keys), batch=10,
+                                             lease_ms=60_000) if c.jobs]
+    [claimed] = claim.jobs
+    again = proj.record.apply_delayed(args=(2,), delay=3600, job_id="order:1:close",
+                                      task_id=first.id, if_exists="replace")
+    assert again.id == first.id
+    delayq.store.ack({claim.shard: [Promoted("order:1:close", proj.record.name, None,
+                                             claimed.due_ms, claimed.stored_id,
+                                             claimed.lease, first.id)]})
+    assert [job.args for job in delayq.pending()] == [[2]]
+    assert _indexed(delayq, first.id, None)
+    assert delayq.revoke([first.id]) == 1

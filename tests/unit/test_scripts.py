@@ -54,8 +54,8 @@ def test_scripts_never_build_key_names(name):
 
 
 def test_wrong_key_count_is_refused_before_redis_is_called():
-    with pytest.raises(TypeError, match="takes 6 keys"):
-        SCRIPTS["ack"].call(None, ["a"], [])
+    with pytest.raises(TypeError, match="takes 5 keys"):
+        SCRIPTS["recover"].call(None, ["a"], [])
     with pytest.raises(TypeError, match="takes 9\\+ keys"):
         SCRIPTS["claim_due"].call(None, ["a"], [])
 
