@@ -85,6 +85,7 @@ class _Outbox:
         self._events: list[tuple[Any, JournalEntry]] = []
         self._taken: list[tuple[Any, JournalEntry]] = []  # those a write is writing
         self._held = 0  # of them, kept after a write that failed (0: the last one worked)
+        self._dropped = 0  # the oldest that went meanwhile, past _HOLD_AT_MOST
         self._why = _AWAY  # why they are held
         self._thread: threading.Thread | None = None
 
@@ -169,7 +170,11 @@ class _Outbox:
         elif self._held:
             logger.info("wrote %s held while the store's Redis %s",
                         counted(self._held, "worker event"), self._why[1])
-            self._held = 0
+            if self._dropped:
+                logger.error("dropped %s while the store's Redis %s (more than %d "
+                             "waited)", counted(self._dropped, "worker event"),
+                             self._why[1], _HOLD_AT_MOST)
+            self._held = self._dropped = 0
 
     def _hold(self, unwritten: list[tuple[Any, JournalEntry]], failure: Exception,
               why: tuple[str, str]) -> None:
@@ -185,8 +190,10 @@ class _Outbox:
             excess = len(self._events) - _HOLD_AT_MOST
             if excess > 0:
                 del self._events[:excess]
-                logger.error("dropped %s: more than %d waited for the store's Redis",
-                             counted(excess, "worker event"), _HOLD_AT_MOST)
+                if not self._dropped:  # once an outage: counted when Redis takes events
+                    logger.error("dropping the oldest worker events: more than %d wait "
+                                 "for the store's Redis", _HOLD_AT_MOST)
+                self._dropped += excess
             self._held = len(self._events)
 
 

@@ -110,6 +110,36 @@ def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(c
         delayq.store.close()
 
 
+def test_events_dropped_while_redis_is_away_are_logged_once_then_counted(caplog,
+                                                                          monkeypatch):
+    """Past the events a worker holds, the oldest go: said once per outage (it was said at
+    every flush, 10 lines a second for a prefork worker), and counted once Redis answers."""
+    from celery import Celery
+
+    from celery_delayq import DelayQ
+    from celery_delayq.testing.redis_server import RedisServer
+
+    monkeypatch.setattr(journal, "_HOLD_AT_MOST", 2)
+    caplog.set_level(logging.INFO, logger="celery_delayq.journal")
+    with RedisServer() as server:
+        app = Celery("away", broker=f"{server.url}/0", set_as_current=False)
+        app.conf.update(delayq_redis_retries=0, delayq_redis_socket_timeout=0.5)
+        delayq = DelayQ(app)
+        server.stop()
+        for n in range(6):
+            journal.record_event(delayq, 0, "started", {"job": f"order:{n}:close",
+                                                        "task": "tests.proj.record"})
+            journal.flush()
+        dropping = [r for r in caplog.records if "oldest worker events" in r.getMessage()]
+        assert len(dropping) == 1, caplog.text
+        server.start()
+        journal.flush()
+        assert "dropped 4 worker events while the store's Redis did not answer" in \
+            caplog.text
+        assert delayq.store.client.xlen(delayq.store.keys.shard(0).journal) == 2
+        delayq.store.close()
+
+
 @pytest.mark.parametrize("task", ["flaky", "plain_flaky"])
 def test_a_task_retrying_at_once_is_journaled_started_before_its_retry_is_scheduled(
         proj, delayq, carrier, spawn, task):
