@@ -252,7 +252,11 @@ def register(app: Celery) -> None:
 
     Only on this app, never on every app as a shared task would be. An app not finalized
     yet gets the task when it is, so its configuration is read as late as Celery reads it.
+    An app that has no DelayQ yet is opted in (which registers the task).
     """
+    if DelayQ.lookup(app) is None:
+        DelayQ(app)
+        return
     if not app.finalized:
         app.on_after_finalize.connect(_on_finalized, weak=False, dispatch_uid=TASK_NAME)
         return

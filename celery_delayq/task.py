@@ -25,8 +25,12 @@ class DelayedTask(Task):
 
     @classmethod
     def on_bound(cls, app) -> None:
+        """Connect the worker-side journal hooks, which act for opted-in apps only. Binding
+        opts no app in: Celery binds a task of the default kind (``shared=True``) to every
+        app of the process, a test app too, whose countdowns would then go to a store that
+        no carrier serves. ``DelayQ(app)`` opts in; a delayed call opts its app in too."""
         super().on_bound(app)
-        DelayQ.of(app)  # connects the worker-side journal hooks of this app
+        journal.connect(DelayQ.lookup)
 
     def apply_delayed(self, args=None, kwargs=None, *,
                       delay: float | timedelta | None = None, eta: datetime | None = None,

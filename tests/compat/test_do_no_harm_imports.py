@@ -129,3 +129,35 @@ def test_introspecting_the_module_level_http_callback_without_a_delayq_raises_no
     assert seen is False
     assert used.startswith("celery_delayq.http_callback is registered only on apps that use "
                            "celery-delayq; call DelayQ(app)")
+
+
+SHARED = textwrap.dedent('''
+    import json
+    from celery import Celery
+    from celery_delayq import DelayedTask
+
+    project = Celery("project", broker="memory://", set_as_current=False)
+
+    @project.task(base=DelayedTask, name="project.close_order")  # shared, as the docs show
+    def close_order(order_id):
+        return order_id
+
+    plain = Celery("plain", broker="memory://", set_as_current=False)  # a test app, say
+    plain.finalize()
+    result = plain.send_task("plain.task", countdown=5)  # Celery's own countdown
+    print(json.dumps({"bound": "project.close_order" in plain.tasks,
+                      "send_task_patched": "send_task" in vars(plain),
+                      "delayq": hasattr(plain, "_delayq"), "sent": type(result).__name__}))
+''')
+
+
+def test_a_delayed_task_celery_binds_to_every_app_opts_no_other_app_in():
+    """``@app.task`` makes a shared task by default: Celery binds it to every app of the
+    process as each is finalized (Celery's ``celery_app`` test app too). Binding it opted
+    that app in, so its countdowns went to a store no carrier serves (or raised, on
+    memory://): only ``DelayQ(app)`` or a delayed call opts an app in."""
+    out = subprocess.run([sys.executable, "-c", SHARED], capture_output=True, text=True,
+                         timeout=60, env=plain_environ())
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"bound": True, "send_task_patched": False,
+                                      "delayq": False, "sent": "AsyncResult"}
