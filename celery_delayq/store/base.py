@@ -37,9 +37,9 @@ _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wro
 #: How Redis 6.2 and 7 word the ACL's refusal of a command a script calls (no NOPERM).
 _SCRIPT_REFUSED = "The user executing the script can't run this command"
 SCAN_CHUNK = 500  # members / fields read per command when a reader scans a key
-#: The description of its client a Sentinel's "No master found for 'm' : <...> - " holds:
-#: a kilobyte of pool and connection options.
-_CLIENT_SHOWN = re.compile(r" : <redis\..*\)>(?: - )?", re.S)
+#: The description of its client a Sentinel's "No master found for 'm' : <...> - " holds
+#: (redis-py 8: a kilobyte of pool and connection options; 5: ``Redis<ConnectionPool<…>>>``).
+_CLIENT_SHOWN = re.compile(r" : \S*<.*> - ", re.S)
 #: The layout of the store's keys and values this version reads and writes (``meta``'s
 #: ``format``). A release that changes it raises it and says how to move a store on; a
 #: process refuses a store of a format it does not know, rather than misread its jobs.

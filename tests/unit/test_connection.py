@@ -123,7 +123,7 @@ def test_a_url_with_a_password_left_unencoded_is_refused_without_printing_it(url
 
 
 @pytest.mark.parametrize(("url", "says"), [
-    ("redis://127.0.0.1:6391/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
+    ("redis://127.0.0.1:6391/0?socket_timeout=abc", "Invalid value for .socket_timeout."),
     ("redis://:Zm9vYmFy@h:99999/0", "Port out of range"),
 ])
 def test_a_url_unreadable_past_its_userinfo_says_what_is_wrong_not_to_encode_a_password(
