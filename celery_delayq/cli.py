@@ -1,8 +1,9 @@
 """``celery -A proj delayq ...``: the carrier and commands to inspect the store.
 
 Registered through the ``celery.commands`` entry point, so every ``celery`` process imports
-this module: it imports only what the command group needs, and commands import the carrier
-(and with it prometheus_client) when they run.
+this module: it imports only what the command group needs, and commands import the store
+(``DelayQ``: through ``cli_group.delayq_of``), the carrier and prometheus_client when they
+run.
 
 ``delayq`` is the whole group: the store-wide commands (carrier, stats, health, check,
 export) are here; importing ``cli_jobs`` (ls, show, cancel, reschedule, run-now),
@@ -22,9 +23,6 @@ from . import cli_dead, cli_holding, cli_jobs  # noqa: F401  (their commands joi
 from .cli_group import delayq, delayq_of, fail, ms_text
 from .conf import SETTINGS
 from .errors import DelayQError
-from .extension import DelayQ
-from .memory import eviction_problem
-from .persistence import persistence_problem
 from .reading import counted, shown
 
 __all__ = ["delayq"]
@@ -77,7 +75,7 @@ def carrier(ctx: click.Context, batch: int | None, lease: float | None,
     try:
         metrics = None
         if metrics_port is not None:
-            metrics = CarrierMetrics(DelayQ.of(ctx.obj.app).store)
+            metrics = CarrierMetrics(delayq_of(ctx).store)
             metrics.serve(metrics_port, metrics_host)
             logging.getLogger("celery_delayq.carrier").info(
                 "metrics on http://%s:%d/metrics", metrics_host, metrics_port)
@@ -119,7 +117,9 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None:
     """Exit 1 when the overdue backlog or its oldest job passes a threshold, or when Redis may
     evict keys (liveness probe); say so when Redis keeps no append-only file."""
+    from .memory import eviction_problem
     from .metrics import oldest_overdue_seconds
+    from .persistence import persistence_problem
 
     try:
         store = delayq_of(ctx).store

@@ -15,13 +15,16 @@ import contextlib
 import getpass
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import click
 
 from .errors import DelayQError
-from .extension import DelayQ
 from .interrupts import Count, interrupted
 from .reading import datetime_of_ms, shown
+
+if TYPE_CHECKING:
+    from .extension import DelayQ
 
 
 @click.group(name="delayq")
@@ -30,6 +33,9 @@ def delayq() -> None:
 
 
 def delayq_of(ctx: click.Context) -> DelayQ:
+    """The app's DelayQ, imported here: every ``celery`` process loads the command group."""
+    from .extension import DelayQ
+
     return DelayQ.of(ctx.obj.app)
 
 

@@ -13,7 +13,6 @@ import click
 from .cli_group import cli_user, counting, ctrl_c_said, delayq, delayq_of, fail, ms_text
 from .errors import DelayQError, InvalidDelay
 from .reading import FORBIDDEN, counted, iso_time, shown
-from .store.dead_letters import of_task_and_key
 
 
 @delayq.command(name="ls")
@@ -51,6 +50,8 @@ def _ls_dead(ctx: click.Context, task: str | None, key: str | None,
     if args_contains is not None:
         raise click.UsageError("--args-contains searches pending jobs only; with --dead, "
                                "select by --task or --key")
+    from .store.dead_letters import of_task_and_key
+
     store = delayq_of(ctx).store
     if task is None and key is None:
         letters = store.dead(limit)
