@@ -349,9 +349,9 @@ _WAIT_FOR = {
 def refused_for_now(exc: Exception, url: str = "") -> StoreUnavailable | None:
     """The error of a call Redis refused while a condition lasts (``BUSY``, ``NOREPLICAS``,
     ``MISCONF``), else None (``url``: redacted)."""
-    text = str(exc)
+    text = str(exc)  # (in a pipeline: "Command # 1 (...) of pipeline caused error: BUSY ...")
     for code, meaning in _WAIT_FOR.items():
-        if text.startswith(f"{code} ") or f"-{code} " in text:
+        if text.startswith(f"{code} ") or f"-{code} " in text or f"error: {code} " in text:
             return StoreUnavailable(f"Redis{f' at {url}' if url else ''} {meaning} ({exc})")
     return None
 

@@ -259,9 +259,11 @@ class Producing(StoreBase):
         ``task_id``, only a job of that Celery task id is cancelled.
         """
         home = self.keys.shard_for(job_id, key)
-        shards = [home, *(shard for shard in self._shards_holding(job_id, in_flight=True)
-                          if shard is not home)]
-        replies = [self._cancel(shard, "id", job_id, by, task_id) for shard in shards]
+        shards, replies = [home], [self._cancel(home, "id", job_id, by, task_id)]
+        for shard in self._shards_holding(job_id, in_flight=True):
+            if shard is not home:
+                shards.append(shard)
+                replies.append(self._cancel(shard, "id", job_id, by, task_id))
         for shard, reply in zip(shards, replies, strict=True):
             if reply[1]:
                 self._forget_task_indexes(shard, [reply[2]])

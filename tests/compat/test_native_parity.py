@@ -274,13 +274,19 @@ ENDS = {
 }
 
 
+#: the ends that also broadcast Celery's revoke: Celery 5.7's workers then mark REVOKED in
+#: the app's backend too (they have no request of the task to know its own), as natively
+BROADCAST = {"revoke", "control.revoke"}
+
+
 @pytest.mark.parametrize("end", ENDS)
 def test_a_cancelled_task_with_a_backend_of_its_own_is_revoked_there(parity, end):
     task = parity.module.with_own_backend
     delayed = task.apply_delayed(("d",), delay=600, key="own-backend")
     ENDS[end](delayed)
     assert task.backend.get_state(delayed.id) == "REVOKED"
-    assert not parity.stored(delayed.id)
+    if end not in BROADCAST:
+        assert not parity.stored(delayed.id)
 
 
 # -- pydantic=True ---------------------------------------------------------------------------
