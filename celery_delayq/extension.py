@@ -382,26 +382,13 @@ class DelayQ(Holding):
         done = 0
         for chunk in self.store.cancel_key_chunks(key, by):
             try:
-                self._mark_cancelled(chunk)
+                for task_id, task in chunk:
+                    revoke.mark_revoked(self.app, task_id, task)
             finally:  # told when Ctrl-C stops it too: the count stays exact
                 done += len(chunk)
                 if progress is not None:
                     progress(done)
         return done
-
-    def _mark_cancelled(self, cancelled: list[tuple[str, str]]) -> None:
-        """Mark each of these cancelled jobs' results REVOKED, all of them even when
-        Ctrl-C comes meanwhile (raised once they are: no later call finds those jobs to
-        mark); the mark Ctrl-C broke is made again, unless a second Ctrl-C stops that."""
-        pressed = False
-        for task_id, task in cancelled:
-            try:
-                revoke.mark_revoked(self.app, task_id, task)
-            except KeyboardInterrupt:
-                pressed = True
-                revoke.mark_revoked(self.app, task_id, task)
-        if pressed:
-            raise KeyboardInterrupt
 
     def get(self, job_id: str, key: str | None = None) -> Job | None:
         validation.looked_up(job_id, key)

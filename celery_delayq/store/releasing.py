@@ -65,10 +65,6 @@ class Releasing(StoreBase):
         """Hold the due jobs of a task or queue (a ``pausing.field``) on every shard."""
         self._on_every_shard(SCRIPTS["pause"], ["pause", field, by, ""])
 
-    def resume(self, field: str, by: str) -> int:
-        """End a pause on every shard; returns how many held jobs were given back."""
-        return self.resumed(field, by).released
-
     def resumed(self, field: str, by: str, progress: Progress | None = None) -> Resumed:
         """End a pause on every shard, ``progress`` told how many held jobs it gave back
         after each round; says too whether it was paused. Not paused, it still goes on
