@@ -92,7 +92,7 @@ def show(ctx: click.Context, job_id: str, key: str | None) -> None:
 
 
 #: What ``show`` escapes in its JSON: reading.FORBIDDEN, and lone surrogates (no UTF-8).
-_UNSHOWN = re.compile(FORBIDDEN.pattern[:-1] + r"\ud800-\udfff]")
+_UNSHOWN = re.compile(rf"{FORBIDDEN.pattern}|[\ud800-\udfff]")
 
 
 def _json_shown(text: str) -> str:
