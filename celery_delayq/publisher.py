@@ -92,6 +92,8 @@ class Publisher:
         the claim) is given."""
         taken = Taken(lateness=[c.now_ms - due for c in claims for due in c.promoted])
         for claim in claims:
+            if claim.pushed:
+                taken.acks[claim.shard] += claim.pushed
             for job in claim.jobs:
                 promoted = self._take_one(claim.shard, job, send, taken, keep_going)
                 if promoted is None:

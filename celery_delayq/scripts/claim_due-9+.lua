@@ -40,6 +40,8 @@ ARGV[9]   the hand-off lead in ms (0: jobs are taken once due)
 ARGV[10..] two values per KEYS[10..], in the same order: queue name, delivery mode
 
 Returns {now ms, next due ms or -1, {due ms of each job promoted directly}, lease,
+         {job id, task id, ... of the jobs promoted directly whose task id is not their
+         job id: the carrier forgets their task id indexes (unindex)},
          id1, due1, envelope1 or nil, id2, ...} where the ids are the claimed jobs and
 lease is their in-flight score as text: the deadline with this call's microseconds as
 decimals, a token ack / recover / dead check, so an old copy's ack never takes the lease
@@ -391,7 +393,8 @@ end
 
 local direct = {}
 local lease = string.format('%.3f', now + tonumber(ARGV[3]) + tonumber(t[2]) % 1000 / 1000)
-local out = {now, -1, direct, lease}
+local indexed = {}
+local out = {now, -1, direct, lease, indexed}
 local pushed, forgotten, unkeyed, per_task = {}, {}, {}, {}
 if #names > 0 then
   local envelopes = each_chunk('HMGET', KEYS[3], names)
@@ -410,6 +413,10 @@ if #names > 0 then
         if key ~= '' then unkeyed[#unkeyed + 1] = key .. '\0' .. job_id end
         journal_batch(5, 'promoted', 'job', job_id, 'task', fields['t'], 'key', key, 'due', due)
         direct[#direct + 1] = tonumber(due)
+        if fields['i'] then
+          indexed[#indexed + 1] = job_id
+          indexed[#indexed + 1] = fields['i']
+        end
       else
         if redis.call('ZADD', KEYS[2], lease, job_id) == 0 then  -- leased again
           redis.call('HDEL', KEYS[3], kept(job_id))

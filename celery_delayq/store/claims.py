@@ -10,7 +10,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..errors import DelayQError
@@ -41,6 +41,14 @@ class Promoted(NamedTuple):
     stored_id: str = ""  # the job id as stored (keys.pack_id); worked out when not given
     lease: str = ""  # Claimed.lease; "" acks whatever lease holds the job
     task_id: str = ""  # its message's task id: one not its job id has an index, which goes
+    #: the claim script pushed it to the broker and forgot it itself: only its task id
+    #: index is left to go (Promoted.pushed)
+    direct: bool = False
+
+    @classmethod
+    def pushed(cls, stored_id: str, task_id: str) -> Promoted:
+        """A job the claim script promoted itself whose task id is not its job id."""
+        return cls(unpack_id(stored_id), "", None, 0, stored_id, "", task_id, direct=True)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ class ShardClaim:
     jobs: list[Claimed]  # claimed: the carrier publishes them, then acks
     promoted: list[int]  # due ms of the jobs the claim script pushed to the broker itself
     error: DelayQError | None = None  # the shard's claim failed (e.g. DamagedShard)
+    #: those of them whose task id is not their job id, to ack (their task id index goes)
+    pushed: list[Promoted] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -124,7 +134,8 @@ class Claims(StoreBase):
                 for s in shards]
 
     def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:
-        """Forget jobs that reached the broker, per shard, and journal them as promoted."""
+        """Forget jobs that reached the broker, per shard, and journal them as promoted;
+        of those the claim script pushed itself, forget the task id index."""
         calls = self._ack_calls(acks)
         if calls:
             with self.unavailable():
@@ -133,7 +144,15 @@ class Claims(StoreBase):
     def _ack_calls(self, acks: dict[ShardKeys, list[Promoted]]
                    ) -> list[tuple[Script, list[str], list[Any]]]:
         calls = []
-        for shard, jobs in acks.items():
+        for shard, promoted in acks.items():
+            pushed = [job for job in promoted if job.direct]
+            if pushed:
+                calls.append((SCRIPTS["unindex"], SCRIPTS["unindex"].keys_for(
+                    shard, *(self.keys.task_index(shard, pack_id(job.task_id))
+                             for job in pushed)), [raw_id(job.stored_id) for job in pushed]))
+            jobs = [job for job in promoted if not job.direct]
+            if not jobs:
+                continue
             keys = SCRIPTS["ack"].keys_for(shard)
             args: list[Any] = [self._maxlen]
             for job in jobs:
@@ -265,12 +284,13 @@ def _shard_claims(shards: list[ShardKeys], replies: list[Any]) -> list[ShardClai
         if isinstance(reply, Exception):
             claims.append(ShardClaim(shard, 0, None, [], [], shard_error(reply)))
             continue
-        now_ms, next_due, promoted, lease, rest = reply[0], reply[1], reply[2], reply[3], \
-            reply[4:]
+        now_ms, next_due, promoted, lease, indexed = reply[:5]
+        rest = reply[5:]
         jobs = [Claimed(unpack_id(rest[i]), _due_ms(rest[i + 1]), rest[i + 2], rest[i], lease)
                 for i in range(0, len(rest), 3)]
+        pushed = [Promoted.pushed(indexed[i], indexed[i + 1]) for i in range(0, len(indexed), 2)]
         claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs,
-                                 promoted))
+                                 promoted, pushed=pushed))
     return claims
 
 

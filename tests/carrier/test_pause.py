@@ -28,9 +28,10 @@ def labels(proj) -> list[str]:
     return [run["label"] for run in proj.runs()]
 
 
-def serve_once(app) -> None:
-    """One carrier round over every shard, then the shards go back."""
-    carrier = Carrier(app)
+def serve_once(app, **options) -> None:
+    """One carrier round over every shard, then the shards go back; ``options``: the
+    carrier's (``direct=True``)."""
+    carrier = Carrier(app, **options)
     carrier.run_once()
     carrier.close()
 

@@ -9,10 +9,12 @@ import pytest
 from celery import states
 from celery.result import AsyncResult
 
+from celery_delayq.carrier import Carrier
 from celery_delayq.keys import pack_id
 from celery_delayq.store import TASK_INDEX_GRACE_MS
 from celery_delayq.store.claims import Promoted
 from tests.carrier.test_pause import serve_once
+from tests.conftest import CLUSTER
 
 
 @pytest.mark.parametrize("key", [None, "order:1"], ids=["no-key", "business-key"])
@@ -81,6 +83,8 @@ def _indexed(delayq, task_id: str, key: str | None) -> bool:
 #: the ways a job of an id of its own leaves the store
 LEAVES = {
     "promoted": lambda proj, delayq, result: serve_once(proj.app),
+    **({} if CLUSTER else {  # (direct promotion needs one server: the broker's)
+        "promoted directly": lambda proj, delayq, result: serve_once(proj.app, direct=True)}),
     "cancelled by job id": lambda proj, delayq, result: delayq.cancel("order:1:close",
                                                                       key="order:1"),
     "cancelled by key": lambda proj, delayq, result: delayq.cancel_key("order:1"),
@@ -117,5 +121,25 @@ def test_the_task_id_index_of_a_call_stored_again_while_its_job_is_in_flight_sta
                                              claimed.due_ms, claimed.stored_id,
                                              claimed.lease, first.id)]})
     assert [job.args for job in delayq.pending()] == [[2]]
+    assert _indexed(delayq, first.id, None)
+    assert delayq.revoke([first.id]) == 1
+
+
+@pytest.mark.skipif(CLUSTER, reason="direct promotion needs one server: the broker's")
+def test_the_task_id_index_of_a_call_stored_again_after_a_direct_push_stays(proj, delayq):
+    """The claim script forgets a job it pushes itself; its task id index goes with the
+    carrier's next call, unless a retry stored the call again meanwhile."""
+    first = proj.record.apply_delayed(args=(1,), delay=0, job_id="order:1:close")
+    carrier = Carrier(proj.app, direct=True)
+    try:
+        carrier.router.check_broker()
+        [claim] = [c for c in delayq.store.claim(list(delayq.store.keys), batch=10,
+                                                 lease_ms=60_000, direct=carrier.router.routes)
+                   if c.promoted]
+    finally:
+        carrier.close()
+    assert claim.jobs == [] and [job.task_id for job in claim.pushed] == [first.id]
+    proj.record.apply_delayed(args=(2,), delay=3600, job_id="order:1:close", task_id=first.id)
+    delayq.store.ack({claim.shard: claim.pushed})
     assert _indexed(delayq, first.id, None)
     assert delayq.revoke([first.id]) == 1

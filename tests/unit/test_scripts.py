@@ -16,8 +16,8 @@ _COUNT_CALL = r"\badd_count\((\d+)"  # include/counts.lua: the counts HASH KEYS[
 _ANSWER_CALL = r"\banswer(?:ed)?\((\d+)"  # include/answer.lua: a call's own STRING KEYS[n]
 _RELEASE_CALL = r"\bnote_release\((\d+)"  # include/releasing.lua: the releasing HASH KEYS[n]
 
-EXPECTED = {"schedule", "claim_due", "ack", "recover", "cancel", "reschedule", "dead", "own",
-            "replay", "drop", "exists", "repair", "reserve", "pause", "limit", "release"}
+EXPECTED = {"schedule", "claim_due", "ack", "unindex", "recover", "cancel", "reschedule", "dead",
+            "own", "replay", "drop", "exists", "repair", "reserve", "pause", "limit", "release"}
 
 
 def test_every_operation_has_a_script():
