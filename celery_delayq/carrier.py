@@ -44,6 +44,7 @@ from .memory import CarrierGuard
 from .metrics import CarrierMetrics
 from .ownership import ShardOwnership
 from .persistence import PersistenceWatch
+from .promotion_log import PromotionLog
 from .publisher import Publisher
 from .reading import counted, elapsed
 from .stopping import StopFlag
@@ -119,6 +120,7 @@ class Carrier:
         self._store_id: str | None = None  # the id meta held at the last maintenance
         self._joined = False  # it has written its heartbeat (close() takes it back)
         self._releasing: set[str] = set()  # tokens of the stalled releases it goes on with
+        self._promotions = PromotionLog(logger)  # the INFO lines of what it promoted
 
     # -- one iteration -----------------------------------------------------------------
 
@@ -288,6 +290,8 @@ class Carrier:
         self.router.meet(self.publisher.known_queues)  # e.g. task_create_missing_queues
         if taken.lateness:
             self._log_batch(taken.lateness)
+        else:
+            self._promotions.flush_due()
         dead = taken.dead
         if dead:
             self.stats.dead += len(dead)
@@ -329,10 +333,8 @@ class Carrier:
     def _log_batch(self, lateness: list[float]) -> None:
         if self.metrics:
             self.metrics.observe_promoted(lateness)
-        lateness.sort()
         self.stats.promoted += len(lateness)
-        logger.info("promoted %s; lateness p50 %s, max %s", counted(len(lateness), "job"),
-                    elapsed(lateness[len(lateness) // 2]), elapsed(lateness[-1]))
+        self._promotions.batch(lateness)
 
     @cached_property
     def _memory(self) -> CarrierGuard:
@@ -438,6 +440,7 @@ class Carrier:
     def close(self) -> None:
         """Settle the jobs in hand, hand the shards back and close connections."""
         self._settle()
+        self._promotions.flush()
         try:
             if self._joined:  # a carrier refused at its start wrote no heartbeat
                 with self.store.unavailable():
