@@ -29,8 +29,8 @@ members, fields, journal entries::
     <prefix>:{N}:task:<task id>  STRING the job id of a job stored on shard N whose task
                            id is not its job id (scheduled with an id of its own), so
                            Celery's revoke finds it; goes when an ack, a direct
-                           promotion or a cancel takes the job, else (a dead letter)
-                           expires a day after the job's due time
+                           promotion, a cancel or a replace under a new task id takes
+                           the job, else (a dead letter) expires a day after its due time
     <prefix>:{N}:outcome:<run>  HASH  job id -> "<code> <row>": what a run (a Spark job)
                            did with each input row, so a row is written at most once in it
     <prefix>:{N}:answer:<token>  STRING the reply of one cancel, replay or drop call, kept a

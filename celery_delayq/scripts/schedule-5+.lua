@@ -33,7 +33,9 @@ ARGV[9..] eight values per job:
           the number of its task id index key in KEYS or 0 (none: its task id is its id),
           and with an outcome hash a ninth: the input row's name within the run
 
-Returns three values per job: code, due ms, the existing envelope (or nil). Codes:
+Returns three values per job: code, due ms, and the existing envelope (kept, exists) or
+the replaced job's own task id (replaced: the store forgets its index, unindex), or nil.
+Codes:
    1 scheduled    2 replaced an existing job
    0 kept the existing job (if_exists=keep)    -1 exists (if_exists=error), nothing written
   -2 another input row of the run (KEYS[6]) has this job id, nothing written
@@ -92,6 +94,7 @@ for i = 9, #ARGV, outcome and 9 or 8 do
       out[#out + 1] = tonumber(old_due)
       out[#out + 1] = old
     else
+      local replaced_task_id = false
       if old then
         code = 2
         if not redis.call('ZSCORE', KEYS[1], job_id) then  -- a carrier holds the old copy
@@ -99,6 +102,7 @@ for i = 9, #ARGV, outcome and 9 or 8 do
         end
         local fields = first_line(old)
         if fields then
+          if type(fields['i']) == 'string' then replaced_task_id = fields['i'] end
           if type(fields['y']) == 'string' then
             redis.call('ZREM', KEYS[3], fields['y'] .. '\0' .. job_id)
           end
@@ -119,7 +123,7 @@ for i = 9, #ARGV, outcome and 9 or 8 do
                     'task', task, 'key', ARGV[i + 6], 'due', due)
       out[#out + 1] = code
       out[#out + 1] = due
-      out[#out + 1] = false
+      out[#out + 1] = replaced_task_id
       written[job_id] = true
     end
     if outcome then redis.call('HSET', KEYS[6], job_id, out[#out - 2] .. ' ' .. ARGV[i + 8]) end

@@ -27,10 +27,11 @@ from redis.exceptions import (
 from ..conf import DelayQConfig
 from ..connection import connect, follow_cluster, redact
 from ..errors import ConfigurationError, DamagedShard, DelayQError, StoreFull, StoreUnavailable
-from ..keys import Keyspace, ShardKeys
+from ..keys import Keyspace, ShardKeys, pack_id, raw_id
 from ..memory import Headroom, Memory
 from ..persistence import Persistence
 from ..reading import count_of, printable
+from ..scripts import SCRIPTS, Script
 
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
 _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wrong type
@@ -73,6 +74,15 @@ class StoreBase:
     def answer_key(self, shard: ShardKeys) -> str:
         """A key of its own for one call that keeps its reply (``answer.lua``)."""
         return self.keys.answer(shard, os.urandom(9).hex())
+
+    def unindex_call(self, shard: ShardKeys, jobs: list[tuple[str, str]]
+                     ) -> tuple[Script, list[str], list[Any]]:
+        """The ``unindex`` call that forgets, on ``shard``, the task id index of each of
+        ``jobs`` (stored job id, a task id the job has no longer)."""
+        script = SCRIPTS["unindex"]
+        return (script, script.keys_for(shard, *(self.keys.task_index(shard, pack_id(task_id))
+                                                 for _, task_id in jobs)),
+                [value for stored, task_id in jobs for value in (raw_id(stored), task_id)])
 
     # -- connection --------------------------------------------------------------------
 

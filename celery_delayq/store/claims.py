@@ -145,11 +145,9 @@ class Claims(StoreBase):
                    ) -> list[tuple[Script, list[str], list[Any]]]:
         calls = []
         for shard, promoted in acks.items():
-            pushed = [job for job in promoted if job.direct]
+            pushed = [(job.stored_id, job.task_id) for job in promoted if job.direct]
             if pushed:
-                calls.append((SCRIPTS["unindex"], SCRIPTS["unindex"].keys_for(
-                    shard, *(self.keys.task_index(shard, pack_id(job.task_id))
-                             for job in pushed)), [raw_id(job.stored_id) for job in pushed]))
+                calls.append(self.unindex_call(shard, pushed))
             jobs = [job for job in promoted if not job.direct]
             if not jobs:
                 continue

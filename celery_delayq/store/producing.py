@@ -19,7 +19,7 @@ from ..errors import InvalidOption, StoreFull
 from ..held import split_score
 from ..keys import ShardKeys, bykey_member, pack_id, unpack_id
 from ..reservation import Reservation, reserving
-from ..scripts import SCRIPTS
+from ..scripts import SCRIPTS, execute
 from ..validation import Due
 from .base import StoreBase, raised, refused_for_memory
 
@@ -139,17 +139,18 @@ class Producing(StoreBase):
                     if rows is not None:
                         args.append(rows.names[index])
                 calls.append((SCRIPTS["schedule"], keys, args))
-                owners.append(chunk)
+                owners.append((shard, chunk))
         with self.unavailable():  # a job moved from another shard leaves it before the release
             replies = reservation.run(calls) if moved else reservation.release_after(calls)
         failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
         if failed is not None:
             self._refuse(failed, [items[index][0].job_id
-                                  for chunk, reply in zip(owners, replies, strict=True)
+                                  for (_, chunk), reply in zip(owners, replies, strict=True)
                                   if not isinstance(reply, Exception)
                                   for offset, index in enumerate(chunk)
                                   if reply[3 * offset] in (1, 2)])
-        for chunk, reply in zip(owners, replies, strict=True):
+        replaced: dict[ShardKeys, list[tuple[str, str]]] = defaultdict(list)
+        for (shard, chunk), reply in zip(owners, replies, strict=True):
             for offset, index in enumerate(chunk):
                 code, score, existing = reply[3 * offset:3 * offset + 3]
                 due_ms = cast("float", split_score(score)[0])  # a number: -1 when none
@@ -158,10 +159,26 @@ class Producing(StoreBase):
                     # sent it again): its task id, drawn per call unless the caller fixes
                     # it, makes an envelope one call's own
                     code = ScheduleCode.CREATED
+                elif code == ScheduleCode.REPLACED:
+                    if existing:  # the task id of the job it replaced
+                        replaced[shard].append((items[index][0].stored_id, existing))
+                    existing = None
                 results[index] = Scheduled(_CODES[code], int(due_ms), existing)
         for index, found in moved.items():  # the new copy is stored: the old one goes
-            self._cancel(found, "move", items[index][0].job_id, "replaced under another key", "")
+            cancelled = self._cancel(found, "move", items[index][0].job_id,
+                                     "replaced under another key", "")
+            if cancelled[1]:
+                self._forget_task_indexes(found, [cancelled[2]])
+        self._unindex(replaced)
         return cast("list[Scheduled]", results)  # every item has its outcome now
+
+    def _unindex(self, replaced: dict[ShardKeys, list[tuple[str, str]]]) -> None:
+        """Forget the task id indexes of the calls a schedule replaced under new task ids
+        (each would stay a day past its due time): one call per shard, one round trip."""
+        if replaced:
+            with self.unavailable():
+                execute(self.client, [self.unindex_call(shard, jobs)
+                                      for shard, jobs in replaced.items()])
 
     @cached_property
     def _resend_window_ms(self) -> float:

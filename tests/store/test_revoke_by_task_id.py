@@ -14,7 +14,7 @@ from celery_delayq.keys import pack_id
 from celery_delayq.store import TASK_INDEX_GRACE_MS
 from celery_delayq.store.claims import Promoted
 from tests.carrier.test_pause import serve_once
-from tests.conftest import CLUSTER
+from tests.conftest import CLUSTER, store_keys
 
 
 @pytest.mark.parametrize("key", [None, "order:1"], ids=["no-key", "business-key"])
@@ -142,4 +142,32 @@ def test_the_task_id_index_of_a_call_stored_again_after_a_direct_push_stays(proj
     proj.record.apply_delayed(args=(2,), delay=3600, job_id="order:1:close", task_id=first.id)
     delayq.store.ack({claim.shard: claim.pushed})
     assert _indexed(delayq, first.id, None)
+    assert delayq.revoke([first.id]) == 1
+
+
+def _task_indexes(delayq) -> list[str]:
+    return [name for name in store_keys(delayq) if ":task:" in name]
+
+
+@pytest.mark.parametrize("keys", [["order:1"] * 4, ["order:1", "order:2", "order:3", None]],
+                         ids=["same key", "keys of other shards"])
+def test_a_replace_takes_the_task_id_index_of_the_call_it_replaces(proj, delayq, keys):
+    """A debounce (each call replaces the job of an id of its own, under a new task id)
+    left the index of every task id it replaced a day past due: ~180 bytes per call."""
+    calls = [proj.record.apply_delayed(args=(n,), delay=3600, job_id="order:1:close", key=key,
+                                       if_exists="replace") for n, key in enumerate(keys)]
+    assert len({call.id for call in calls}) == len(keys)
+    assert _task_indexes(delayq) == [
+        delayq.store.keys.task_index(delayq.store.keys.shard_for("order:1:close", keys[-1]),
+                                     pack_id(calls[-1].id))]
+    assert delayq.revoke([calls[0].id]) == 0
+    assert delayq.revoke([calls[-1].id]) == 1
+    assert _task_indexes(delayq) == []
+
+
+def test_a_replace_under_the_same_task_id_keeps_its_index(proj, delayq):
+    first = proj.record.apply_delayed(args=(1,), delay=3600, job_id="order:1:close")
+    proj.record.apply_delayed(args=(2,), delay=3600, job_id="order:1:close", task_id=first.id,
+                              if_exists="replace")
+    assert len(_task_indexes(delayq)) == 1
     assert delayq.revoke([first.id]) == 1
