@@ -165,6 +165,21 @@ class Template:
         return _encode_fields({"t": self.name, **self.fixed}, self.name)
 
 
+def _going_on_with(parent, task_id: str | None, headers: dict[str, Any]
+                   ) -> tuple[str | None, str | None]:
+    """The job and business key a call goes on with: those of the running delayed task
+    ``parent`` when the call is its own retry or replacement (its task id, with its
+    headers: Celery's ``retry`` sends them along), else none. Forwarded to other calls
+    (``headers=self.request.headers``), the headers named a job that was not theirs, and
+    each such call replaced the one before it."""
+    job_id = headers.get(HEADER_JOB)
+    request = parent.request if parent is not None else None
+    if job_id is None or request is None or task_id is None or task_id != request.id \
+            or request.get(HEADER_JOB) != job_id:
+        return None, None
+    return job_id, headers.get(HEADER_KEY)
+
+
 def template(app, name: str, options: dict[str, Any], *, task_type=None, args=(),
              kwargs=None) -> Template:
     """Resolve ``apply_async`` options as Celery would at call time; raise on bad ones.
@@ -190,10 +205,10 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
         raise PayloadError(f"options {sorted(reserved)} cannot be set: payloads are JSON only")
 
     headers = dict(options.pop("headers", None) or {})
-    job_id, key = headers.get(HEADER_JOB), headers.get(HEADER_KEY)
+    task_id = options.pop("task_id", None)
+    job_id, key = _going_on_with(parent, task_id, headers)
     for name_ in DELAYQ_HEADERS:
         headers.pop(name_, None)
-    task_id = options.pop("task_id", None)
     if "link" in options:
         options["callbacks"] = maybe_list(options.pop("link"))
     if "link_error" in options:

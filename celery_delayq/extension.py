@@ -129,8 +129,8 @@ class DelayQ(Holding):
         eager = self._eager_task(call, task_type)
         if eager is not None:
             return self._run_eagerly(eager, call, due, options)
-        if HEADER_JOB in (options.get("headers") or {}):  # a retry of the running job:
-            journal.settle(call.job_id)  # its started event first
+        if (options.get("headers") or {}).get(HEADER_JOB) == call.job_id:  # a retry of
+            journal.settle(call.job_id)  # the running job: its started event first
         sent: Sent | None = None
         if self._publishing.wanted():
             call, sent = self._publishing.before(call, due)

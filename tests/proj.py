@@ -67,6 +67,15 @@ def flaky(self, label, failures=1, countdown=0.5):
     return label
 
 
+@app.task(base=DelayedTask, bind=True)
+def forwards_headers(self, label, children=3):
+    """Record this run, then schedule ``children`` delayed ``record`` calls that carry this
+    run's headers on (a tracing habit: ``headers=self.request.headers``)."""
+    _record(self, label)
+    return [record.apply_async((f"{label} child {n}",), countdown=0.2,
+                               headers=self.request.headers).id for n in range(children)]
+
+
 @app.task(bind=True, max_retries=3)
 def plain_flaky(self, label, failures=1, countdown=0.5):
     """``flaky`` without DelayedTask: its retry reaches the store through send_task."""

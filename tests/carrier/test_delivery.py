@@ -75,6 +75,18 @@ def test_retry_with_countdown_goes_through_the_store_and_keeps_the_task_id(
     assert "retried" in events
 
 
+def test_delayed_calls_that_carry_the_running_jobs_headers_on_are_jobs_of_their_own(
+        proj, worker, carrier):
+    """Only the task's own retry (its task id) goes on with its job: forwarded to other
+    calls, the carrier's delayq headers put each on the running job, replacing the one
+    before, and only the last child ran."""
+    children = proj.forwards_headers.apply_delayed(args=("parent",), delay=0.1).get(timeout=20)
+    for child in children:
+        assert proj.app.AsyncResult(child).get(timeout=20).startswith("parent child")
+    assert sorted(run["label"] for run in proj.runs()) == [
+        "parent", "parent child 0", "parent child 1", "parent child 2"]
+
+
 def test_reschedule_and_run_now_move_the_due_time(proj, delayq, worker, carrier):
     later = proj.record.apply_delayed(args=("later",), delay=3600, job_id="later")
     assert delayq.reschedule("later", delay=7200) > later.eta
