@@ -9,6 +9,7 @@ from uuid import UUID
 
 import pytest
 from celery import Celery
+from celery._state import _task_stack
 
 from celery_delayq.conf import DelayQConfig
 from celery_delayq.errors import (
@@ -52,9 +53,6 @@ CASES = [
     ({"delay": 1, "key": "order\x00:1"}, InvalidJobId, "control characters"),
     # a jobs field that name would be an envelope kept for a copy in flight (keys.KEPT)
     ({"delay": 1, "job_id": "\x01order:1"}, InvalidJobId, "control characters"),
-    # the job id a retried task's message carries (the carrier's header), set by hand
-    ({"delay": 1, "headers": {"delayq_job": "\x01order:1"}}, InvalidJobId, "control char"),
-    ({"delay": 1, "headers": {"delayq_job": 42}}, InvalidJobId, "must be a string"),
     ({"delay": 1, "if_exists": "overwrite"}, InvalidOption, "keep, replace, error"),
     ({"delay": 1, "serializer": "pickle"}, PayloadError, "JSON only"),
     ({"delay": 1, "delivery_mode": "fast"}, InvalidOption, "delivery_mode must be"),
@@ -87,7 +85,6 @@ CASES = [
     ({"delay": 1, "key": "order:1\u2028FORGED LINE"}, InvalidJobId, r"U\+2028"),
     ({"delay": 1, "job_id": "order:\u202egnp.exe"}, InvalidJobId, r"U\+202E"),
     ({"delay": 1, "task_id": "order:1\x85NEL"}, InvalidJobId, r"U\+0085"),
-    ({"delay": 1, "headers": {"delayq_key": "order:\u2066"}}, InvalidJobId, r"U\+2066"),
     ({"delay": 1, "queue": "tenant-acme\r\n2031-01-01  forged.task"}, InvalidOption,
      r"U\+000D"),
 ]
@@ -102,6 +99,38 @@ def test_bad_call_is_refused_and_nothing_is_written(proj, redis_client, call, er
         proj.record.apply_delayed(args=args, **call)
     assert isinstance(raised.value, DelayQError)
     assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
+
+
+#: what a damaged message of a running delayed task may carry in the carrier's headers
+CARRIED = [({"delayq_job": "\x01order:1"}, "control char"),
+           ({"delayq_job": 42}, "must be a string"),
+           ({"delayq_job": "order:1", "delayq_key": "order:\u2066"}, r"U\+2066")]
+
+
+@pytest.mark.parametrize(("headers", "message"), CARRIED, ids=[m for _, m in CARRIED])
+def test_a_retry_carrying_a_job_no_call_may_have_is_refused(proj, redis_client, headers,
+                                                            message):
+    """A retry goes on with the job and key of its message's headers (the carrier's): read
+    from a damaged message, they are checked as given ones are."""
+    task = proj.record
+    task.push_request(id="t-1", called_directly=False, **headers)
+    _task_stack.push(task)  # as the worker runs it: app.current_worker_task
+    try:
+        with pytest.raises(InvalidJobId, match=message):
+            task.apply_delayed(args=("x",), delay=1, task_id="t-1", headers=headers)
+    finally:
+        _task_stack.pop()
+        task.pop_request()
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
+
+
+def test_the_carriers_headers_given_to_another_call_are_left_out(proj, delayq, redis_client):
+    """Outside the running job's own retry, they name no job of that call's."""
+    result = proj.record.apply_delayed(args=("x",), delay=60, headers={
+        "delayq_job": "\x01order:1", "delayq_key": "order:\u2066", "trace": "abc"})
+    [job] = delayq.pending()
+    assert (job.job_id, job.key, result.id) == (result.id, None, result.id)
+    assert job.options["h"] == {"trace": "abc"}
 
 
 def test_one_bad_item_refuses_the_whole_batch(proj, redis_client):
