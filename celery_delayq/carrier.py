@@ -33,6 +33,7 @@ from .conf import (
     check_claim_batch,
     check_handoff_lead,
     check_positive,
+    check_task_protocol,
     password_shown,
 )
 from .connection import redact
@@ -84,6 +85,7 @@ class Carrier:
                  shard_lease: float | None = None, idle_timeout: float | None = None,
                  direct: bool | None = None, handoff_lead: float | None = None,
                  metrics: CarrierMetrics | None = None) -> None:
+        check_task_protocol(app)
         self.app = app
         self.delayq = DelayQ.of(app)
         config = self.delayq.config

@@ -345,6 +345,17 @@ def check_claim_batch(batch: int) -> int:
     return batch
 
 
+def check_task_protocol(app) -> None:
+    """:class:`ConfigurationError` unless ``app`` sends Celery's message protocol 2, the one
+    the store keeps calls in and the carrier publishes (its default since Celery 4.0)."""
+    protocol = app.conf.task_protocol
+    if protocol != 2:
+        raise ConfigurationError(
+            f"celery-delayq stores and publishes calls in Celery's message protocol 2; this "
+            f"app sets task_protocol={protocol!r}. Remove that setting (2 is Celery's "
+            "default) or call these tasks without a delay")
+
+
 def check_handoff_lead(app, seconds: float) -> float:
     """``seconds`` when it is a hand-off lead a worker can hold safely, else
     :class:`ConfigurationError`: a message waits that long unacknowledged in a worker."""

@@ -42,6 +42,7 @@ from celery.utils.nodenames import anon_nodename
 from kombu.common import Broadcast
 from kombu.utils.json import JSONEncoder
 
+from .conf import check_task_protocol
 from .decoding import RESERVED_PROPERTIES, decode_fields, decode_json, nesting
 from .errors import InvalidOption, PayloadError, UnknownQueue
 from .keys import new_job_id, pack_id
@@ -190,6 +191,7 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
         raise InvalidOption(f"the task name must be a non-empty string, got {name!r}; pass "
                             "the name the task is registered under, e.g. 'shop.tasks.refund'")
     _check_name(name, "task name")
+    check_task_protocol(app)
     parent = app.current_worker_task
     adds_to_parent = options.get("add_to_parent", True)
     options = {k: v for k, v in options.items() if k not in _IGNORED}

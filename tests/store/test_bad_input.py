@@ -208,6 +208,28 @@ def test_a_task_with_typing_off_takes_any_arguments_as_in_celery(redis_server):
     assert DelayQ.of(app).cancel(result.job_id) is True
 
 
+def test_an_app_on_celerys_message_protocol_1_is_refused_at_the_call_and_the_carrier(
+        redis_server, redis_client):
+    """Its calls were stored, then dead-lettered by the carrier (protocol 2 messages only)."""
+    from celery_delayq import DelayedTask, DelayQ
+    from celery_delayq.carrier import Carrier
+
+    app = Celery("protocol-1", broker=f"{redis_server.url}/0", set_as_current=False)
+    app.conf.task_protocol = 1
+
+    @app.task(base=DelayedTask, name="protocol_1.add")
+    def add(x, y):
+        return x + y
+
+    delayq = DelayQ(app)
+    for schedule in SCHEDULES.values():
+        with pytest.raises(ConfigurationError, match="task_protocol=1"):
+            schedule(add, (1, 2), {})
+    assert [k for k in store_keys(delayq) if k != "delayq:meta"] == []
+    with pytest.raises(ConfigurationError, match="task_protocol=1"):
+        Carrier(app)
+
+
 def test_iso_times_ending_in_z_are_utc_as_with_an_offset(proj, delayq):
     """JSON APIs and JavaScript write "…Z", which Python 3.10's fromisoformat refuses."""
     due = (datetime.now(timezone.utc) + timedelta(hours=2)).replace(microsecond=0)
