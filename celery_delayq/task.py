@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,6 +23,20 @@ class DelayedTask(Task):
     """
 
     abstract = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Warn of a base listed after ``DelayedTask`` with an ``apply_async`` of its own:
+        a delayed call goes to the store from ``DelayedTask.apply_async``, past it."""
+        super().__init_subclass__(**kwargs)
+        mro = cls.__mro__
+        for base in mro[mro.index(DelayedTask) + 1:mro.index(Task)]:
+            inherited = any(issubclass(listed, DelayedTask) and issubclass(listed, base)
+                            for listed in cls.__bases__)  # said of the class that lists them
+            if "apply_async" in vars(base) and not inherited:
+                warnings.warn(
+                    f"{cls.__qualname__} lists DelayedTask before {base.__qualname__}, whose "
+                    "apply_async then never sees a delayed call; list DelayedTask after it: "
+                    f"class {cls.__name__}({base.__name__}, DelayedTask)", stacklevel=2)
 
     @classmethod
     def on_bound(cls, app) -> None:

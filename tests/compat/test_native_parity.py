@@ -18,12 +18,13 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 
 import pytest
 from celery import Celery, Task
 
-from celery_delayq import DelayQ
+from celery_delayq import DelayedTask, DelayQ
 from tests.compat.test_do_no_harm_imports import plain_environ
 from tests.conftest import wait_for
 
@@ -354,3 +355,33 @@ def test_a_compressed_call_runs_and_returns_as_it_does_natively(parity):
         native = Task.apply_async(task, ("n",), countdown=0.3, compression="zlib")
     delayed = task.apply_async(("d",), countdown=0.3, compression="zlib")
     assert [native.get(timeout=20), delayed.get(timeout=20)] == [["echo", "n"], ["echo", "d"]]
+
+
+def test_a_base_whose_apply_async_delayed_task_would_pass_over_is_warned_of():
+    """Listed after DelayedTask, a base's apply_async never sees a delayed call."""
+
+    class Tenanted(Task):
+        def apply_async(self, *args, **options):
+            options.setdefault("headers", {})["tenant"] = "acme"
+            return super().apply_async(*args, **options)
+
+    with pytest.warns(UserWarning, match=r"class Passed\(Tenanted, DelayedTask\)"):
+        class Passed(DelayedTask, Tenanted):
+            pass
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+
+        class Seen(Tenanted, DelayedTask):
+            pass
+
+        class Subclassed(Passed):  # said of the class that lists them, once
+            pass
+
+        app = Celery("warned", set_as_current=False)
+
+        @app.task(base=Passed, name="warned.task")
+        def task():
+            pass
+
+        assert task.name == "warned.task"  # Celery's subclass of Passed, made now
