@@ -115,10 +115,11 @@ class MessageBuilder:
         headers = shape.headers.copy()
         for name in shape.id_headers:
             headers[name] = task_id
+        shown = tuple(args)  # as callers give them (delay(*args)): "(1,)", not "[1]"
         if len(args_line) + len(kwargs_line) < self._repr_max // 4:  # short: plain repr
-            headers["argsrepr"], headers["kwargsrepr"] = repr(args), repr(kwargs)
+            headers["argsrepr"], headers["kwargsrepr"] = repr(shown), repr(kwargs)
         else:  # as Celery shortens them (it stops at a depth: never too deep)
-            headers["argsrepr"] = saferepr(args, self._repr_max, **self._repr_levels)
+            headers["argsrepr"] = saferepr(shown, self._repr_max, **self._repr_levels)
             headers["kwargsrepr"] = saferepr(kwargs, self._repr_max, **self._repr_levels)
         headers.update(shape.reprs)  # the call's own (its arguments may hold secrets)
         headers[HEADER_JOB], headers[HEADER_SHARD], headers[HEADER_DUE] = job_id, shard, due_ms

@@ -70,7 +70,7 @@ def test_direct_message_is_the_message_kombu_publishes(proj, app, redis_client, 
     assert pushed == published
     assert pushed["body"][:2] == [list(args), kwargs or {}]
     # Celery writes Python reprs; the script writes the arguments' JSON text
-    assert (argsrepr, kwargsrepr) == (repr(list(args)), repr(kwargs or {}))
+    assert (argsrepr, kwargsrepr) == (repr(tuple(args)), repr(kwargs or {}))
     assert [json.loads(text) for text in reprs] == [list(args), kwargs or {}]
 
 

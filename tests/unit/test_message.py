@@ -66,8 +66,10 @@ def test_every_job_of_a_shared_shape_gets_celerys_own_message(app, options):
         env = decode(call.envelope)
         msg = promote(app, call, builder, shard=n, due_ms=n)
         o = {"origin": ORIGIN, "ignore_result": None, **env.get("o", {})}  # null: the task's
-        headers, properties, body, _ = app.amqp.create_task_message(
+        _, properties, body, _ = app.amqp.create_task_message(
             env.get("i", call.job_id), env["t"], env["a"], env["k"], **o)
+        headers = app.amqp.create_task_message(  # of args given as a tuple, as callers do
+            env.get("i", call.job_id), env["t"], tuple(env["a"]), env["k"], **o)[0]
         headers.update(env.get("h", {}), delayq_job=call.job_id, delayq_shard=n, delayq_due=n,
                        eta=eta_header(n))
         if "y" in env:
@@ -86,9 +88,17 @@ def test_jobs_that_differ_only_by_key_or_task_id_share_one_shape(app):
     assert len(builder._shapes) == 1
 
 
+def test_short_arguments_get_the_repr_a_native_call_gets(app):
+    """Celery's callers pass args as a tuple (``delay(*args)``), JSON keeps a list."""
+    native = app.amqp.create_task_message("t", "unit.plain", (1, "x"), {"k": 2})[0]
+    headers = promote(app, build(app, args=(1, "x"), kwargs={"k": 2})).headers
+    assert (headers["argsrepr"], headers["kwargsrepr"]) == (native["argsrepr"],
+                                                            native["kwargsrepr"])
+
+
 def test_long_arguments_get_celerys_shortened_repr(app):
     call = build(app, args=(["y" * 40] * 60,))
-    args = decode(call.envelope)["a"]
+    args = tuple(decode(call.envelope)["a"])
     shortened = app.amqp.create_task_message("t", "unit.plain", args, {})[0]["argsrepr"]
     assert promote(app, call).headers["argsrepr"] == shortened
     assert len(shortened) < len(repr(args))
