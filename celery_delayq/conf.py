@@ -18,6 +18,7 @@ from . import pausing, ratelimit
 from .connection import (
     CLUSTER_SUFFIX,
     KOMBU_SOCKET,
+    SECRET_NAME,
     SENTINEL_OPTIONS,
     SENTINEL_SCHEME,
     check_readable,
@@ -241,6 +242,13 @@ class DelayQConfig:
     default_queue: str = "celery"
     redis_password: str | None = field(default=None, repr=False)
 
+    def __repr__(self) -> str:
+        """Every setting, with its secrets shown as ``***`` (error reporters such as Sentry
+        and Django's debug page print a frame's locals by their repr)."""
+        shown = ", ".join(f"{f.name}={_masked(getattr(self, f.name))!r}" for f in fields(self)
+                          if f.repr)
+        return f"{type(self).__name__}({shown})"
+
     @classmethod
     def from_app(cls, app) -> DelayQConfig:
         conf = app.conf
@@ -373,6 +381,17 @@ def check_handoff_lead(app, seconds: float) -> float:
     return seconds
 
 
+def _masked(value: Any) -> Any:
+    """``value`` with a URL's passwords, and the values of options named as secrets (in
+    mappings, at any depth), shown as ``***``."""
+    if isinstance(value, str):
+        return redact(value) if "://" in value else value
+    if isinstance(value, dict):
+        return {name: "***" if isinstance(name, str) and SECRET_NAME.search(name)
+                else _masked(item) for name, item in value.items()}
+    return value
+
+
 def _coerce(setting: Setting, raw: Any) -> Any:
     if raw is None:
         return None
@@ -384,9 +403,10 @@ def _coerce(setting: Setting, raw: Any) -> Any:
     try:
         return setting.type(raw)
     except (TypeError, ValueError) as exc:
+        # a mapping's text (an environment variable, Spark's --set) may hold a password
+        got = f"a {type(raw).__name__}" if issubclass(setting.type, dict) else repr(raw)
         raise ConfigurationError(
-            f"delayq_{setting.name} must be {setting.type.__name__}, got {raw!r}"
-        ) from exc
+            f"delayq_{setting.name} must be {setting.type.__name__}, got {got}") from exc
 
 
 def _connect_as_broker(app, values: dict[str, Any]) -> None:

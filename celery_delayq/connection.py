@@ -21,7 +21,7 @@ import re
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
@@ -334,8 +334,9 @@ def ssl_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 _NEXT_URL = re.compile(r";(?=[A-Za-z][A-Za-z0-9+.-]*://)")
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<userinfo>.*)@", re.DOTALL)
-_SECRET_PARAM = re.compile(
-    r"(?P<name>[?&;][^=&;#]*(?:pass|secret|token|auth|credential)[^=&;#]*=)[^&;#]*", re.I)
+#: A name (of a query parameter, an option) that says its value is a secret.
+SECRET_NAME = re.compile(r"pass|secret|token|auth|credential", re.I)
+_PARAM = re.compile(r"(?P<name>[?&;][^=&;#]*=)(?P<value>[^&;#]*)")
 _PLAIN_USER = re.compile(r"[\w.~%+-]*")
 
 
@@ -359,9 +360,15 @@ def holds_password(url: str) -> bool:
         match = _USERINFO.match(part)
         if match is not None and match["userinfo"].partition(":")[2]:
             return True
-        if any(found[0].partition("=")[2] for found in _SECRET_PARAM.finditer(part)):
+        if any(found["value"] for found in _secret_params(part)):
             return True
     return False
+
+
+def _secret_params(url: str) -> list[re.Match[str]]:
+    """The query parameters of ``url`` named as secrets, read as redis-py reads their names
+    (percent-decoded: ``?p%61ssword=`` is a password)."""
+    return [found for found in _PARAM.finditer(url) if SECRET_NAME.search(unquote(found["name"]))]
 
 
 def _redact_one(url: str) -> str:
@@ -373,4 +380,6 @@ def _redact_one(url: str) -> str:
         user, colon, _ = userinfo.partition(":")
         shown = f"{user}:***" if colon and _PLAIN_USER.fullmatch(user) else "***"
         url = f"{match['scheme'] or ''}{shown}@{url[match.end():]}"
-    return _SECRET_PARAM.sub(r"\g<name>***", url)
+    for found in reversed(_secret_params(url)):
+        url = f"{url[:found.start('value')]}***{url[found.end('value'):]}"
+    return url

@@ -106,3 +106,25 @@ def test_a_list_of_sentinels_is_one_sentinel_url():
 ])
 def test_a_store_on_the_broker_reads_kombus_socket_url_as_redis_py_does(broker, store):
     assert DelayQConfig.from_app(make_app(celery={"broker": broker})).redis_url == store
+
+
+def test_the_settings_repr_shows_no_secret():
+    """Error reporters (Sentry, Django's debug page) print a frame's locals by repr."""
+    config = DelayQConfig.from_app(make_app(
+        celery={"broker": "redis://h"}, delayq_redis_url="rediss://alice:pw-url@h:6380/0",
+        delayq_redis_ssl={"ssl_keyfile": "/k.pem", "ssl_password": "pw-tls"},
+        delayq_redis_transport_options={"master_name": "m",
+                                        "sentinel_kwargs": {"password": "pw-sentinel"}}))
+    shown = repr(config)
+    assert not [pw for pw in ("pw-url", "pw-tls", "pw-sentinel") if pw in shown]
+    assert "rediss://alice:***@h:6380/0" in shown and "'ssl_keyfile': '/k.pem'" in shown
+    assert "'master_name': 'm'" in shown and "shards=" in shown
+
+
+@pytest.mark.parametrize("name", ["redis_ssl", "redis_transport_options"])
+def test_a_mapping_setting_given_as_text_is_refused_without_echoing_it(name):
+    """Given as text (an environment variable, Spark's --set), it may hold a password."""
+    with pytest.raises(ConfigurationError, match=f"delayq_{name} must be .*, got a str") as refused:
+        DelayQConfig.from_app(make_app(celery={"broker": "redis://h"}, **{
+            f"delayq_{name}": '{"ssl_password": "pw-tls", "password": "pw-sentinel"}'}))
+    assert "pw-" not in str(refused.value)

@@ -157,3 +157,12 @@ def test_a_password_in_the_url_is_read_as_written_or_refused(password, form):
         return
     read = parse_url(config.redis_url)
     assert (read.get("host"), read.get("password")) == ("host", unquote(password) or None)
+
+
+@pytest.mark.parametrize("name", ["p%61ssword", "%70assword"])
+def test_a_password_under_a_percent_encoded_query_name_is_found_and_never_printed(name):
+    """redis-py decodes query names, so ``?p%61ssword=`` authenticates as ``?password=``."""
+    url = f"redis://h:6379/0?{name}=s3cret"
+    assert parse_url(url)["password"] == "s3cret"
+    assert holds_password(url)
+    assert redact(url) == f"redis://h:6379/0?{name}=***"
