@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .connection import redact
+from .errors import ConfigurationError
+
 #: kombu's driver type -> the transport options that bound a wait on the broker.
 _WAITS = {
     "redis": ("socket_timeout", "socket_connect_timeout"),
@@ -32,3 +35,16 @@ def connection(app, timeout: float) -> Any:
         return plain
     plain.release()
     return app.connection_for_write(transport_options=waits)
+
+
+def channel(connection: Any) -> Any:
+    """The connection's default channel, opened: :class:`ConfigurationError` when kombu
+    refuses the broker's settings (its ``ValueError``: a Sentinel URL without
+    ``master_name``, a database that is not a number), which Celery's workers cannot use
+    either; a broker that does not answer raises as kombu raises it."""
+    try:
+        return connection.default_channel
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"kombu cannot use the broker at {redact(connection.as_uri())}: {exc}. Celery's "
+            "workers cannot either: fix broker_url or broker_transport_options") from exc

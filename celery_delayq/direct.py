@@ -53,7 +53,7 @@ class DirectRouter:
             store = self.store.client  # not a cluster: refused with direct promotion
             same = (connection.transport.driver_type == "redis"
                     and isinstance(store, redis.Redis)
-                    and _same_database(connection.default_channel.client, store))
+                    and _same_database(broker.channel(connection).client, store))
             options = connection.transport_options
             failover = _failover_list(connection.alt)
         if failover:
@@ -106,7 +106,7 @@ def broker_is_store_server(app, store: Store) -> bool:
     with broker.connection(app, store.config.redis_socket_timeout) as connection:
         if connection.transport.driver_type != "redis":
             return False
-        return _run_id(connection.default_channel.client) == _run_id(store.client)
+        return _run_id(broker.channel(connection).client) == _run_id(store.client)
 
 
 def _run_id(client: redis.Redis | RedisCluster) -> str:

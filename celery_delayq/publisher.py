@@ -263,7 +263,7 @@ class Publisher:
         timeout for the broker (``broker.py``)."""
         if self._producer is None:
             connection = broker.connection(self.app, self.store.config.redis_socket_timeout)
-            self._producer = self.app.amqp.Producer(connection)
+            self._producer = self.app.amqp.Producer(broker.channel(connection))
             self._declared.clear()
         return self._producer
 

@@ -15,8 +15,9 @@ import time
 import pytest
 from celery import Celery
 
-from celery_delayq import DelayQ
+from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.carrier import Carrier
+from celery_delayq.errors import ConfigurationError
 from tests.conftest import ROOT, celery_cli, wait_for
 from tests.faults.test_carrier_faults import PARKED, schedule_due_now, store_count
 from tests.stalling import StallingProxy
@@ -138,3 +139,30 @@ def test_a_carrier_says_which_store_and_broker_it_serves(stalling, proj, caplog)
     assert len(served) == 2, served
     assert f"publishing to the broker at {proxy.url}/0" in served[0]
     assert "delayq_redis_url is not set: the broker's Redis" in served[1]
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["kombu", "direct"])
+@pytest.mark.parametrize(("broker", "options", "says"), [
+    ("sentinel://127.0.0.1:1/0", {}, "'master_name' transport option must be specified"),
+    ("redis://127.0.0.1:1/zero", {}, "Database is int"),
+], ids=["sentinel without master_name", "database not a number"])
+def test_broker_settings_kombu_refuses_stop_a_carrier_saying_so(redis_server, redis_client,
+                                                                 broker, options, says, direct):
+    """kombu's ValueError for them crashed the carrier with a traceback at its first look
+    at the broker (the memory guard's, or the first publish)."""
+    app = Celery("refused", broker=broker, set_as_current=False)
+    app.conf.update(delayq_redis_url=f"{redis_server.url}/0", delayq_prefix="refused",
+                    broker_transport_options=options)
+    delayq = DelayQ(app)
+    app.task(base=DelayedTask, name="refused.task", shared=False)(_noop).apply_delayed(delay=0)
+    carrier = Carrier(app, direct=direct)
+    try:
+        with pytest.raises(ConfigurationError, match=f"{says}.*broker_transport_options"):
+            carrier.run_once()
+    finally:
+        carrier.close()
+    assert len(delayq.pending()) == 1, "the job is still stored"
+
+
+def _noop():
+    pass
