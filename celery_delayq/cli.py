@@ -21,9 +21,9 @@ import click
 
 from . import cli_dead, cli_holding, cli_jobs  # noqa: F401  (their commands join delayq)
 from .cli_group import delayq, delayq_of, fail, ms_text
-from .conf import SETTINGS
 from .errors import DelayQError
 from .reading import counted, shown
+from .settings import SETTINGS
 
 __all__ = ["delayq"]
 

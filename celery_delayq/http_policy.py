@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-from .conf import HostList
 from .errors import DelayQError
+from .settings import HostList
 
 _SCHEMES = ("http", "https")
 #: What http.client refuses in a request target: spaces and control characters.

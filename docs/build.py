@@ -1,7 +1,7 @@
 """Build the documentation site: ``python docs/build.py`` (``make docs``).
 
 The pages in ``docs/`` are copied into ``<out>/src`` together with ``configuration.md``,
-which is generated from :data:`celery_delayq.conf.SETTINGS`; then ``mkdocs build --strict``
+which is generated from :data:`celery_delayq.settings.SETTINGS`; then ``mkdocs build --strict``
 writes the site to ``<out>/site`` (default ``docs/_build/site``). Any warning fails the build.
 ``--serve`` runs ``mkdocs serve`` on the same sources instead (the configuration page is
 generated once, at start).
@@ -22,7 +22,7 @@ ROOT = DOCS.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the package of this checkout, when run as a script
 
-from celery_delayq.conf import SETTINGS, Setting  # noqa: E402
+from celery_delayq.settings import SETTINGS, Setting  # noqa: E402
 
 DEFAULT_OUT = DOCS / "_build"
 

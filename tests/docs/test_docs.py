@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_delayq.conf import SETTINGS
+from celery_delayq.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -6,8 +6,9 @@ import pytest
 from celery import Celery
 
 from celery_delayq.carrier import Carrier
-from celery_delayq.conf import SETTINGS, DelayQConfig, redact
+from celery_delayq.conf import DelayQConfig, redact
 from celery_delayq.errors import ConfigurationError
+from celery_delayq.settings import SETTINGS
 
 
 def make_app(**conf):
