@@ -160,8 +160,9 @@ class Producing(StoreBase):
                     # it, makes an envelope one call's own
                     code = ScheduleCode.CREATED
                 elif code == ScheduleCode.REPLACED:
-                    if existing:  # the task id of the job it replaced
-                        replaced[shard].append((items[index][0].stored_id, existing))
+                    call = items[index][0]
+                    if existing and existing != call.task_id:  # the replaced job's task id
+                        replaced[shard].append((call.stored_id, existing))  # (a retry's own)
                     existing = None
                 results[index] = Scheduled(_CODES[code], int(due_ms), existing)
         for index, found in moved.items():  # the new copy is stored: the old one goes
