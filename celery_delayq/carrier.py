@@ -116,7 +116,9 @@ class Carrier:
         self._ahead: ClaimAhead | None = None  # the next claim, sent while publishing
         self._publish_seconds: float | None = None  # how long the last batch took to publish
         self._over_lease = False  # the last batch took as long as the lease to publish
-        self._unacked: dict[ShardKeys, list[Promoted]] = {}  # to be acked with it
+        #: what reached the broker and Redis has not acked yet: sent with the next claim or
+        #: on its own, and again after a failure, until Redis takes it
+        self._unacked: dict[ShardKeys, list[Promoted]] = {}
         self._failing: dict[int, str] = {}  # shards whose last claim or recover failed: why
         self._defaults_set = False  # delayq_rate_limits applied (once Redis answered)
         self._store_id: str | None = None  # the id meta held at the last maintenance
@@ -136,12 +138,10 @@ class Carrier:
         backlog = any(len(c.jobs) + len(c.promoted) >= self.batch for c in claims)
         self._ack_or_claim_ahead(backlog)
         publishing = time.monotonic()
-        acks = self._promote(claims, claimed_at)
+        self._keep_unacked(self._promote(claims, claimed_at))
         self._note_publish_time(time.monotonic() - publishing)
-        if self._ahead is not None:
-            self._unacked = acks  # acked with the claim after the one sent ahead
-        elif acks:
-            self.store.ack(acks)
+        if self._ahead is None and self._unacked:  # else acked with the claim after it
+            self._ack_unacked()
         if recovered or backlog:
             return 0.0
         return self._sleep_after(claims, claimed_at)
@@ -231,7 +231,11 @@ class Carrier:
         started = time.monotonic()
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
-            claims, claimed_at = ahead.result(), ahead.sent_at
+            try:
+                claims, claimed_at = ahead.result(), ahead.sent_at
+            except (DelayQError, redis.RedisError):
+                self._keep_unacked(ahead.acks)  # not known to be taken
+                raise
         else:
             claims = self.store.claim(self._shards, self.batch, self.lease_ms,
                                       self.router.routes, self.lead_ms)
@@ -250,9 +254,20 @@ class Carrier:
             self._ahead = self.store.claim_ahead(self._shards, self.batch, self.lease_ms,
                                                  self.router.routes, self._unacked,
                                                  self.lead_ms)
+            self._unacked = {}  # the claim ahead carries them (ClaimAhead.acks)
         elif self._unacked:
-            self.store.ack(self._unacked)
+            self._ack_unacked()
+
+    def _ack_unacked(self) -> None:
+        """Ack what is unacked; when Redis does not take it (a cluster slot moving, a
+        broken connection) it stays, and goes with the next round: dropped, its jobs'
+        leases ran out and they were published twice."""
+        self.store.ack(self._unacked)
         self._unacked = {}
+
+    def _keep_unacked(self, acks: dict[ShardKeys, list[Promoted]]) -> None:
+        for shard, jobs in acks.items():
+            self._unacked.setdefault(shard, []).extend(jobs)
 
     def _sleep_after(self, claims: list[ShardClaim], claimed_at: float) -> float:
         """Seconds until the earliest next due time the claims saw (Redis clock), at most
@@ -308,16 +323,21 @@ class Carrier:
     def _settle(self) -> None:
         """Ack what reached the broker and give back what was claimed ahead (stop, error).
 
-        What cannot be settled now is recovered when its lease ends.
+        An ack Redis does not take now is kept for the next round; what a stopping carrier
+        cannot settle is recovered when its lease ends.
         """
         ahead, self._ahead = self._ahead, None
-        unacked, self._unacked = self._unacked, {}
-        with contextlib.suppress(DelayQError, redis.RedisError):
-            if ahead is not None:
+        claims: list[ShardClaim] = []
+        if ahead is not None:
+            try:
                 claims = ahead.result()  # acks what was sent with it, too
+            except (DelayQError, redis.RedisError):
+                self._keep_unacked(ahead.acks)
+        with contextlib.suppress(DelayQError, redis.RedisError):
+            if claims:
                 self.store.release(claims)
-            if unacked:
-                self.store.ack(unacked)
+            if self._unacked:
+                self._ack_unacked()
 
     def _note_failed_shards(self, step: str, failed: dict[ShardKeys, DelayQError],
                             served: Sequence[ShardKeys] = ()) -> None:

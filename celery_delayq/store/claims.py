@@ -76,9 +76,10 @@ class DirectRoutes:
 class ClaimAhead:
     """A claim sent by :meth:`Store.claim_ahead` whose reply is not read yet."""
 
-    def __init__(self, store: StoreBase, shards: list[ShardKeys], sent: Deferred, acks: int,
-                 sent_at: float) -> None:
-        self.store, self.shards, self._sent, self._acks = store, shards, sent, acks
+    def __init__(self, store: StoreBase, shards: list[ShardKeys], sent: Deferred,
+                 acks: dict[ShardKeys, list[Promoted]], ack_calls: int, sent_at: float) -> None:
+        self.store, self.shards, self._sent, self._acks = store, shards, sent, ack_calls
+        self.acks = acks  # sent with it: taken by Redis once result() returns
         self.sent_at = sent_at  # time.monotonic() when sent: about when Redis ran it
 
     def result(self) -> list[ShardClaim]:
@@ -119,7 +120,7 @@ class Claims(StoreBase):
             sent = Deferred(self.client,
                             ack_calls + self._claim_calls(shards, batch, lease_ms, direct,
                                                           lead_ms))
-        return ClaimAhead(self, shards, sent, len(ack_calls), time.monotonic())
+        return ClaimAhead(self, shards, sent, acks or {}, len(ack_calls), time.monotonic())
 
     def _claim_calls(self, shards: list[ShardKeys], batch: int, lease_ms: int,
                      direct: DirectRoutes | None,

@@ -24,7 +24,7 @@ from celery_delayq import DelayedTask, DelayQ
 from celery_delayq.carrier import Carrier
 from celery_delayq.scripts import SCRIPTS
 from celery_delayq.store import CancelOutcome
-from tests.conftest import CLUSTER, journal_events
+from tests.conftest import CLUSTER, journal_events, wait_for
 
 pytestmark = pytest.mark.skipif(CLUSTER, reason="the proxy stands before one Redis server")
 
@@ -39,14 +39,22 @@ class LosingProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._marker: bytes | None = None
+        self._cutting: bytes | None = None  # connections sending this are cut: no call runs
         self._lock = threading.Lock()
-        self.lost = 0
+        self.lost = self.cut = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def lose_reply_to(self, script: str) -> None:
         """Lose the reply to the next call of this script (its SHA in the request)."""
         with self._lock:
             self._marker = SCRIPTS[script].sha.encode()
+
+    def cut_calls_to(self, script: str | None) -> None:
+        """Until called again with None, cut each connection that sends a call of this
+        script, before Redis gets it: the call never runs, its caller sees a broken
+        connection (as when a cluster slot moves, the call is refused)."""
+        with self._lock:
+            self._cutting = None if script is None else SCRIPTS[script].sha.encode()
 
     def close(self) -> None:
         self._listener.close()
@@ -68,6 +76,9 @@ class LosingProxy:
                   losing: threading.Event) -> None:
         while data := _recv(client):
             with self._lock:
+                if self._cutting is not None and self._cutting in data:
+                    self.cut += 1
+                    break
                 if self._marker is not None and self._marker in data:
                     self._marker = None
                     losing.set()
@@ -225,6 +236,28 @@ def test_an_ack_whose_reply_was_lost_journals_each_job_promoted_once(lossy, brok
     proxy.lose_reply_to("ack")
     run_carrier_until(Carrier(delayq.app), broker, "lossy.q", 5)
     assert proxy.lost == 1 and broker.llen("lossy.q") == 5
+    assert journal_events(delayq).count("promoted") == 5
+
+
+def test_an_ack_redis_did_not_take_is_sent_again_not_dropped(lossy, broker):
+    """A refused ack (here its connection cut on every try; on a cluster, its shard's slot
+    moving) was dropped: the batch's leases ran out and every job was published twice."""
+    delayq, noop, proxy = lossy
+    for n in range(5):
+        noop.apply_delayed((n,), eta=PAST, queue="lossy.q", job_id=f"j{n}")
+    proxy.cut_calls_to("ack")
+    carrier = Carrier(delayq.app, lease=3.0)
+    serving = threading.Thread(target=carrier.run)
+    serving.start()
+    try:
+        wait_for(lambda: broker.llen("lossy.q") == 5 and proxy.cut, what="a refused ack")
+        time.sleep(1.5)  # past redis-py's tries (0.7 s): the carrier pauses, tries again
+        proxy.cut_calls_to(None)
+        time.sleep(4)  # past the lease: a batch not acked is recovered and published again
+    finally:
+        carrier.stop()
+        serving.join(10)
+    assert broker.llen("lossy.q") == 5 and carrier.stats.recovered == 0
     assert journal_events(delayq).count("promoted") == 5
 
 
