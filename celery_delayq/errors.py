@@ -49,7 +49,18 @@ class JobExists(DelayQError):
 
 
 class StoreUnavailable(DelayQError):
-    """Redis could not be reached after the configured retries."""
+    """Redis could not be reached after the configured retries, or refused a write.
+
+    ``stored`` lists the ids of the jobs of a refused call that were written anyway (a
+    batch is written one script call per shard chunk, and those of other shards may have
+    run); every other job was not.
+    """
+
+    def __init__(self, detail: str, stored: list[str] | None = None, advice: str = "") -> None:
+        self.stored = stored or []
+        written = (f"; {counted(len(self.stored), 'job')} of this call stored (their ids "
+                   "are in the exception's .stored), the others not") if self.stored else ""
+        super().__init__(f"{detail}{written}{advice}")
 
 
 class DamagedShard(DelayQError):
@@ -64,18 +75,10 @@ class DamagedShard(DelayQError):
 
 
 class StoreFull(StoreUnavailable):
-    """Redis is (nearly) full: new jobs are refused until promotion frees memory.
-
-    ``stored`` lists the ids of the jobs of the refused call that were written anyway
-    (a batch is written one script call per shard chunk); every other job was not.
-    """
+    """Redis is (nearly) full: new jobs are refused until promotion frees memory."""
 
     def __init__(self, detail: str, stored: list[str] | None = None) -> None:
-        self.stored = stored or []
-        written = (f"; {counted(len(self.stored), 'job')} of this call stored (their ids "
-                   "are in the exception's .stored), the others not") if self.stored else ""
-        super().__init__(
-            f"{detail}{written}. New delayed jobs are refused until the carriers promote due "
-            "jobs and free memory: retry later; make room with a larger maxmemory, or start "
-            "carriers and workers if none run"
-        )
+        super().__init__(detail, stored, advice=(
+            ". New delayed jobs are refused until the carriers promote due jobs and free "
+            "memory: retry later; make room with a larger maxmemory, or start carriers and "
+            "workers if none run"))

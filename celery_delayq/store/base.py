@@ -370,7 +370,7 @@ def slot_moving(exc: Exception, url: str = "") -> StoreUnavailable:
     """The error of a call refused with ``TRYAGAIN`` (``url``: redacted)."""
     return StoreUnavailable(
         f"Redis Cluster{f' at {url}' if url else ''} is moving a slot of the store to "
-        f"another node (resharding) and refused a call on it ({exc}); nothing was written: "
+        f"another node (resharding) and refused a call on it ({exc}), which wrote nothing: "
         "retry (the carrier does) once the move is done")
 
 

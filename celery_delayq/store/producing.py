@@ -15,7 +15,7 @@ import redis
 
 from ..connection import redact, resend_window_ms
 from ..envelope import Call
-from ..errors import InvalidOption, StoreFull
+from ..errors import InvalidOption, StoreFull, StoreUnavailable
 from ..held import split_score
 from ..keys import ShardKeys, bykey_member, pack_id, unpack_id
 from ..reservation import Reservation, reserving
@@ -258,13 +258,19 @@ class Producing(StoreBase):
 
     def _refuse(self, failed: Exception, stored: list[str]) -> None:
         """Raise a failed schedule call's error; each call is atomic (a script refused for
-        memory wrote nothing), so ``stored`` (written by the calls that ran) is exact."""
+        memory, or on a cluster slot being moved, wrote nothing), so ``stored`` (written by
+        the calls that ran) is exact."""
         if isinstance(failed, redis.ResponseError) and refused_for_memory(failed):
             self.headroom.refused()
             raise StoreFull(f"Redis at {redact(self.config.redis_url)} refused a write: it is "
                             "at its maxmemory", stored) from failed
-        with self.unavailable():
-            raise failed
+        try:
+            with self.unavailable():
+                raise failed
+        except StoreUnavailable as exc:
+            if not stored:
+                raise
+            raise StoreUnavailable(str(exc), stored) from exc.__cause__
 
     # -- cancel and reschedule ---------------------------------------------------------
 

@@ -90,3 +90,23 @@ def test_calls_asked_to_the_node_a_slot_moves_to_follow_the_answer(moving):
     assert [claim.error for claim in claims] == [None] * 6
     assert len(delayq.pending(limit=100)) == 55
     assert delayq.cancel_key(KEY) == 25
+
+
+def test_a_batch_refused_on_a_moving_shard_says_which_of_its_jobs_were_stored(moving):
+    """The calls of its other shards ran: told that nothing was written, a producer sent
+    the whole batch again, and 251 of 300 jobs were stored (and run) twice."""
+    delayq, old, new, slot = moving
+    before = {job.job_id for job in delayq.pending(limit=100)}
+    migrate(old, new, slot, 2)
+    items = [{"args": [n], "delay": 600, "key": f"k{n}"} for n in range(30)] + \
+        [{"args": [n], "delay": 600, "key": KEY} for n in range(5)]
+    with pytest.raises(StoreUnavailable, match=r"moving.* of this call stored \(their ids") \
+            as refused:
+        delayq.schedule_many(TASK, items)
+    migrate(old, new, slot, 0)
+    announce(delayq, new, slot)
+    stored = {job.job_id for job in delayq.pending(limit=100)} - before
+    moving_shard = delayq.store.keys.shard_for("", KEY)
+    assert set(refused.value.stored) == stored
+    assert len(stored) == sum(delayq.store.keys.shard_for("", item["key"]) is not moving_shard
+                              for item in items) > 0
