@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from celery import Celery, current_app
 from celery.local import Proxy
+from celery.utils.saferepr import saferepr
 
 from .envelope import HEADER_JOB, HEADER_KEY
 from .errors import DelayQError
 from .extension import DelayQ
-from .http_policy import CallbackRefused, check_call, check_request, shown
+from .http_policy import CallbackRefused, check_call, check_request, shown, shown_call
 from .http_policy import check_url as check_url  # re-exported: callers import it from here
 from .task import DelayedTask
 
@@ -141,11 +142,26 @@ class _DeadlineConnection(_ConnectionBase):
         self._create_connection = self._open_socket
 
     def _open_socket(self, address, timeout, source_address=None) -> _Socket:
-        raw = socket.create_connection(address, self.deadline.left(), source_address)
-        sock = _Socket(fileno=raw.detach())
-        sock.deadline = self.deadline
-        sock._keep_to_deadline()
-        return sock
+        """The host's addresses tried in turn, as ``socket.create_connection`` does, but
+        each with the time left (it gives each one the whole timeout)."""
+        host, port = address
+        error: OSError = OSError("getaddrinfo returns an empty list")
+        for family, kind, proto, _, target in socket.getaddrinfo(host, port, 0,
+                                                                 socket.SOCK_STREAM):
+            sock = _Socket(family, kind, proto)
+            try:
+                sock.settimeout(self.deadline.left())
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(target)
+            except OSError as exc:  # TimeoutError too, once the deadline has passed
+                sock.close()
+                error = exc
+                continue
+            sock.deadline = self.deadline
+            sock._keep_to_deadline()
+            return sock
+        raise error
 
     def connect(self) -> None:
         super().connect()
@@ -234,17 +250,26 @@ def _what_failed(exc: Exception, url: str, timeout: float) -> str:
 
 
 class HttpCallbackTask(DelayedTask):
-    """DelayedTask that refuses bad URLs and arguments at the call site."""
+    """DelayedTask that refuses bad URLs and arguments at the call site, and shows calls
+    without their secrets."""
 
     abstract = True
 
     def apply_delayed(self, args=None, kwargs=None, **options: Any):
         check_call(args, kwargs, DelayQ.of(self.app).config)
-        return super().apply_delayed(args, kwargs, **options)
+        return super().apply_delayed(args, kwargs, **{**self._reprs(args, kwargs), **options})
 
     def apply_async(self, args=None, kwargs=None, *rest: Any, **options: Any):
         check_call(args, kwargs, DelayQ.of(self.app).config)
-        return super().apply_async(args, kwargs, *rest, **options)
+        return super().apply_async(args, kwargs, *rest,
+                                   **{**self._reprs(args, kwargs), **options})
+
+    def _reprs(self, args, kwargs) -> dict[str, str]:
+        """The call's ``argsrepr`` / ``kwargsrepr`` (what logs, events and the admin show,
+        unless the caller gives its own): the URL ``shown``, header values ``***``."""
+        args, kwargs = shown_call(args, kwargs)
+        size = self.app.amqp.argsrepr_maxsize
+        return {"argsrepr": saferepr(args, size), "kwargsrepr": saferepr(kwargs, size)}
 
 
 def register(app: Celery) -> None:

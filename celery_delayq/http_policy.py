@@ -1,10 +1,11 @@
 """What ``celery_delayq.http_callback`` may be called with: an http(s) URL of a host in
 ``delayq_http_allowed_hosts`` (the guard against calls into an internal network; a host name
-is matched as written, never resolved), without credentials, spaces or control characters,
-with a valid port; header names that are HTTP tokens and Latin-1 values without control
-characters; a positive timeout. A call that breaks one is :class:`CallbackRefused` before
-anything is stored (``check_call``), and again by the worker before each attempt
-(``check_request``). ``shown`` is how a callback URL is printed: without its secrets.
+is matched as written, never resolved, so it may hold no %-escape), in ASCII, without
+credentials, spaces or control characters, with a valid port; header names that are HTTP
+tokens and Latin-1 values without control characters; a positive timeout. A call that breaks
+one is :class:`CallbackRefused` before anything is stored (``check_call``), and again by the
+worker before each attempt (``check_request``). ``shown`` is how a callback URL is printed:
+without its secrets; ``shown_call`` how a call's arguments are.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from .errors import DelayQError
@@ -21,6 +23,9 @@ from .settings import HostList
 _SCHEMES = ("http", "https")
 #: What http.client refuses in a request target: spaces and control characters.
 _UNSENDABLE_URL = re.compile(r"[\x00-\x20\x7f]")
+#: A host name as the allow-list matches it. urllib decodes %xx in a host and http.client
+#: writes it raw (into a proxy's CONNECT line too): a name holds none.
+_HOST_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an RFC 9110 token
 _HEADER_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but tab
 
@@ -61,6 +66,10 @@ def check_url(url: object, allowed_hosts: tuple[str, ...]) -> str:
     if _UNSENDABLE_URL.search(url):
         raise CallbackRefused(f"the callback URL {shown(url)!r} holds a space or control "
                               "character; percent-encode it (a space is %20)")
+    if not url.isascii():
+        raise CallbackRefused(f"the callback URL {shown(url)!r} holds a character that is not "
+                              "ASCII; percent-encode it (é is %C3%A9), and write an "
+                              "internationalised host name in its xn-- (IDNA) form")
     host, port = _host(parts), _port(parts, url)
     for pattern in allowed_hosts:
         name, allowed_port = HostList.split(pattern)
@@ -80,9 +89,15 @@ def check_url(url: object, allowed_hosts: tuple[str, ...]) -> str:
 def _host(parts: SplitResult) -> str:
     host = parts.hostname or ""
     try:  # an IPv6 address as the allow-list holds it
-        return ipaddress.IPv6Address(host).compressed if ":" in host else host
+        return ipaddress.IPv6Address(host).compressed
     except ValueError:
-        return host
+        pass
+    if "[" in parts.netloc or not _HOST_NAME.fullmatch(host):
+        raise CallbackRefused(
+            f"the callback URL's host {host!r} is not a host name: a name may hold only "
+            "letters, digits, '.', '-' and '_', written as they are (no %-escapes; an "
+            "internationalised name in its xn-- form), and an IPv6 address goes in brackets")
+    return host
 
 
 def _port(parts: SplitResult, url: str) -> int:
@@ -134,14 +149,18 @@ def _latin1(text: str) -> bool:
     return True
 
 
+#: http_callback's parameters, in order.
+_PARAMETERS = ("url", "json", "headers", "timeout")
+
+
 def check_call(args, kwargs, config) -> None:
     """Refuse an http_callback call with unusable arguments, before it is stored."""
     args, kwargs = list(args or ()), dict(kwargs or {})
-    names = ("url", "json", "headers", "timeout")
-    if len(args) > len(names):
-        raise CallbackRefused(f"http_callback takes at most {len(names)} positional arguments")
-    call = dict(zip(names, args, strict=False))
-    unknown = set(kwargs) - set(names)
+    if len(args) > len(_PARAMETERS):
+        raise CallbackRefused(
+            f"http_callback takes at most {len(_PARAMETERS)} positional arguments")
+    call = dict(zip(_PARAMETERS, args, strict=False))
+    unknown = set(kwargs) - set(_PARAMETERS)
     if unknown or set(call) & set(kwargs):
         raise CallbackRefused(f"http_callback takes url, json, headers, timeout; got "
                               f"{sorted(unknown or set(call) & set(kwargs))} unexpected or twice")
@@ -150,3 +169,15 @@ def check_call(args, kwargs, config) -> None:
         raise CallbackRefused("http_callback needs a url")
     check_request(call["url"], call.get("headers"), call.get("timeout"),
                   config.http_allowed_hosts)
+
+
+def shown_call(args, kwargs) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A checked call's arguments as logs and monitoring show them: the URL ``shown``,
+    every header value ``***``."""
+    def hidden(name: str, value: Any) -> Any:
+        if name == "url":
+            return shown(value)
+        return dict.fromkeys(value, "***") if name == "headers" and value else value
+    return (tuple(hidden(name, value) for name, value in zip(_PARAMETERS, args or (),
+                                                              strict=False)),
+            {name: hidden(name, value) for name, value in (kwargs or {}).items()})

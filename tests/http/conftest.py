@@ -1,8 +1,8 @@
 """The HTTP callback suite's own Celery app, worker and carrier, and a real local HTTP server.
 
 The app keeps its broker, results and delay store in Redis database 2 of the session's
-server, with a queue of its own, so its settings (a short retry schedule, 127.0.0.1
-allowed) never reach ``tests.proj``.
+server, with a queue of its own, so its settings (a short retry schedule, 127.0.0.1 and
+``*.example.com`` allowed) never reach ``tests.proj``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def http_app(redis_server) -> Celery:
         delayq_prefix="delayq-http",
         delayq_shards=2,
         delayq_idle_timeout=0.5,
-        delayq_http_allowed_hosts=["127.0.0.1"],
+        delayq_http_allowed_hosts=["127.0.0.1", "*.example.com"],
         delayq_http_retry_schedule=list(RETRY_SCHEDULE),
         delayq_http_timeout=2.0,
         task_default_queue="delayq-http",

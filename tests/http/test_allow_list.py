@@ -59,6 +59,9 @@ def test_every_documented_allow_list_form_is_accepted():
     ("::1", "http://[::1]:9/hook", True),
     ("*:8443", "https://anything.example:8443/", True),
     ("*:8443", "https://anything.example/", False),
+    ("*.example.com", "https://xn--caf-dma.example.com/hook", True),
+    ("my_service", "http://my_service/hook", True),
+    ("*", "http://[fe80::1%25eth0]/hook", True),
 ])
 def test_allow_list_entries_match_host_and_port(allowed, url, ok):
     allowed_hosts = configured(allowed).http_allowed_hosts
@@ -76,12 +79,23 @@ def test_allow_list_entries_match_host_and_port(allowed, url, ok):
     ("http://127.0.0.1/a hook", "space or control character"),
     ("http://127.0.0.1/hook\r\nX-Injected: 1", "space or control character"),
     ("http://[::1/hook", "malformed"),
+    ("http://127.0.0.1/café?token=s", "percent-encode"),
+    ("http://127.0.0.1/hook?name=ü", "percent-encode"),
+    ("https://café.example.com/hook", "xn--"),
+    # urllib decodes %xx in a host: a proxy would be asked to CONNECT 169.254.169.254:80
+    ("https://169.254.169.254%3a80%20HTTP%2f1.0%0d%0a%09x%5d%0d%0a%09.example.com/hook",
+     "letters, digits"),
+    ("https://169.254.169.254%2f.example.com/hook", "letters, digits"),
+    ("https://a%2eexample.com/hook", "letters, digits"),
+    ("https://[v1.a.example.com]/hook", "letters, digits"),
 ])
 def test_a_url_that_could_never_be_called_is_refused_at_the_call(http_delayq, url, problem):
     task = http_delayq.app.tasks[TASK_NAME]
     with pytest.raises(CallbackRefused, match=problem) as refused:
         task.apply_delayed([url], delay=60)
     assert isinstance(refused.value, DelayQError)
+    with pytest.raises(CallbackRefused, match=problem):
+        task.apply_async([url], countdown=60)
     assert http_delayq.pending() == []
 
 

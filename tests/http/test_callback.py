@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
-from celery import Celery
+from celery import Celery, signals
 
 from celery_delayq import DelayQ
 from celery_delayq.http import EXCERPT_CHARS, TASK_NAME, CallbackRefused
@@ -153,3 +155,40 @@ def test_the_worker_refuses_a_url_its_own_settings_do_not_allow_and_keeps_it_dea
     [dead] = http_delayq.store.dead()  # replayable once the worker allows the host
     assert dead["job_id"] == "by-name:1"
     assert "refused by the worker" in dead["reason"] and "localhost:9" in dead["reason"]
+
+
+@pytest.fixture
+def received_reprs() -> Iterator[dict[str, list[tuple[str, str]]]]:
+    """The ``argsrepr`` / ``kwargsrepr`` of each message the worker receives, by task id."""
+    received: dict[str, list[tuple[str, str]]] = {}
+
+    def record(request, **_):
+        received.setdefault(request.id, []).append((request.argsrepr, request.kwargsrepr))
+    signals.task_received.connect(record, weak=False)
+    yield received
+    signals.task_received.disconnect(record)
+
+
+def test_a_promoted_callback_message_shows_neither_url_query_nor_header_secrets(
+        http_delayq, http_carrier, callback_server, received_reprs):
+    callback_server.answer(500, b"boom")
+    callback_server.answer(200, b"ok")
+    result = callback(http_delayq.app).apply_delayed(
+        [callback_server.url("/hook?order=42&token=s3cr3t")],
+        {"json": {"n": 1}, "headers": {"Authorization": "Bearer b3arer"}}, delay=0)
+
+    assert result.get(timeout=15)["status"] == 200
+    assert callback_server.requests[0].headers["Authorization"] == "Bearer b3arer"
+    shown = (repr((callback_server.url("/hook?order=***&token=***"),)),
+             "{'json': {'n': 1}, 'headers': {'Authorization': '***'}}")
+    assert received_reprs[result.id] == [shown, shown]  # the attempt, then its retry
+
+
+def test_a_callers_own_argsrepr_is_what_the_message_shows(
+        http_delayq, http_carrier, callback_server, received_reprs):
+    result = callback(http_delayq.app).apply_async(
+        [callback_server.url("/hook?token=s3cr3t")], {"headers": {"X-Key": "k3y"}},
+        countdown=0.1, argsrepr="(<callback>,)")
+
+    assert result.get(timeout=15)["status"] == 200
+    assert received_reprs[result.id] == [("(<callback>,)", "{'headers': {'X-Key': '***'}}")]

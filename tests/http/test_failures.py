@@ -7,13 +7,17 @@ carrier (``tests/http/conftest.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl
 import struct
+import time
+from collections.abc import Iterator
 
 import pytest
 
+from celery_delayq import http
 from celery_delayq.http import EXCERPT_CHARS, TASK_NAME
 from tests.conftest import journal_events, wait_for
 from tests.http.conftest import RETRY_SCHEDULE, hung_up, read_request
@@ -179,3 +183,51 @@ def test_a_tls_answer_dripping_its_body_is_cut_off_at_the_attempt_deadline(
 
     dead = dead_after_every_attempt_cut_off(http_delayq, raw_server)
     assert f"HTTP 200, then timed out: no complete answer within {DEADLINE:g} s" in dead["reason"]
+
+
+@pytest.fixture
+def unanswered_port() -> Iterator[int]:
+    """A port on every loopback address whose listener's accept backlog is full: a connect
+    to it is never answered, like one to a host that drops every SYN."""
+    listener = socket.create_server(("0.0.0.0", 0), backlog=0)
+    port = listener.getsockname()[1]
+    queued = []
+    with contextlib.suppress(OSError):
+        for _ in range(4):
+            queued.append(socket.create_connection(("127.0.0.1", port), 0.2))
+    yield port
+    for sock in (*queued, listener):
+        sock.close()
+
+
+@pytest.fixture
+def many_addresses(monkeypatch) -> str:
+    """A host name that resolves to five loopback addresses (DNS stood in for)."""
+    name, resolve = "many.example.com", socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host != name:
+            return resolve(host, port, *args, **kwargs)
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                 (f"127.0.0.{i}", port)) for i in range(2, 7)]
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return name
+
+
+def test_a_host_with_many_unanswering_addresses_is_cut_off_at_the_attempt_deadline(
+        many_addresses, unanswered_port):
+    started = time.monotonic()
+    response = http.post(f"http://{many_addresses}:{unanswered_port}/hook", {}, None,
+                         timeout=1.0)
+
+    assert time.monotonic() - started < 1.5
+    assert response.describe() == "no answer (timed out: no complete answer within 1 s)"
+
+
+def test_a_host_whose_addresses_all_refuse_fails_with_the_last_refusal(many_addresses):
+    with socket.create_server(("0.0.0.0", 0)) as listener:  # then closed: nobody listens
+        port = listener.getsockname()[1]
+    response = http.post(f"http://{many_addresses}:{port}/hook", {}, None, timeout=1.0)
+
+    assert response.describe().startswith("no answer (ConnectionRefusedError: [Errno ")
+    assert response.describe().endswith("] Connection refused)")
