@@ -264,6 +264,16 @@ class HttpCallbackTask(DelayedTask):
         return super().apply_async(args, kwargs, *rest,
                                    **{**self._reprs(args, kwargs), **options})
 
+    def apply_delayed_many(self, items, **options: Any):
+        """Every call checked first: one that could never be made refuses the batch. Their
+        arguments show as given unless ``argsrepr`` / ``kwargsrepr`` (for every call) say
+        otherwise."""
+        items = list(items)
+        config = DelayQ.of(self.app).config
+        for item in items:
+            check_call(item.get("args"), item.get("kwargs"), config)
+        return super().apply_delayed_many(items, **options)
+
     def _reprs(self, args, kwargs) -> dict[str, str]:
         """The call's ``argsrepr`` / ``kwargsrepr`` (what logs, events and the admin show,
         unless the caller gives its own): the URL ``shown``, header values ``***``."""

@@ -130,3 +130,11 @@ def test_a_refusal_shows_no_url_secrets():
         with pytest.raises(CallbackRefused) as refused:
             task.apply_delayed([url], delay=60)
         assert "secret" not in str(refused.value)
+
+
+def test_a_batch_with_one_url_that_could_never_be_called_is_refused_whole(http_delayq):
+    task = http_delayq.app.tasks[TASK_NAME]
+    with pytest.raises(CallbackRefused, match="delayq_http_allowed_hosts"):
+        task.apply_delayed_many([{"args": ["http://127.0.0.1/hook"], "delay": 60},
+                                 {"args": ["http://169.254.169.254/latest"], "delay": 60}])
+    assert http_delayq.pending() == []
