@@ -15,8 +15,9 @@ here). An evicting Redis, a hand-edited key or a bug breaks them; this finds:
   member is gone. No room in a bucket would ever release it, only the release of a
   resume or a limit's removal still under way (``store/releasing.py``).
 
-Repair (``repair-7.lua``, one call per finding, re-checked atomically so a job that changed
-since the scan is left alone): orphaned envelopes are dead-lettered with the reason
+Each finding is checked again by ``repair-7.lua``, atomically, before it is reported, so a
+job that changed under the scan (a store in use) is neither reported nor repaired. Repair
+(one call per finding): orphaned envelopes are dead-lettered with the reason
 ``orphaned: ...`` (listed by ``delayq ls --dead``, replayable), never deleted; dangling
 ``due``/``inflight``/``bykey`` members and kept envelopes are removed; counts get the
 difference added; stranded jobs get their due time back (the next claim holds them again
@@ -24,8 +25,9 @@ if it must).
 
 Everything is read in chunks (HSCAN/ZSCAN, pipelined lookups per chunk) and repaired chunk
 by chunk, so a store of millions of jobs is never held in memory. Counts are compared only
-when the shard's ``jobs`` did not change during the scan (a scan of a changing hash may
-return an entry twice); otherwise they are reported as unchecked: run it again when quiet.
+when neither the shard's ``jobs`` nor its ``counts`` changed during the scan (a scan of a
+changing hash may return an entry twice); otherwise they are reported as unchecked: run it
+again when quiet.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class _ShardCheck:
     def _jobs(self) -> None:
         shard, tasks, fields = self.shard, Counter[str](), 0
         before = self.client.hlen(shard.jobs)
+        counts = self.client.hgetall(shard.counts)
         for chunk in chunks(self.client.hscan_iter(shard.jobs, count=_CHUNK), _CHUNK):
             ids = [name.removeprefix(KEPT) for name, _ in chunk]
             pipe = self.client.pipeline(transaction=False)
@@ -117,13 +120,14 @@ class _ShardCheck:
             self._found("orphaned", orphaned, [("orphan", s, _ORPHANED) for s in orphaned])
             self._found("dangling_kept", loose, [("kept", s, "") for s in loose])
         after = self.client.hlen(shard.jobs) + self.report.repaired["dangling_kept"]  # no job
-        self._counts(tasks, same=before == after == fields)
+        same = before == after == fields and self.client.hgetall(shard.counts) == counts
+        self._counts(tasks, cast("dict[str, str]", counts) if same else None)  # decoded
 
-    def _counts(self, tasks: Counter[str], same: bool) -> None:
-        if not same:
+    def _counts(self, tasks: Counter[str], counts: dict[str, str] | None) -> None:
+        """Compare the envelopes' tasks with ``counts`` (None: it changed during the scan)."""
+        if counts is None:
             self.report.counts_checked = False
             return
-        counts = cast("dict[str, str]", self.client.hgetall(self.shard.counts))  # decoded
         # a damaged count (not an integer) is wrong whatever it should be; the repair's
         # add_count sets it to the difference from 0
         stored = {task: count_of(n) for task, n in counts.items() if task != ""}
@@ -198,16 +202,21 @@ class _ShardCheck:
         return stranded
 
     def _found(self, kind: str, items: list[str], repairs: list[tuple[str, str, Any]]) -> None:
+        """Report (and repair) the findings that still hold when looked at again."""
         if not items:
             return
-        self.report.found[kind] += len(items)
+        calls = [(SCRIPTS["repair"], SCRIPTS["repair"].keys_for(self.shard),
+                  [self.store.config.journal_maxlen, what, value, extra,
+                   "" if self.repair else "1"]) for what, value, extra in repairs]
+        held = [item for item, done in zip(items, execute(self.client, calls), strict=True)
+                if done]
+        if not held:
+            return
+        self.report.found[kind] += len(held)
         examples = self.report.examples.setdefault(kind, [])
-        examples.extend(_shown(kind, item) for item in items[:_EXAMPLES - len(examples)])
+        examples.extend(_shown(kind, item) for item in held[:_EXAMPLES - len(examples)])
         if self.repair:
-            calls = [(SCRIPTS["repair"], SCRIPTS["repair"].keys_for(self.shard),
-                      [self.store.config.journal_maxlen, what, value, extra])
-                     for what, value, extra in repairs]
-            self.report.repaired[kind] += sum(execute(self.client, calls))
+            self.report.repaired[kind] += len(held)
 
 
 def _shown(kind: str, item: str) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 
+from celery_delayq.carrier import Carrier
 from celery_delayq.check import check
 from celery_delayq.keys import KEPT, pack_id
 from tests.conftest import ROOT, celery_cli
@@ -147,3 +149,34 @@ def test_check_counts_a_job_whose_first_line_nests_too_deep_without_failing(proj
     assert sum(r.jobs for r in reports) == 2 and not any(r.error for r in reports)
     # stored in both the hash and the due set, counted nowhere: nothing to report
     assert sum(sum(r.found.values()) for r in reports) == 0
+
+
+def test_a_check_of_a_store_in_use_reports_no_damage(proj, delayq):
+    """Jobs scheduled, claimed, acked and cancelled while it scans: what changed under it
+    is looked at again before it is reported (a live cluster's checks all reported dangling
+    and orphaned jobs, and counts, that were none)."""
+    for start in range(0, 20_000, 5000):  # a scan long enough to meet the traffic
+        proj.record.apply_delayed_many([{"args": (n,), "delay": 3600, "key": f"order:{n % 7}"}
+                                        for n in range(start, start + 5000)])
+    stop = threading.Event()
+
+    def traffic() -> None:
+        n = 0
+        while not stop.is_set():
+            calls = [{"args": (n + i,), "delay": 0, "key": f"order:{(n + i) % 7}",
+                      "job_id": f"busy-{n + i}"} for i in range(50)]
+            proj.record.apply_delayed_many(calls, queue="parked.check")
+            carrier.run_once()
+            delayq.cancel_key(f"order:{n % 7}")
+            n += 50
+
+    carrier = Carrier(proj.app, batch=20)
+    busy = threading.Thread(target=traffic)
+    busy.start()
+    try:
+        reports = [report for _ in range(5) for report in check(delayq.store)]
+    finally:
+        stop.set()
+        busy.join(30)
+        carrier.close()
+    assert [(r.shard, r.examples, r.error) for r in reports if r.found or r.error] == []
