@@ -236,6 +236,7 @@ class Carrier:
             except (DelayQError, redis.RedisError):
                 self._keep_unacked(ahead.acks)  # not known to be taken
                 raise
+            self._keep_failed_acks(ahead.acks, ahead.failed_acks)
         else:
             claims = self.store.claim(self._shards, self.batch, self.lease_ms,
                                       self.router.routes, self.lead_ms)
@@ -259,11 +260,24 @@ class Carrier:
             self._ack_unacked()
 
     def _ack_unacked(self) -> None:
-        """Ack what is unacked; when Redis does not take it (a cluster slot moving, a
-        broken connection) it stays, and goes with the next round: dropped, its jobs'
-        leases ran out and they were published twice."""
-        self.store.ack(self._unacked)
-        self._unacked = {}
+        """Ack what is unacked. What Redis does not take (a broken connection; on one
+        shard, a cluster slot moving) stays, and goes with the next round: dropped, its
+        jobs' leases ran out and they were published twice. A shard's failure stops
+        only that shard's acks."""
+        unacked, self._unacked = self._unacked, {}
+        try:
+            failed = self.store.ack(unacked, raise_errors=False)
+        except (DelayQError, redis.RedisError):
+            self._keep_unacked(unacked)
+            raise
+        self._keep_failed_acks(unacked, failed)
+
+    def _keep_failed_acks(self, acks: dict[ShardKeys, list[Promoted]],
+                          failed: dict[ShardKeys, DelayQError]) -> None:
+        """Keep the acks of the shards where they failed, and say so once per episode
+        (the shard's claims fail too, so what is kept grows by no more than a batch)."""
+        self._keep_unacked({shard: acks[shard] for shard in failed})
+        self._note_failed_shards("ack", failed)
 
     def _keep_unacked(self, acks: dict[ShardKeys, list[Promoted]]) -> None:
         for shard, jobs in acks.items():
@@ -331,6 +345,7 @@ class Carrier:
         if ahead is not None:
             try:
                 claims = ahead.result()  # acks what was sent with it, too
+                self._keep_failed_acks(ahead.acks, ahead.failed_acks)
             except (DelayQError, redis.RedisError):
                 self._keep_unacked(ahead.acks)
         with contextlib.suppress(DelayQError, redis.RedisError):

@@ -77,20 +77,22 @@ class ClaimAhead:
     """A claim sent by :meth:`Store.claim_ahead` whose reply is not read yet."""
 
     def __init__(self, store: StoreBase, shards: list[ShardKeys], sent: Deferred,
-                 acks: dict[ShardKeys, list[Promoted]], ack_calls: int, sent_at: float) -> None:
-        self.store, self.shards, self._sent, self._acks = store, shards, sent, ack_calls
-        self.acks = acks  # sent with it: taken by Redis once result() returns
+                 acks: dict[ShardKeys, list[Promoted]], ack_shards: list[ShardKeys],
+                 sent_at: float) -> None:
+        self.store, self.shards, self._sent, self._ack_shards = store, shards, sent, ack_shards
+        self.acks = acks  # sent with it
+        #: the shards whose ack sent with it failed, with why (once result() returned)
+        self.failed_acks: dict[ShardKeys, DelayQError] = {}
         self.sent_at = sent_at  # time.monotonic() when sent: about when Redis ran it
 
     def result(self) -> list[ShardClaim]:
-        """The claims (a shard's failure in its claim's ``error``); raises if an ack sent
-        with them failed, or Redis did. Call once."""
+        """The claims (a shard's failure in its claim's ``error``, of an ack sent with them
+        in ``failed_acks``); raises if Redis failed. Call once."""
         with self.store.unavailable():
             replies = self._sent.replies(raise_errors=False)
-            for reply in replies[:self._acks]:
-                if isinstance(reply, Exception):
-                    raise reply
-        return _shard_claims(self.shards, replies[self._acks:])
+        acked = len(self._ack_shards)
+        self.failed_acks = _failed(self._ack_shards, replies[:acked])
+        return _shard_claims(self.shards, replies[acked:])
 
 
 class Claims(StoreBase):
@@ -115,12 +117,12 @@ class Claims(StoreBase):
                     lead_ms: int = 0) -> ClaimAhead:
         """Send :meth:`ack` of ``acks`` and :meth:`claim` now, read the claims later: Redis
         runs both while the carrier publishes what it claimed before."""
-        ack_calls = self._ack_calls(acks or {})
+        ack_shards, ack_calls = self._ack_calls(acks or {})
         with self.unavailable():
             sent = Deferred(self.client,
                             ack_calls + self._claim_calls(shards, batch, lease_ms, direct,
                                                           lead_ms))
-        return ClaimAhead(self, shards, sent, acks or {}, len(ack_calls), time.monotonic())
+        return ClaimAhead(self, shards, sent, acks or {}, ack_shards, time.monotonic())
 
     def _claim_calls(self, shards: list[ShardKeys], batch: int, lease_ms: int,
                      direct: DirectRoutes | None,
@@ -134,20 +136,29 @@ class Claims(StoreBase):
                   self.config.default_queue, self.config.max_nesting, lead_ms, *routes])
                 for s in shards]
 
-    def ack(self, acks: dict[ShardKeys, list[Promoted]]) -> None:
+    def ack(self, acks: dict[ShardKeys, list[Promoted]], *,
+            raise_errors: bool = True) -> dict[ShardKeys, DelayQError]:
         """Forget jobs that reached the broker, per shard, and journal them as promoted;
-        of those the claim script pushed itself, forget the task id index."""
-        calls = self._ack_calls(acks)
-        if calls:
-            with self.unavailable():
-                execute(self.client, calls)
+        of those the claim script pushed itself, forget the task id index. A shard's
+        failure (e.g. a cluster slot moving) is raised, or with ``raise_errors=False``
+        returned, with the other shards' (theirs are acked); Redis's is raised."""
+        shards, calls = self._ack_calls(acks)
+        if not calls:
+            return {}
+        with self.unavailable():
+            failed = _failed(shards, execute(self.client, calls, raise_errors=False))
+        if failed and raise_errors:
+            raise next(iter(failed.values()))
+        return failed
 
     def _ack_calls(self, acks: dict[ShardKeys, list[Promoted]]
-                   ) -> list[tuple[Script, list[str], list[Any]]]:
-        calls = []
+                   ) -> tuple[list[ShardKeys], list[tuple[Script, list[str], list[Any]]]]:
+        """The calls that ack ``acks``, and the shard of each."""
+        shards, calls = [], []
         for shard, promoted in acks.items():
             pushed = [(job.stored_id, job.task_id) for job in promoted if job.direct]
             if pushed:
+                shards.append(shard)
                 calls.append(self.unindex_call(shard, pushed))
             jobs = [job for job in promoted if not job.direct]
             if not jobs:
@@ -162,8 +173,9 @@ class Claims(StoreBase):
                     index = len(keys)
                 args += [raw_id(stored), raw_id(bykey_member(job.key, stored)), job.task,
                          job.key or "", job.due_ms, job.lease, index]
+            shards.append(shard)
             calls.append((SCRIPTS["ack"], keys, args))
-        return calls
+        return shards, calls
 
     def recover(self, shards: list[ShardKeys], batch: int
                 ) -> tuple[int, dict[ShardKeys, DelayQError]]:
@@ -173,9 +185,7 @@ class Claims(StoreBase):
                  for s in shards]
         with self.unavailable():
             replies = execute(self.client, calls, raise_errors=False)
-        failed = {shard: shard_error(reply) for shard, reply in zip(shards, replies, strict=True)
-                  if isinstance(reply, Exception)}
-        return sum(r for r in replies if not isinstance(r, Exception)), failed
+        return sum(r for r in replies if not isinstance(r, Exception)), _failed(shards, replies)
 
     def release(self, claims: list[ShardClaim]) -> int:
         """Return claimed jobs a carrier could not publish to the due set, due now (those
@@ -291,6 +301,12 @@ def _shard_claims(shards: list[ShardKeys], replies: list[Any]) -> list[ShardClai
         claims.append(ShardClaim(shard, now_ms, None if next_due == -1 else next_due, jobs,
                                  promoted, pushed=pushed))
     return claims
+
+
+def _failed(shards: list[ShardKeys], replies: list[Any]) -> dict[ShardKeys, DelayQError]:
+    """The shards of the calls that failed, with why."""
+    return {shard: shard_error(reply) for shard, reply in zip(shards, replies, strict=True)
+            if isinstance(reply, Exception)}
 
 
 def _due_ms(score: str) -> int | None:

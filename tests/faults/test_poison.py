@@ -259,3 +259,42 @@ def test_an_envelope_whose_names_are_not_text_never_fails_cancel_reschedule_or_r
     redis_client.zadd(shard.inflight, {"leased-ok": 2})
     assert store.recover([shard], 100) == (2, {})
     assert redis_client.zscore(shard.due, "leased-ok") is not None
+
+
+def test_a_shard_whose_ack_fails_stops_no_other_shards_promotion(proj, delayq, redis_client):
+    """Its batch reached the broker, then a key its ack writes was damaged: that ack is kept
+    for the shard (sent again once it is repaired), and the other shards go on being
+    promoted and acked. Kept whole, one shard's ack failed every round before anything
+    was published (a diff review: 0 of 5 new jobs of a healthy shard)."""
+    damaged = delayq.store.keys.shard(0)
+    first = schedule_due_now(proj, 20, prefix="first")
+    carrier = Carrier(proj.app, lease=60.0)
+    publish = carrier.publisher.publish
+
+    def publish_then_damage(claims, claimed_at):  # the fault, once shard 0's batch is out
+        taken = publish(claims, claimed_at)
+        if any(claim.shard == damaged and claim.jobs for claim in claims):
+            redis_client.delete(damaged.counts)
+            redis_client.set(damaged.counts, "not a hash")
+            carrier.publisher.publish = publish
+        return taken
+
+    carrier.publisher.publish = publish_then_damage
+    try:
+        carrier.run_once()
+        elsewhere = [job for job in (f"later-{n}" for n in range(40))
+                     if delayq.store.keys.shard_for(job) is not damaged]
+        proj.record.apply_delayed_many([{"args": (job,), "delay": 0, "job_id": job}
+                                        for job in elsewhere], queue=PARKED)
+        for _ in range(5):
+            carrier.run_once()
+        delivered = {h["delayq_job"] for h in parked_messages(redis_client)}
+        assert first | set(elsewhere) <= delivered and elsewhere
+        assert [shard.shard for shard in carrier._unacked] == [0]
+        redis_client.delete(damaged.counts)  # the operator moves it away
+        carrier.run_once()
+        assert carrier._unacked == {}
+    finally:
+        carrier.close()
+    assert carrier.stats.recovered == 0
+    assert not redis_client.zcard(damaged.inflight), "shard 0's batch was acked"
