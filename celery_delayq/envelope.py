@@ -53,7 +53,10 @@ HEADER_JOB = "delayq_job"
 HEADER_KEY = "delayq_key"
 HEADER_SHARD = "delayq_shard"
 HEADER_DUE = "delayq_due"
-DELAYQ_HEADERS = (HEADER_JOB, HEADER_KEY, HEADER_SHARD, HEADER_DUE)
+#: The task id ``Task.replace`` handed a job's headers to (``journal.hand_over``): the
+#: replacement's part that runs under it, which another task's worker may send.
+HEADER_HANDED = "delayq_handed"
+DELAYQ_HEADERS = (HEADER_JOB, HEADER_KEY, HEADER_SHARD, HEADER_DUE, HEADER_HANDED)
 
 # apply_async options that only make sense for an immediate publish.
 _IGNORED = frozenset({
@@ -168,15 +171,19 @@ class Template:
 
 def _going_on_with(parent, task_id: str | None, headers: dict[str, Any]
                    ) -> tuple[str | None, str | None]:
-    """The job and business key a call goes on with: those of the running delayed task
-    ``parent`` when the call is its own retry or replacement (its task id, with its
-    headers: Celery's ``retry`` sends them along), else none. Forwarded to other calls
-    (``headers=self.request.headers``), the headers named a job that was not theirs, and
-    each such call replaced the one before it."""
+    """The job and business key a call goes on with, from its headers: when it is the
+    running delayed task ``parent``'s own retry (its task id, with its headers: Celery's
+    ``retry`` sends them along), or the part of a replacement that ``Task.replace`` handed
+    the job to (its task id in ``HEADER_HANDED``; sent by whichever task runs before it);
+    else none. Forwarded to other calls (``headers=self.request.headers``), the headers
+    named a job that was not theirs, and each such call replaced the one before it."""
     job_id = headers.get(HEADER_JOB)
+    if job_id is None or task_id is None:
+        return None, None
     request = parent.request if parent is not None else None
-    if job_id is None or request is None or task_id is None or task_id != request.id \
-            or request.get(HEADER_JOB) != job_id:
+    retried = request is not None and task_id == request.id \
+        and request.get(HEADER_JOB) == job_id
+    if not retried and headers.get(HEADER_HANDED) != task_id:
         return None, None
     return job_id, headers.get(HEADER_KEY)
 

@@ -37,7 +37,14 @@ import redis
 from celery import signals
 from celery import states as celery_states
 
-from .envelope import DELAYQ_HEADERS, HEADER_DUE, HEADER_JOB, HEADER_KEY, HEADER_SHARD
+from .envelope import (
+    DELAYQ_HEADERS,
+    HEADER_DUE,
+    HEADER_HANDED,
+    HEADER_JOB,
+    HEADER_KEY,
+    HEADER_SHARD,
+)
 from .errors import DelayQError
 from .events import Event
 from .reading import counted, shown
@@ -239,6 +246,7 @@ def hand_over(request, replacement) -> None:
         return
     headers = {name: request.get(name) for name in DELAYQ_HEADERS
                if request.get(name) is not None}
+    headers[HEADER_HANDED] = request.id  # the task id the job goes on under
     successor.set(headers={**(successor.options.get("headers") or {}), **headers})
     setattr(request, _HANDED_OVER, True)
 

@@ -15,7 +15,7 @@ import threading
 import time
 
 import redis
-from celery import Celery
+from celery import Celery, chain
 from celery.exceptions import Ignore, Reject
 
 from celery_delayq import DelayedTask, DelayQ
@@ -154,6 +154,14 @@ def replaced(self, label, queue="celery"):
     """Record this run, then replace it with ``record`` on ``queue``."""
     _record(self, label)
     raise self.replace(record.s(f"{label} replacement").set(queue=queue))
+
+
+@app.task(base=DelayedTask, bind=True)
+def replaced_by_a_chain(self, label):
+    """Record this run, then replace it with a chain whose last step, which takes this
+    run's task id, is delayed an hour (the previous step's worker sends it)."""
+    _record(self, label)
+    raise self.replace(chain(record.s(f"{label} step"), record.s().set(countdown=3600)))
 
 
 @app.task(base=DelayedTask, bind=True, time_limit=1)

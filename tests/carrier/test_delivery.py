@@ -87,6 +87,21 @@ def test_delayed_calls_that_carry_the_running_jobs_headers_on_are_jobs_of_their_
         "parent", "parent child 0", "parent child 1", "parent child 2"]
 
 
+def test_a_delayed_last_step_of_a_replacement_chain_goes_on_with_the_replaced_job(
+        proj, delayq, worker, carrier):
+    """The step that takes the replaced run's task id is sent by the worker of the step
+    before it, with the job's headers (Task.replace handed them over): it is that job, so
+    its business key still cancels it."""
+    result = proj.replaced_by_a_chain.apply_delayed(args=("first",), delay=0,
+                                                    job_id="order:42:close", key="order:42")
+    [job] = wait_for(lambda: [job for job in delayq.pending(key="order:42")
+                              if job.args == ["first step"]],
+                     timeout=20, what="the chain's delayed last step, under the job's key")
+    assert (job.job_id, job.task_id, job.args) == ("order:42:close", result.id,
+                                                   ["first step"])
+    assert delayq.cancel_key("order:42") == 1
+
+
 def test_reschedule_and_run_now_move_the_due_time(proj, delayq, worker, carrier):
     later = proj.record.apply_delayed(args=("later",), delay=3600, job_id="later")
     assert delayq.reschedule("later", delay=7200) > later.eta

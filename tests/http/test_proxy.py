@@ -56,7 +56,7 @@ def test_a_percent_encoded_host_never_reaches_the_proxy(http_delayq, http_carrie
     http_delayq.schedule(TASK_NAME, [INJECTED], delay=0, job_id="injected")
 
     dead = wait_for(lambda: len(http_delayq.store.dead()) == 2 and http_delayq.store.dead(),
-                    what="both callbacks dead-lettered")
+                    timeout=60, what="both callbacks dead-lettered")  # 3 attempts each
     reasons = {entry["job_id"]: entry["reason"] for entry in dead}
     assert "refused by the worker" in reasons["injected"]
     assert "502" in reasons["allowed"]  # it went through the proxy
