@@ -51,9 +51,11 @@ class JobExists(DelayQError):
 class StoreUnavailable(DelayQError):
     """Redis could not be reached after the configured retries, or refused a write.
 
-    ``stored`` lists the ids of the jobs of a refused call that were written anyway (a
-    batch is written one script call per shard chunk, and those of other shards may have
-    run); every other job was not.
+    ``stored`` lists the ids of the jobs of a call that Redis refused in part (for memory,
+    on a cluster slot being moved: each script call, one per shard chunk, is atomic) that
+    its other script calls wrote; every other job was not. After a connection error the
+    call's outcome is not known: ``stored`` is empty and some jobs may have been written
+    (with ids of your own, sending it again with ``if_exists="keep"`` writes each once).
     """
 
     def __init__(self, detail: str, stored: list[str] | None = None, advice: str = "") -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -15,14 +17,16 @@ import redis
 
 from ..connection import redact, resend_window_ms
 from ..envelope import Call
-from ..errors import InvalidOption, StoreFull, StoreUnavailable
+from ..errors import DelayQError, InvalidOption, StoreFull, StoreUnavailable
 from ..held import split_score
 from ..keys import ShardKeys, bykey_member, pack_id, unpack_id
+from ..reading import counted
 from ..reservation import Reservation, reserving
 from ..scripts import SCRIPTS, execute
 from ..validation import Due
 from .base import StoreBase, raised, refused_for_memory
 
+_logger = logging.getLogger(__package__)  # celery_delayq.store
 _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
 #: How long a run's outcome (``RunRows``) is kept after its last write, unless forgotten.
 OUTCOME_MS = 24 * 3600 * 1000
@@ -142,13 +146,18 @@ class Producing(StoreBase):
                 owners.append((shard, chunk))
         with self.unavailable():  # a job moved from another shard leaves it before the release
             replies = reservation.run(calls) if moved else reservation.release_after(calls)
+        stored = [index for (_, chunk), reply in zip(owners, replies, strict=True)
+                  if not isinstance(reply, Exception)
+                  for offset, index in enumerate(chunk) if reply[3 * offset] in (1, 2)]
+        for index in stored:  # the new copy is stored: the old one goes
+            if index in moved:
+                cancelled = self._cancel(moved[index], "move", items[index][0].job_id,
+                                         "replaced under another key", "")
+                if cancelled[1]:
+                    self._forget_task_indexes(moved[index], [cancelled[2]])
         failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
         if failed is not None:
-            self._refuse(failed, [items[index][0].job_id
-                                  for (_, chunk), reply in zip(owners, replies, strict=True)
-                                  if not isinstance(reply, Exception)
-                                  for offset, index in enumerate(chunk)
-                                  if reply[3 * offset] in (1, 2)])
+            self._refuse(failed, [items[index][0].job_id for index in stored])
         replaced: dict[ShardKeys, list[tuple[str, str]]] = defaultdict(list)
         for (shard, chunk), reply in zip(owners, replies, strict=True):
             for offset, index in enumerate(chunk):
@@ -165,11 +174,6 @@ class Producing(StoreBase):
                         replaced[shard].append((call.stored_id, existing))  # (a retry's own)
                     existing = None
                 results[index] = Scheduled(_CODES[code], int(due_ms), existing)
-        for index, found in moved.items():  # the new copy is stored: the old one goes
-            cancelled = self._cancel(found, "move", items[index][0].job_id,
-                                     "replaced under another key", "")
-            if cancelled[1]:
-                self._forget_task_indexes(found, [cancelled[2]])
         self._unindex(replaced)
         return cast("list[Scheduled]", results)  # every item has its outcome now
 
@@ -177,9 +181,21 @@ class Producing(StoreBase):
         """Forget the task id indexes of the calls a schedule replaced under new task ids
         (each would stay a day past its due time): one call per shard, one round trip."""
         if replaced:
-            with self.unavailable():
+            with self._tidying(sum(map(len, replaced.values()))):
                 execute(self.client, [self.unindex_call(shard, jobs)
                                       for shard, jobs in replaced.items()])
+
+    @contextlib.contextmanager
+    def _tidying(self, jobs: int) -> Iterator[None]:
+        """Forget task id indexes after a write that was made: a failure is logged, not
+        raised (each expires a day after its job's due time), or the caller would take
+        the write for failed, and a task's retry that was stored for a failed one."""
+        try:
+            with self.unavailable():
+                yield
+        except DelayQError as exc:
+            _logger.warning("could not forget the task id index of %s (each expires a day "
+                            "after its job's due time): %s", counted(jobs, "job"), exc)
 
     @cached_property
     def _resend_window_ms(self) -> float:
@@ -348,7 +364,7 @@ class Producing(StoreBase):
         names = [self.keys.task_index(shard, pack_id(task_id)) for task_id in task_ids
                  if task_id]
         if names:
-            with self.unavailable():
+            with self._tidying(len(names)):
                 self.client.delete(*names)
 
     def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str,

@@ -125,6 +125,25 @@ def test_a_replace_refused_on_its_new_shard_keeps_the_old_copy(proj, delayq, red
     assert [(j.args, j.key) for j in delayq.pending()] == [([1], first_key)]
 
 
+def test_a_replace_stored_on_its_new_shard_leaves_no_old_copy_when_another_shard_refuses(
+        proj, delayq, redis_client):
+    """Another item of the batch was refused on a third shard: the error was raised before
+    the moved job's old copy was cancelled, and the job was stored (and run) twice."""
+    first_key, second_key = keys_on_two_shards(delayq)
+    shard_for = delayq.store.keys.shard_for
+    third_key = next(f"other:{n}" for n in range(1000) if shard_for("", f"other:{n}") not in
+                     (shard_for("", first_key), shard_for("", second_key)))
+    proj.record.apply_delayed(args=(1,), delay=60, job_id="close-42", key=first_key)
+    delayq.store.client.set(shard_for("", third_key).bykey, "damaged")
+    with pytest.raises(DamagedShard):
+        proj.record.apply_delayed_many([
+            {"args": (2,), "delay": 60, "job_id": "close-42", "key": second_key},
+            {"args": (3,), "delay": 60, "job_id": "other", "key": third_key}],
+            if_exists="replace")
+    assert stored_copies(delayq, "close-42") == 1
+    assert [(j.args, j.key) for j in delayq.pending()] == [([2], second_key)]
+
+
 @pytest.mark.parametrize("if_exists", ["keep", "replace", "error"])
 def test_producers_racing_with_one_id_under_two_keys_store_one_job(proj, delayq, if_exists):
     """Two threads schedule each id at the same moment, under keys of two shards: the
