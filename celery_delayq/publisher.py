@@ -263,7 +263,8 @@ class Publisher:
         timeout for the broker (``broker.py``)."""
         if self._producer is None:
             connection = broker.connection(self.app, self.store.config.redis_socket_timeout)
-            self._producer = self.app.amqp.Producer(broker.channel(connection))
+            broker.channel(connection)  # opened now: settings kombu refuses are said so
+            self._producer = self.app.amqp.Producer(connection)
             self._declared.clear()
         return self._producer
 
