@@ -130,6 +130,8 @@ class Carrier:
 
     def run_once(self) -> float:
         """Balance shards, recover, claim, publish, ack once; seconds until work is expected."""
+        if self._unacked and self._ahead is None:  # kept by a round that failed: acked
+            self._ack_unacked()  # before a recovery takes back the leases that ran out
         recovered = self._maintain() if time.monotonic() >= self._next_maintenance else 0
         if self._memory.braking():  # workers on a shared Redis need room to take messages
             self._settle()
