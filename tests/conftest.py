@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -211,8 +212,22 @@ def wait_for(predicate: Callable[[], object], timeout: float = 15.0,
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout}s waiting for {what}\n{threads_now()}")
         time.sleep(interval)
+
+
+def threads_now() -> str:
+    """Where each other thread of this process is (its innermost frames): what a worker,
+    carrier or server thread was doing when a wait ran out."""
+    frames = sys._current_frames()
+    lines = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        if thread is threading.current_thread() or frame is None:
+            continue
+        stack = traceback.format_stack(frame)[-4:]
+        lines.append(f"thread {thread.name}:\n{''.join(stack)}")
+    return "\n".join(lines)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
