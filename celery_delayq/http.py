@@ -9,22 +9,25 @@ Registered only on apps that opted in: by ``DelayQ(app)``, or by :func:`register
         delay=600, key="order:42")
 
 A 2xx answer read whole within the attempt's deadline is success. Anything else is a
-failure: another status, a redirect, the deadline passing (connect, send and read the whole
-answer within ``timeout``), a refused connection, a TLS or protocol error, a cut-off body.
-The call is retried through the store after each delay of ``delayq_http_retry_schedule`` in
-turn, then dead-lettered (``celery delayq ls --dead``, replayable) with an excerpt of the last
-failure. Only http(s) URLs whose host is in ``delayq_http_allowed_hosts`` are accepted; a
-call that could never be sent is refused when it is made, before anything is stored.
+failure: another status, a redirect, the deadline passing (look up, connect, send and read
+the whole answer within ``timeout``), a refused connection, a TLS or protocol error, a
+cut-off body. The call is retried through the store after each delay of
+``delayq_http_retry_schedule`` in turn, then dead-lettered (``celery delayq ls --dead``,
+replayable) with an excerpt of the last failure. Only http(s) URLs whose host is in
+``delayq_http_allowed_hosts`` are accepted; a call that could never be sent is refused when
+it is made, before anything is stored.
 """
 
 from __future__ import annotations
 
 import functools
 import http.client
+import ipaddress
 import json as jsonlib
 import logging
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -91,6 +94,47 @@ class _Deadline:
         return left
 
 
+class _LookupTimedOut(TimeoutError):
+    """The host's addresses did not come within the attempt's deadline."""
+
+
+#: Lookups waiting on the resolver at once; more wait for one to end (within their deadline).
+_LOOKUPS = threading.BoundedSemaphore(16)
+
+
+def _addresses(host: str, port: int, deadline: _Deadline) -> list[tuple[Any, ...]]:
+    """``getaddrinfo`` within the time left. A resolver that drops queries holds a lookup
+    for its own timeouts (5 s a try in glibc); the attempt stops waiting at its deadline
+    and the lookup ends unwatched in its thread. Numeric addresses need no thread."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+    found: list[list[tuple[Any, ...]]] = []
+    failed: list[OSError] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except OSError as exc:
+            failed.append(exc)
+        finally:
+            _LOOKUPS.release()
+            done.set()
+
+    if not _LOOKUPS.acquire(timeout=deadline.left()):
+        raise _LookupTimedOut(f"no address for {host}")
+    threading.Thread(target=lookup, name=f"http_callback lookup {host}", daemon=True).start()
+    if not done.wait(deadline.left()):
+        raise _LookupTimedOut(f"no address for {host}")
+    if failed:
+        raise failed[0]
+    return found[0]
+
+
 if TYPE_CHECKING:  # what the mixins below are mixed into
     _SocketBase = socket.socket
     _ConnectionBase = http.client.HTTPConnection
@@ -146,8 +190,7 @@ class _DeadlineConnection(_ConnectionBase):
         each with the time left (it gives each one the whole timeout)."""
         host, port = address
         error: OSError = OSError("getaddrinfo returns an empty list")
-        for family, kind, proto, _, target in socket.getaddrinfo(host, port, 0,
-                                                                 socket.SOCK_STREAM):
+        for family, kind, proto, _, target in _addresses(host, port, self.deadline):
             sock = _Socket(family, kind, proto)
             try:
                 sock.settimeout(self.deadline.left())
@@ -241,6 +284,8 @@ def _what_failed(exc: Exception, url: str, timeout: float) -> str:
     """A one-line excerpt of ``exc``: bounded, printable, without the URL's secrets."""
     cause = exc.reason if isinstance(exc, urllib.error.URLError) and isinstance(
         exc.reason, BaseException) else exc
+    if isinstance(cause, _LookupTimedOut):
+        return f"timed out: {cause} within {timeout:g} s"
     if isinstance(cause, TimeoutError):
         return f"timed out: no complete answer within {timeout:g} s"
     name, text = type(cause).__name__, str(cause).replace(url, shown(url))

@@ -12,6 +12,7 @@ import logging
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Iterator
 
@@ -212,6 +213,38 @@ def many_addresses(monkeypatch) -> str:
                  (f"127.0.0.{i}", port)) for i in range(2, 7)]
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     return name
+
+
+@pytest.fixture
+def stalled_dns(monkeypatch) -> Iterator[str]:
+    """A host name whose lookup stalls, as with a resolver that drops queries (each of
+    glibc's tries waits 5 s); the stand-in answers "unknown" after 3 s, or at teardown."""
+    name, resolve, released = "stalled.example.com", socket.getaddrinfo, threading.Event()
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host != name:
+            return resolve(host, port, *args, **kwargs)
+        released.wait(3)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield name
+    released.set()
+
+
+def test_a_stalled_address_lookup_is_cut_off_at_the_attempt_deadline(stalled_dns):
+    started = time.monotonic()
+    response = http.post(f"http://{stalled_dns}/hook", {}, None, timeout=0.5)
+
+    assert time.monotonic() - started < 1.0
+    assert response.describe() == (f"no answer (timed out: no address for {stalled_dns} "
+                                   f"within 0.5 s)")
+
+
+def test_an_address_lookup_that_fails_in_time_says_why(stalled_dns):
+    response = http.post(f"http://{stalled_dns}/hook", {}, None, timeout=5.0)
+
+    assert response.describe() == ("no answer (gaierror: [Errno -3] Temporary failure in "
+                                   "name resolution)")
 
 
 def test_a_host_with_many_unanswering_addresses_is_cut_off_at_the_attempt_deadline(
