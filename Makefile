@@ -19,12 +19,15 @@ lint: $(STAMP)
 
 # The core suite runs in $(CORE_PROCESSES) processes (pytest-xdist: most of its time is spent
 # waiting on servers, workers and carriers, so three share two CPUs well), each test file in
-# one process, in its order; the Django and Spark
-# suites run in their own processes (each embeds its own Celery worker and JVM); the last
-# pass repeats the store and end-to-end suites on a real Redis Cluster.
+# one process, in its order. The HTTP callback, Django and Spark suites run in processes of
+# their own: each embeds a Celery worker of its own app (and Spark a JVM), and a process runs
+# one app's workers (tests/conftest.py, running_worker). The last pass repeats the store and
+# end-to-end suites on a real Redis Cluster.
 CORE_PROCESSES ?= 3
+SUITES_APART := --ignore=tests/django --ignore=tests/spark --ignore=tests/http
 test: lint
-	$(VENV)/bin/pytest --ignore=tests/django --ignore=tests/spark -n $(CORE_PROCESSES) --dist loadfile
+	$(VENV)/bin/pytest $(SUITES_APART) -n $(CORE_PROCESSES) --dist loadfile
+	$(VENV)/bin/pytest tests/http -n 2 --dist loadfile
 	$(VENV)/bin/pytest tests/django
 	$(VENV)/bin/pytest tests/spark
 	DELAYQ_TEST_STORE=cluster $(VENV)/bin/pytest tests/store tests/carrier
@@ -48,7 +51,7 @@ test-django-ends: $(STAMP)
 # (a carrier SIGKILLed five times, a Sentinel failover, a full Redis drained) and the Spark
 # runs in processes of their own (a retried task, a stage retry, spark-submit).
 test-slow: $(STAMP)
-	$(VENV)/bin/pytest -m slow --ignore=tests/django --ignore=tests/spark
+	$(VENV)/bin/pytest -m slow $(SUITES_APART)
 	$(VENV)/bin/pytest -m slow tests/spark
 
 # Longer property-based runs (opt-in, ~35 min): ten times the Hypothesis examples of the

@@ -49,21 +49,30 @@ print("python==" + sys.version.split()[0], *(n + "==" + names[n] for n in {SHOWN
 """
 
 
+def _core_suite(session: nox.Session) -> None:
+    """Everything but tests/django and tests/spark, in the processes ``make test`` and
+    ``make test-slow`` use: a process runs one app's workers (tests/conftest.py,
+    running_worker), so the HTTP suite and the long runs, which start workers of apps of
+    their own, are not run beside the session's worker of ``tests.proj``."""
+    apart = ("--ignore=tests/django", "--ignore=tests/spark", "--ignore=tests/http")
+    session.run("pytest", *apart, "-m", "not slow", *NO_CACHE, *session.posargs)
+    session.run("pytest", *apart, "-m", "slow", *NO_CACHE, *session.posargs)
+    session.run("pytest", "tests/http", *ALL, *NO_CACHE, *session.posargs)
+
+
 @nox.session
 @nox.parametrize("python,resolution", VERSIONS)
 def core(session: nox.Session, resolution: str) -> None:
     """The core suite (everything but tests/django and tests/spark)."""
     _install(session, resolution, "-e", ".[test]")
-    session.run("pytest", "--ignore=tests/django", "--ignore=tests/spark", *ALL, *NO_CACHE,
-                *session.posargs)
+    _core_suite(session)
 
 
 @nox.session(python="3.11")
 def core_celery55(session: nox.Session) -> None:
     """The core suite on Celery 5.5, whose kombu caps redis-py at 5.2.1."""
     _install(session, "highest", "-e", ".[test]", "celery>=5.5,<5.6", "redis<5.3")
-    session.run("pytest", "--ignore=tests/django", "--ignore=tests/spark", *ALL, *NO_CACHE,
-                *session.posargs)
+    _core_suite(session)
 
 
 @nox.session

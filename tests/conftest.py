@@ -177,6 +177,14 @@ def running_worker(app, **options: Any) -> Iterator[Any]:
     leaves a stopped worker's loop set, so the next worker started in the process shared it
     and never ran a task carrying an ``eta``.
 
+    One app's workers at a time in a process: a worker points Celery's process globals at its
+    app (``celery.app.trace.setup_worker_optimizations``: the task registry every worker of
+    the process then runs tasks from, and the default app). A second app's worker beside
+    the first made both run tasks of one app's registry: the HTTP suite's callbacks ran as
+    ``tests.proj``'s, with its settings and store, and never reached the test. Starting one
+    beside another app's is refused: run that suite in a pytest process of its own (as
+    ``make test`` runs tests/http, tests/django and tests/spark).
+
     Stopping one stops them all: ``start_worker`` ends its worker through the process global
     ``celery.worker.state.should_terminate``, so a worker started and stopped inside a test
     also ends the session's ``worker`` (later tests of the process then wait for runs that
@@ -185,9 +193,23 @@ def running_worker(app, **options: Any) -> Iterator[Any]:
     from celery.contrib.testing.worker import start_worker
     from kombu.asynchronous import set_event_loop
 
+    others = {str(other.main) for other in _WORKER_APPS if other is not app}
+    if others:
+        raise RuntimeError(
+            f"a worker of app {sorted(others)[0]!r} runs in this process, and Celery's "
+            f"workers share one app's task registry per process: run the tests that need a "
+            f"worker of app {app.main!r} in a pytest process of their own")
     set_event_loop(None)
-    with start_worker(app, pool="threads", perform_ping_check=False, **options) as worker:
-        yield worker
+    _WORKER_APPS.append(app)
+    try:
+        with start_worker(app, pool="threads", perform_ping_check=False, **options) as worker:
+            yield worker
+    finally:
+        _WORKER_APPS.remove(app)
+
+
+#: The apps whose workers ``running_worker`` runs in this process now (one app at most).
+_WORKER_APPS: list[Any] = []
 
 
 @pytest.fixture(scope="session")

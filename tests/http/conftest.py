@@ -2,7 +2,9 @@
 
 The app keeps its broker, results and delay store in Redis database 2 of the session's
 server, with a queue of its own, so its settings (a short retry schedule, 127.0.0.1 and
-``*.example.com`` allowed) never reach ``tests.proj``.
+``*.example.com`` allowed) never reach ``tests.proj``. Its worker runs in a pytest process of
+its own (``pytest tests/http``): beside ``tests.proj``'s, both would run tasks from one
+app's registry (``tests/conftest.py``, ``running_worker``).
 """
 
 from __future__ import annotations
