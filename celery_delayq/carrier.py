@@ -29,6 +29,7 @@ from kombu.exceptions import KombuError
 from redis.client import PubSub
 
 from .conf import (
+    PASSWORD_SHOWN,
     DelayQConfig,
     check_claim_batch,
     check_handoff_lead,
@@ -400,9 +401,7 @@ class Carrier:
                     else "; delayq_redis_url is not set: the broker's Redis",
                     redact(self.app.conf.broker_url or ""))
         if password_shown(self.app):
-            logger.warning("delayq_redis_url holds a password, which `celery report` and "
-                           "`celery inspect conf` print as it is: set delayq_redis_password "
-                           "(CELERY_DELAYQ_REDIS_PASSWORD in Django settings) instead")
+            logger.warning(PASSWORD_SHOWN)
         try:
             self._serve()
         except ConfigurationError as exc:  # retrying would not help: as a start is refused

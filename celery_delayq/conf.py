@@ -152,6 +152,12 @@ class DelayQConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+#: What a carrier and a worker log when :func:`password_shown`.
+PASSWORD_SHOWN = ("delayq_redis_url holds a password, which `celery report` and `celery inspect "
+                  "conf` print as it is: set delayq_redis_password "
+                  "(CELERY_DELAYQ_REDIS_PASSWORD in Django settings) instead")
+
+
 def password_shown(app) -> bool:
     """True when ``delayq_redis_url`` holds a password that Celery's ``celery report`` and
     ``celery inspect conf`` (and Django's error pages) print: they hide only settings named

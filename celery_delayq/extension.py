@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -10,11 +11,11 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery.utils.time import maybe_make_aware
 
 from . import journal, revoke, validation
-from .conf import DelayQConfig
+from .conf import PASSWORD_SHOWN, DelayQConfig, password_shown
 from .decoding import decode_arguments, split
 from .envelope import (
     HEADER_JOB,
@@ -36,6 +37,7 @@ from .validation import Due
 
 _ATTR = "_delayq"
 _create_lock = threading.Lock()
+logger = logging.getLogger("celery_delayq")
 
 
 _ITEM_FIELDS = frozenset({"args", "kwargs", "delay", "eta", "key", "job_id", "shadow"})
@@ -77,6 +79,8 @@ class DelayQ(Holding):
                 setattr(app, _ATTR, existing)
                 existing._route_send_task()
                 journal.connect(cls.lookup)
+                signals.worker_ready.connect(_warn_if_password_shown, weak=False,
+                                             dispatch_uid=_warn_if_password_shown.__qualname__)
                 revoke.install(existing)
                 from . import http  # imports this module: here, not at the top
 
@@ -417,3 +421,11 @@ class DelayQ(Holding):
     def run_now(self, job_id: str, key: str | None = None) -> bool:
         """Make a pending job due now; False if it is no longer pending."""
         return self.reschedule(job_id, delay=0, key=key) is not None
+
+
+def _warn_if_password_shown(sender: Any = None, **_: Any) -> None:
+    """``worker_ready``: a worker of an app with a DelayQ whose store URL holds a password
+    says so, as the carrier does: it answers ``celery inspect conf`` to any broker client."""
+    app = getattr(sender, "app", None)
+    if app is not None and DelayQ.lookup(app) is not None and password_shown(app):
+        logger.warning(PASSWORD_SHOWN)

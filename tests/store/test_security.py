@@ -215,6 +215,22 @@ def test_a_password_in_delayq_redis_url_is_shown_by_celery_so_the_carrier_warns(
     assert password not in caplog.text
 
 
+def test_a_worker_whose_delayq_redis_url_holds_a_password_warns(spawn, monkeypatch):
+    """Workers answer ``celery inspect conf`` to any client of the broker, as the carrier
+    does: they warn too (a worker of a queue nothing is sent to; the store is not reached)."""
+    password = secret()
+    monkeypatch.setenv("DELAYQ_TEST_STORE_URL", f"redis://:{password}@127.0.0.1:{free_port()}/0")
+    worker = spawn("worker", "-Q", "nothing.sent", "-P", "solo", "--without-heartbeat",
+                   "--without-gossip", "--without-mingle", "-l", "INFO")
+    wait_for(lambda: "ready." in worker.log.read_text(), timeout=30, what="the worker")
+
+    said = worker.log.read_text()
+    assert said.count("WARNING/MainProcess] delayq_redis_url holds a password, which `celery "
+                      "report` and `celery inspect conf` print as it is: set "
+                      "delayq_redis_password") == 1
+    assert password not in said
+
+
 @pytest.mark.parametrize("url", ["redis://:{pw}@127.0.0.1:{port}/0",
                                  "redis://127.0.0.1:{port}/0?password={pw}"])
 def test_a_password_in_the_url_and_in_delayq_redis_password_is_refused(url):
