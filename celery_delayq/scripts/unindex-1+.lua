@@ -1,5 +1,6 @@
 --[[ unindex: forget the task id indexes of jobs that no longer have those task ids: jobs
-claim_due pushed to the broker itself, and jobs a call replaced under a new task id.
+claim_due pushed to the broker itself, jobs a call replaced under a new task id, and jobs a
+cancel removed.
 
 KEYS[1] jobs      HASH  job id -> envelope
 KEYS[2..] task    STRING  the task id index key (keys.py) of each job, in ARGV's order

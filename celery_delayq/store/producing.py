@@ -154,7 +154,8 @@ class Producing(StoreBase):
                 cancelled = self._cancel(moved[index], "move", items[index][0].job_id,
                                          "replaced under another key", "")
                 if cancelled[1]:
-                    self._forget_task_indexes(moved[index], [cancelled[2]])
+                    self._forget_task_indexes(moved[index],
+                                              [(items[index][0].stored_id, cancelled[2])])
         failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
         if failed is not None:
             self._refuse(failed, [items[index][0].job_id for index in stored])
@@ -178,8 +179,9 @@ class Producing(StoreBase):
         return cast("list[Scheduled]", results)  # every item has its outcome now
 
     def _unindex(self, replaced: dict[ShardKeys, list[tuple[str, str]]]) -> None:
-        """Forget the task id indexes of the calls a schedule replaced under new task ids
-        (each would stay a day past its due time): one call per shard, one round trip."""
+        """Forget the task id indexes of jobs that no longer have those task ids (stored
+        job id, task id): calls a schedule replaced under new task ids, cancelled jobs.
+        Each would stay a day past its due time. One call per shard, one round trip."""
         if replaced:
             with self._tidying(sum(map(len, replaced.values()))):
                 execute(self.client, [self.unindex_call(shard, jobs)
@@ -306,7 +308,7 @@ class Producing(StoreBase):
                 replies.append(self._cancel(shard, "id", job_id, by, task_id))
         for shard, reply in zip(shards, replies, strict=True):
             if reply[1]:
-                self._forget_task_indexes(shard, [reply[2]])
+                self._forget_task_indexes(shard, [(pack_id(job_id), reply[2])])
         codes = {reply[0] for reply in replies}
         if 0 in codes:  # a carrier holds a copy: it will be delivered
             outcome = CancelOutcome.TOO_LATE
@@ -334,7 +336,7 @@ class Producing(StoreBase):
         shard, after = self.keys.shard_for("", key), ""
         while True:
             reply = self._cancel(shard, "key", key, by, after, CANCEL_KEY_CHUNK)
-            self._forget_task_indexes(shard, reply[2::3])
+            self._forget_task_indexes(shard, list(zip(reply[3::3], reply[2::3], strict=True)))
             yield [(task_id or unpack_id(job_id), task) for task_id, job_id, task in zip(
                 reply[2::3], reply[3::3], reply[4::3], strict=True)]
             after = reply[0]
@@ -358,14 +360,13 @@ class Producing(StoreBase):
                 return cancelled
         return Cancelled(CancelOutcome.UNKNOWN)
 
-    def _forget_task_indexes(self, shard: ShardKeys, task_ids: list[str]) -> None:
-        """Drop the task id indexes of these cancelled jobs' task ids ("": the job id, no
-        index): only a pending job is found by its task id, and each would stay a day."""
-        names = [self.keys.task_index(shard, pack_id(task_id)) for task_id in task_ids
-                 if task_id]
-        if names:
-            with self._tidying(len(names)):
-                self.client.delete(*names)
+    def _forget_task_indexes(self, shard: ShardKeys, jobs: list[tuple[str, str]]) -> None:
+        """Forget the task id indexes of these cancelled jobs (stored job id, task id; "":
+        the job id, no index): only a pending job is found by its task id, and each would
+        stay a day. Through ``unindex``: a call stored again meanwhile keeps its index."""
+        indexed = [(stored, task_id) for stored, task_id in jobs if task_id]
+        if indexed:
+            self._unindex({shard: indexed})
 
     def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str,
                 *more: str | int) -> list[Any]:

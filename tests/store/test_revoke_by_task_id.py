@@ -171,3 +171,34 @@ def test_a_replace_under_the_same_task_id_keeps_its_index(proj, delayq):
                               if_exists="replace")
     assert len(_task_indexes(delayq)) == 1
     assert delayq.revoke([first.id]) == 1
+
+
+@pytest.mark.parametrize("cancel", ["by job id", "by key"])
+def test_a_call_stored_again_between_a_cancel_and_its_index_clean_up_keeps_its_index(
+        proj, delayq, monkeypatch, cancel):
+    """A cancel forgets the task id index after its script has run. A producer storing the
+    call again meanwhile, under that task id, kept its job but lost the index: a revoke of
+    the task id then missed the job, which ran."""
+    first = proj.record.apply_delayed(args=(1,), delay=3600, job_id="order:1:close",
+                                      key="order:1")
+    store_type, interleaved = type(delayq.store), []
+    cancel_script = store_type._cancel
+
+    def cancel_then_store_again(self, *args):
+        reply = cancel_script(self, *args)
+        if not interleaved:
+            interleaved.append(proj.record.apply_delayed(
+                args=(2,), delay=3600, job_id="order:1:close", key="order:1",
+                task_id=first.id))
+        return reply
+
+    monkeypatch.setattr(store_type, "_cancel", cancel_then_store_again)
+    if cancel == "by job id":
+        delayq.cancel("order:1:close", key="order:1")
+    else:
+        delayq.cancel_key("order:1")
+    monkeypatch.undo()
+
+    assert interleaved and [job.args for job in delayq.pending()] == [[2]]
+    assert _indexed(delayq, first.id, "order:1")
+    assert delayq.revoke([first.id]) == 1
