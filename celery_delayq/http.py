@@ -113,13 +113,13 @@ def _addresses(host: str, port: int, deadline: _Deadline) -> list[tuple[Any, ...
     else:
         return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
     found: list[list[tuple[Any, ...]]] = []
-    failed: list[OSError] = []
+    failed: list[Exception] = []
     done = threading.Event()
 
     def lookup() -> None:
         try:
             found.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
-        except OSError as exc:
+        except Exception as exc:  # raised in the attempt's thread, as if looked up there
             failed.append(exc)
         finally:
             _LOOKUPS.release()

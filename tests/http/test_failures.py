@@ -247,6 +247,12 @@ def test_an_address_lookup_that_fails_in_time_says_why(stalled_dns):
                                    "name resolution)")
 
 
+def test_a_host_name_the_resolver_refuses_to_encode_says_why():
+    response = http.post(f"http://{'a' * 64}.example.com/hook", {}, None, timeout=5.0)
+
+    assert response.describe().startswith("no answer (UnicodeError: encoding with 'idna'")
+
+
 def test_a_host_with_many_unanswering_addresses_is_cut_off_at_the_attempt_deadline(
         many_addresses, unanswered_port):
     started = time.monotonic()
