@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from celery_delayq import DelayQ
-from celery_delayq.contrib.django.models import DelayedTask
+from celery_delayq.contrib.django.models import DelayedTask, State
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import wait_for
 from tests.hanging_up import HangingUp
@@ -158,6 +158,41 @@ def test_replay_and_drop_actions_settle_dead_letters_and_say_what_happened(
         "admin in the Django admin: dropped dead letter")
 
 
+def test_a_replay_leaves_a_row_the_journal_moved_on_meanwhile(
+        admin_client, dead, shop_delayq, monkeypatch):
+    """The replayed job may run before the action writes its row (a sync pass mirroring
+    it first): the row said "scheduled" for good, and ``delayq_reconcile --missing``
+    then wrote the job again, which ran twice."""
+    store_type = type(shop_delayq.store)
+    replay = store_type.replay
+
+    def replay_then_mirrored(self, *args, **kwargs):
+        replayed = replay(self, *args, **kwargs)
+        DelayedTask.objects.filter(job_id="order:1:close").update(state="succeeded")
+        return replayed
+
+    monkeypatch.setattr(store_type, "replay", replay_then_mirrored)
+    response = _act(admin_client, "replay_tasks", "order:1:close")
+
+    assert _messages(response) == ["replayed: due now: 1 task (order:1:close)"]
+    assert DelayedTask.objects.get(job_id="order:1:close").state == "succeeded"
+
+
+@pytest.mark.parametrize("state", [s for s in State if s != State.SCHEDULED])
+@pytest.mark.parametrize("action", ["cancel_tasks", "run_now"])
+def test_an_action_on_a_row_that_is_not_pending_says_why_it_did_nothing(
+        admin_client, pending, shop_delayq, state, action):
+    """Every state has its reason ("ignored", added later, raised a KeyError: a 500 after
+    the selection's earlier rows were acted on)."""
+    DelayedTask.objects.filter(job_id="order:2:close").update(state=state)
+    response = _act(admin_client, action, "order:1:close", "order:2:close")
+
+    assert response.status_code == 200
+    said = " | ".join(_messages(response))
+    assert "1 task (order:1:close)" in said and ": 1 task (order:2:close)" in said
+    assert shop_delayq.get("order:2:close") is not None
+
+
 def test_dead_letter_actions_need_the_run_now_and_cancel_permissions(client, dead):
     client.force_login(_staff("run_now_delayedtask"))
     choices = [c[0] for c in client.get(reverse(CHANGELIST)).context["action_form"]
@@ -250,6 +285,26 @@ def test_each_action_needs_its_own_permission(client, pending, shop_delayq):
     assert shop_delayq.get("order:1:close").due == pending["order:1:close"].due
     _act(client, "cancel_tasks", "order:1:close")
     assert shop_delayq.get("order:1:close") is None
+
+
+@pytest.mark.parametrize("lookup", ["envelope__contains", "envelope__regex",
+                                    "store_error__contains", "events__detail__contains"])
+def test_a_url_filter_on_a_column_the_admin_does_not_offer_is_refused(client, pending,
+                                                                       shop_delayq, sync,
+                                                                       lookup):
+    """The stored call (envelope) holds the arguments an ``argsrepr`` hides from the admin:
+    a filter on it answered yes or no for each guess, and a view-only user read a card
+    number a digit at a time (~160 requests)."""
+    shop_delayq.schedule(ORDER_TIMEOUT, args=("card-4111111111111111",), delay=600,
+                         job_id="secret:1", argsrepr="('card-****',)")
+    sync.run_once()
+    client.force_login(_staff())
+
+    assert client.get(reverse(CHANGELIST), {lookup: "card-4"}).status_code == 400
+    offered = {"state__exact": "scheduled", "task__exact": ORDER_TIMEOUT,
+               "stored__exact": "1", "due__year": str(pending["order:1:close"].due.year)}
+    for name, value in offered.items():
+        assert client.get(reverse(CHANGELIST), {name: value}).status_code == 200, name
 
 
 def test_staff_without_view_permission_gets_no_list(client, pending):

@@ -167,3 +167,17 @@ def test_a_batch_the_database_refuses_stops_only_its_shard_and_the_error_names_i
     assert "shard 0" in error and "refused by the test" in error
     sync.run_once()  # the database takes the batch now: the shard goes on
     assert DelayedTask.objects.count() == 13
+
+
+def test_a_retried_event_at_the_largest_count_leaves_the_count_a_column_holds(
+        shop_delayq, shop_redis):
+    """``retried`` counts the next try (its ``retries`` + 1): at 2**31 - 1 that was one
+    past what PostgreSQL's integer column takes, and the shard's sync stopped there."""
+    shop_delayq.schedule(TASK, args=[1], delay=600, job_id="order:1:close")
+    journal = shop_delayq.store.keys.shard_for("order:1:close", None).journal
+    shop_redis.xadd(journal, {"event": "retried", "job": "order:1:close",
+                              "retries": str(2**31 - 1)})
+
+    JournalSync(shop_delayq).run_once()
+
+    assert DelayedTask.objects.get(job_id="order:1:close").retries == 2**31 - 1

@@ -16,6 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import quote
 from django.core.exceptions import ValidationError
+from django.db.models.constants import LOOKUP_SEP
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
@@ -100,6 +101,18 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     )
     readonly_fields = ("key_link", "state_badge", "due_at", "pretty_args", "pretty_kwargs",
                        "timeline")
+    #: The fields a changelist URL may filter on: the sidebar's, the date bar's, and the key
+    #: and ids the pages show. Not the stored call (``envelope``): it holds the arguments an
+    #: ``argsrepr`` hides here, and a filter on it answers yes or no to each guess.
+    url_filters = frozenset({"state", "task", "queue", "stored", "due", "key", "job_id",
+                             "task_id"})
+
+    def lookup_allowed(self, lookup, value, request=None) -> bool:
+        """Only lookups on :attr:`url_filters` (Django answers any other with a 400).
+        Django 4.2 passes no ``request``; 5.0 and later do."""
+        given = () if request is None else (request,)
+        return (lookup.split(LOOKUP_SEP, 1)[0] in self.url_filters
+                and super().lookup_allowed(lookup, value, *given))
 
     # -- read-only pages ---------------------------------------------------------------
 

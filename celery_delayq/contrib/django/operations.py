@@ -25,6 +25,7 @@ _NOT_PENDING = {
     State.STARTED: "too late: already running",
     State.SUCCEEDED: "too late: already finished",
     State.FAILED: "too late: already finished",
+    State.IGNORED: "too late: already finished",
     State.CANCELLED: "already cancelled",
     State.DEAD: "dead-lettered: replay it (the Replay action or `celery delayq replay`)",
 }
@@ -88,7 +89,9 @@ def replay(row: DelayedTask) -> tuple[bool, str]:
         return False, "a pending job has its id: cancel that one first"
     if not replayed:
         return False, _NOT_DEAD
-    DelayedTask.objects.filter(pk=row.pk).update(state=State.SCHEDULED, due=timezone.now())
+    # a row the journal moved on meanwhile (the job replayed, promoted, run) stays so
+    DelayedTask.objects.filter(pk=row.pk, state=State.DEAD).update(state=State.SCHEDULED,
+                                                                  due=timezone.now())
     return True, "replayed: due now"
 
 

@@ -364,7 +364,7 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
     elif event in (Event.SUCCEEDED, Event.FAILED, Event.IGNORED):
         row.state, row.finished_at = State(event), at
     elif event == Event.RETRIED:
-        row.retries = max(row.retries, _int(fields.get("retries"), 0) + 1)
+        row.retries = max(row.retries, min(_int(fields.get("retries"), 0) + 1, _MAX_RETRIES))
     elif event == Event.CANCELLED:
         row.state, row.cancelled_at = State.CANCELLED, at
         row.cancelled_by = fields.get("by", "")[:255]
