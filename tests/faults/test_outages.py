@@ -300,9 +300,12 @@ def test_a_redis_busy_with_another_clients_script_refuses_calls_as_unavailable(c
             [{"args": (n,), "delay": 0.5} for n in range(20)], queue=QUEUE)}
         carrier = Carrier(app)
         carrier.run_once()
+        # Spins until the test ends it with SCRIPT KILL (at most 60 s): a script of a fixed
+        # length ended before the carrier's claim on a loaded machine (redis-py 5.0.1's
+        # slower retries of the three calls below).
         spin = ("local s = redis.call('TIME')[1] "
-                "while tonumber(redis.call('TIME')[1]) < s + 3 do end return 1")
-        other = threading.Thread(target=redis.Redis(port=server.port).eval, args=(spin, 0))
+                "while tonumber(redis.call('TIME')[1]) < s + 60 do end return 1")
+        other = threading.Thread(target=_killed, args=(redis.Redis(port=server.port), spin))
         other.start()
         wait_for(lambda: _busy(server), timeout=5, what="Redis busy")
         calls = {
@@ -318,6 +321,7 @@ def test_a_redis_busy_with_another_clients_script_refuses_calls_as_unavailable(c
             carrier._next_maintenance = float("inf")  # the claim itself meets BUSY
             carrier.run_once()
             assert _busy(server), "the script ended before the carrier's claim: no test"
+            redis.Redis(port=server.port).script_kill()
             other.join()
 
             def drained() -> bool:
@@ -329,6 +333,12 @@ def test_a_redis_busy_with_another_clients_script_refuses_calls_as_unavailable(c
         failing = [r.getMessage() for r in caplog.records if "cannot be served" in r.getMessage()]
         assert failing and all("busy running a script" in m for m in failing), failing
         assert jobs <= set(delivered_ids(redis.Redis(port=server.port)))
+
+
+def _killed(client: redis.Redis, script: str) -> None:
+    """Run ``script``, which only SCRIPT KILL ends."""
+    with pytest.raises(redis.ResponseError, match="killed"):
+        client.eval(script, 0)
 
 
 def _busy(server: RedisServer) -> bool:
