@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from celery import Celery
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from django.utils import timezone
@@ -191,6 +192,23 @@ def test_an_action_on_a_row_that_is_not_pending_says_why_it_did_nothing(
     said = " | ".join(_messages(response))
     assert "1 task (order:1:close)" in said and ": 1 task (order:2:close)" in said
     assert shop_delayq.get("order:2:close") is not None
+
+
+def test_each_row_an_action_changed_says_who_did_what_in_its_history(admin_client, pending):
+    """Only a cancel's journal entry said who; a run now or a reschedule left no trace."""
+    _act(admin_client, "run_now", "order:1:close")
+    _act(admin_client, "reschedule_tasks", "order:2:close", apply="Reschedule",
+         delay_minutes="5")
+    _act(admin_client, "cancel_tasks", "order:1:close", "refund:3:check:0")
+
+    history = [(entry.user.get_username(), entry.object_id, entry.get_change_message())
+               for entry in LogEntry.objects.order_by("pk")]
+    pk = {row.job_id: str(row.pk) for row in pending.values()}
+    assert history[0] == ("admin", pk["order:1:close"], "due now")
+    assert history[1][:2] == ("admin", pk["order:2:close"])
+    assert history[1][2].startswith("due 20")
+    assert sorted(history[2:]) == sorted([("admin", pk["order:1:close"], "cancelled"),
+                                          ("admin", pk["refund:3:check:0"], "cancelled")])
 
 
 def test_dead_letter_actions_need_the_run_now_and_cancel_permissions(client, dead):

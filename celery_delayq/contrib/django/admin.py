@@ -341,14 +341,17 @@ class DelayedTaskAdmin(admin.ModelAdmin):
     def _each(self, request, queryset, operation) -> None:
         """Run ``operation`` on every row, until Redis is unavailable (each row left would
         wait for it again: the request would outlast any proxy's timeout); one message per
-        distinct outcome."""
+        distinct outcome. A row acted on gets an entry in its admin history (who, what)."""
         if not self._within_limit(request, queryset):
             return
         outcomes: dict[tuple[bool, str], list[str]] = defaultdict(list)
         rows = list(queryset)
         for n, row in enumerate(rows):
             try:
-                outcomes[operation(row)].append(row.job_id)
+                done, message = operation(row)
+                outcomes[(done, message)].append(row.job_id)
+                if done:
+                    self.log_change(request, row, message)
             except StoreUnavailable as exc:
                 logger.error("admin action stopped at delayed job %s: %s", row.job_id, exc)
                 outcomes[(False, f"error: {exc}; nothing done")] += [r.job_id for r in rows[n:]]
