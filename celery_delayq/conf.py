@@ -42,6 +42,13 @@ MAX_HANDOFF_LEAD = 360.0
 MAX_CLAIM_BATCH = 10_000
 #: Longest ``delayq_max_delay``: 100 years.
 MAX_DELAY = 100 * 365.25 * 24 * 3600
+#: Most ``delayq_shards``: each costs every carrier a claim call per round and ``stats`` a
+#: read, and the store's record keeps the first count given (80,000 by a typo made
+#: ``stats`` run for minutes).
+MAX_SHARDS = 1024
+#: Most ``delayq_redis_retries``: each waits up to the socket timeout and a backoff of up to
+#: 1 s, so 20 already hold a call for minutes against a Redis that is away.
+MAX_REDIS_RETRIES = 20
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,15 @@ class DelayQConfig:
         for name in ("shards", "max_payload_bytes", "max_id_length"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"delayq_{name} must be at least 1")
+        if self.shards > MAX_SHARDS:
+            raise ConfigurationError(
+                f"delayq_shards must be at most {MAX_SHARDS:,} (each shard costs every carrier "
+                f"a call per round; 8 serve ~100,000 jobs/s); got {self.shards:,}")
+        if not 0 <= self.redis_retries <= MAX_REDIS_RETRIES:
+            raise ConfigurationError(
+                f"delayq_redis_retries must be between 0 and {MAX_REDIS_RETRIES} (each waits "
+                f"up to delayq_redis_socket_timeout and a backoff of up to 1 s); got "
+                f"{self.redis_retries}")
         for name in ("max_delay", "lease_seconds", "shard_lease_seconds", "idle_timeout",
                      "redis_socket_timeout", "http_timeout"):
             check_positive(name, getattr(self, name))

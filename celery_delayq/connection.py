@@ -232,6 +232,16 @@ def check_readable(url: str) -> None:
                 _parsed(redis_py_url(part).replace(CLUSTER_SUFFIX, "", 1), part)
         except ValueError:
             raise _unreadable(part) from None
+        read = urlsplit(redis_py_url(part))  # (kombu's socket URL: unix://, a path)
+        if not read.scheme.startswith("unix") and not _DATABASE.fullmatch(read.path):
+            raise ConfigurationError(
+                f"the store's Redis URL {redact(part)!r} (delayq_redis_url, else the broker "
+                f"URL) names the database {unquote(read.path[1:])!r}: give its number, as in "
+                "redis://host:6379/1 (redis-py reads /db1 as database 0 and /1/2 as 12)")
+
+
+#: The path of a store URL: no database (0), or its number.
+_DATABASE = re.compile(r"/?|/[0-9]+")
 
 
 def _parsed(url: str, shown: str) -> dict[str, Any]:

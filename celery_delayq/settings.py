@@ -42,7 +42,8 @@ SETTINGS: tuple[Setting, ...] = (
             "delayq_redis_url as it is. Default: what the URL says."),
     Setting("prefix", "delayq", str, "Prefix of every Redis key the store uses."),
     Setting("shards", 8, int,
-            "Number of shards (each a set of keys in one cluster slot). Fixed once data exists."),
+            "Number of shards (each a set of keys in one cluster slot), 1 to 1,024. Fixed once "
+            "data exists."),
     Setting("max_payload_bytes", 256 * 1024, int,
             "Largest stored envelope (task name, arguments, options) in bytes."),
     Setting("max_delay", 366 * 24 * 3600.0, float, "Longest accepted delay, in seconds."),
@@ -84,7 +85,8 @@ SETTINGS: tuple[Setting, ...] = (
             "the broker's reply where broker_transport_options set no socket_timeout / "
             "read_timeout."),
     Setting("redis_retries", 3, int,
-            "Retries with exponential backoff before a store call raises StoreUnavailable."),
+            "Retries with exponential backoff before a store call raises StoreUnavailable "
+            "(0 to 20)."),
     Setting("max_memory_fraction", 0.9, float,
             "Producers get StoreFull once the store's Redis uses this fraction of its "
             "maxmemory (read about once a second per process, sooner near it), so promotion "

@@ -42,11 +42,36 @@ def test_non_redis_broker_without_store_url_says_how_to_fix():
                                                 ("countdown_threshold", float("nan")),
                                                 ("countdown_threshold", -1),
                                                 ("claim_batch", "many"), ("claim_batch", 0),
-                                                ("claim_batch", 10_001)])
+                                                ("claim_batch", 10_001),
+                                                # a typo fixed into the store for good: its
+                                                # record keeps the first shard count
+                                                ("shards", 80_000),
+                                                # -1 retried forever, and redis-py's resend
+                                                # window (that many tries) fell to 0
+                                                ("redis_retries", -1),
+                                                ("redis_retries", 1000)])
 def test_invalid_setting_is_refused(setting, value):
     app = make_app(celery={"broker": "redis://h"}, **{f"delayq_{setting}": value})
     with pytest.raises(ConfigurationError, match=f"delayq_{setting}"):
         DelayQConfig.from_app(app)
+
+
+@pytest.mark.parametrize("url", ["redis://h:6379/db1", "redis://h:6379/1/2",
+                                 "redis://h:6379/%201", "rediss://h/x",
+                                 "redis+cluster://h:7000/x", "redis://h/1;redis://h/one"])
+def test_a_database_that_is_not_a_number_is_refused(url):
+    """redis-py reads ``/db1`` as database 0 and ``/1/2`` as 12: a producer and a carrier
+    with one typo between them served two stores, and jobs waited for good."""
+    with pytest.raises(ConfigurationError, match="give its number") as refused:
+        DelayQConfig.from_app(make_app(celery={"broker": "amqp://"}, delayq_redis_url=url))
+    assert "delayq_redis_url" in str(refused.value)
+
+
+@pytest.mark.parametrize("url", ["redis://h:6379", "redis://h:6379/", "redis://h/15",
+                                 "unix:///run/redis.sock?db=2", "redis+cluster://h:7000"])
+def test_a_database_given_as_a_number_or_not_at_all_is_read(url):
+    assert DelayQConfig.from_app(make_app(celery={"broker": "amqp://"},
+                                          delayq_redis_url=url)).redis_url
 
 
 def test_every_setting_is_documented_once():
