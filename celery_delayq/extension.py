@@ -26,7 +26,7 @@ from .envelope import (
     routes_depend_on_arguments,
     template,
 )
-from .errors import InvalidOption, JobExists
+from .errors import ConfigurationError, InvalidOption, JobExists, StoreUnavailable
 from .holding import Holding
 from .job import Job
 from .publishing import Publishing, Sent
@@ -79,8 +79,8 @@ class DelayQ(Holding):
                 setattr(app, _ATTR, existing)
                 existing._route_send_task()
                 journal.connect(cls.lookup)
-                signals.worker_ready.connect(_warn_if_password_shown, weak=False,
-                                             dispatch_uid=_warn_if_password_shown.__qualname__)
+                signals.worker_ready.connect(_check_at_worker_start, weak=False,
+                                             dispatch_uid=_check_at_worker_start.__qualname__)
                 revoke.install(existing)
                 from . import http  # imports this module: here, not at the top
 
@@ -423,9 +423,30 @@ class DelayQ(Holding):
         return self.reschedule(job_id, delay=0, key=key) is not None
 
 
-def _warn_if_password_shown(sender: Any = None, **_: Any) -> None:
-    """``worker_ready``: a worker of an app with a DelayQ whose store URL holds a password
-    says so, as the carrier does: it answers ``celery inspect conf`` to any broker client."""
+def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
+    """``worker_ready``: a worker of an app with a DelayQ says at its start what the carrier
+    says at its own: a password in ``delayq_redis_url`` (the worker answers ``celery inspect
+    conf`` to any broker client), and settings the store refuses, which would fail its
+    tasks' retries (Celery drops a retry it cannot send) and delayed calls. The store is
+    read in a thread of its own: a Redis that is away does not hold the worker's start."""
     app = getattr(sender, "app", None)
-    if app is not None and DelayQ.lookup(app) is not None and password_shown(app):
+    delayq = DelayQ.lookup(app) if app is not None else None
+    if delayq is None:
+        return
+    if password_shown(app):
         logger.warning(PASSWORD_SHOWN)
+    threading.Thread(target=_check_store, args=(delayq,), name="delayq-start-check",
+                     daemon=True).start()
+
+
+def _check_store(delayq: DelayQ) -> None:
+    """Read the settings and the store's record as a first call would; log what fails."""
+    try:
+        delayq.store.client  # noqa: B018 (connects, and checks the store's shard count)
+    except ConfigurationError as exc:
+        logger.error("this worker cannot use the delay store: %s. Its tasks' retries and "
+                     "delayed calls will fail (Celery drops a retry it cannot send): fix "
+                     "the setting and restart the worker", exc)
+    except StoreUnavailable as exc:
+        logger.warning("the delay store cannot be reached at this worker's start (its "
+                       "delayed calls and retries fail until it can): %s", exc)
