@@ -110,6 +110,8 @@ def _json_shown(text: str) -> str:
 @click.pass_context
 def cancel(ctx: click.Context, job_id: str | None, key: str | None) -> None:
     """Cancel JOB_ID, or every pending job of --key KEY (their results REVOKED)."""
+    if key == "" and not job_id:
+        raise click.UsageError("--key is empty: give the business key whose jobs to cancel")
     try:
         if job_id:
             outcome = delayq_of(ctx).cancel_outcome(job_id, key=key, by=cli_user())

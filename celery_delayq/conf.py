@@ -124,6 +124,9 @@ class DelayQConfig:
         for name in ("shards", "max_payload_bytes", "max_id_length"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"delayq_{name} must be at least 1")
+        if self.journal_maxlen < 0:
+            raise ConfigurationError("delayq_journal_maxlen must be 0 (no journal) or more; "
+                                     f"got {self.journal_maxlen}")
         if self.shards > MAX_SHARDS:
             raise ConfigurationError(
                 f"delayq_shards must be at most {MAX_SHARDS:,} (each shard costs every carrier "
@@ -250,11 +253,22 @@ def _masked(value: Any) -> Any:
     return value
 
 
+#: What a switch (a bool setting) may be given as: a word read from an environment variable
+#: or a command line, or a bool (or 1 / 0). Anything else is a typo, not False.
+_SWITCH: dict[Any, bool] = {
+    **dict.fromkeys(("1", "true", "yes", "on", True), True),
+    **dict.fromkeys(("0", "false", "no", "off", False), False)}
+
+
 def _coerce(setting: Setting, raw: Any) -> Any:
     if raw is None:
         return None
-    if setting.type is bool and isinstance(raw, str):
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if setting.type is bool:
+        word = raw.strip().lower() if isinstance(raw, str) else raw
+        if isinstance(word, (str, int)) and word in _SWITCH:  # (1 == True, 0 == False)
+            return _SWITCH[word]
+        raise ConfigurationError(f"delayq_{setting.name} must be true or false (or yes / no, "
+                                 f"on / off, 1 / 0), got {raw!r}")
     if setting.type is int and (isinstance(raw, bool) or (
             isinstance(raw, float) and not raw.is_integer())):
         raise ConfigurationError(f"delayq_{setting.name} must be a whole number, got {raw!r}")

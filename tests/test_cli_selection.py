@@ -57,3 +57,11 @@ def test_carrier_help_shows_each_default_once_without_doubled_brackets(proj):
     text = " ".join(invoke(proj, "carrier", "--help").output.split())
     assert "(app.conf." not in text
     assert "app.conf.delayq_claim_batch (built in: 500)" in text
+
+
+def test_cancel_of_an_empty_key_says_the_key_is_empty_and_cancels_nothing(proj, delayq):
+    proj.record.apply_delayed(args=(1,), delay=600, key="order:1")
+    cancelled = invoke(proj, "cancel", "--key", "")
+    assert cancelled.exit_code == 2
+    assert "--key is empty: give the business key whose jobs to cancel" in cancelled.output
+    assert len(delayq.pending()) == 1

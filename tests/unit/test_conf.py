@@ -49,7 +49,13 @@ def test_non_redis_broker_without_store_url_says_how_to_fix():
                                                 # -1 retried forever, and redis-py's resend
                                                 # window (that many tries) fell to 0
                                                 ("redis_retries", -1),
-                                                ("redis_retries", 1000)])
+                                                ("redis_retries", 1000),
+                                                # read as 0, the journal off
+                                                ("journal_maxlen", -1),
+                                                # a typo read as False, 2 as True
+                                                ("worker_events", "enabled"),
+                                                ("worker_events", 2),
+                                                ("worker_events", ["on"])])
 def test_invalid_setting_is_refused(setting, value):
     app = make_app(celery={"broker": "redis://h"}, **{f"delayq_{setting}": value})
     with pytest.raises(ConfigurationError, match=f"delayq_{setting}"):
@@ -72,6 +78,16 @@ def test_a_database_that_is_not_a_number_is_refused(url):
 def test_a_database_given_as_a_number_or_not_at_all_is_read(url):
     assert DelayQConfig.from_app(make_app(celery={"broker": "amqp://"},
                                           delayq_redis_url=url)).redis_url
+
+
+@pytest.mark.parametrize(("given", "read"), [("true", True), ("Yes", True), (" on ", True),
+                                            ("1", True), (1, True), (True, True),
+                                            ("false", False), ("No", False), ("off", False),
+                                            ("0", False), (0, False), (False, False)])
+def test_a_switch_is_read_from_the_words_environments_use(given, read):
+    config = DelayQConfig.from_app(make_app(celery={"broker": "redis://h"},
+                                            delayq_worker_events=given))
+    assert config.worker_events is read
 
 
 def test_every_setting_is_documented_once():
