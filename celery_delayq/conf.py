@@ -130,7 +130,8 @@ class DelayQConfig:
         if self.shards > MAX_SHARDS:
             raise ConfigurationError(
                 f"delayq_shards must be at most {MAX_SHARDS:,} (each shard costs every carrier "
-                f"a call per round; 8 serve ~100,000 jobs/s); got {self.shards:,}")
+                f"a claim call per round, and the store keeps the first count); got "
+                f"{self.shards:,}")
         if not 0 <= self.redis_retries <= MAX_REDIS_RETRIES:
             raise ConfigurationError(
                 f"delayq_redis_retries must be between 0 and {MAX_REDIS_RETRIES} (each waits "
