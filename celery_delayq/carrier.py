@@ -234,12 +234,7 @@ class Carrier:
         started = time.monotonic()
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
-            try:
-                claims, claimed_at = ahead.result(), ahead.sent_at
-            except (DelayQError, redis.RedisError):
-                self._keep_unacked(ahead.acks)  # not known to be taken
-                raise
-            self._keep_failed_acks(ahead.acks, ahead.failed_acks)
+            claims, claimed_at = self._ahead_result(ahead), ahead.sent_at
         else:
             claims = self.store.claim(self._shards, self.batch, self.lease_ms,
                                       self.router.routes, self.lead_ms)
@@ -274,6 +269,17 @@ class Carrier:
             self._keep_unacked(unacked)
             raise
         self._keep_failed_acks(unacked, failed)
+
+    def _ahead_result(self, ahead: ClaimAhead) -> list[ShardClaim]:
+        """The claims of ``ahead``; the acks sent with it that Redis did not take are kept
+        for the next round (all of them when its reply failed: not known to be taken)."""
+        try:
+            claims = ahead.result()
+        except (DelayQError, redis.RedisError):
+            self._keep_unacked(ahead.acks)
+            raise
+        self._keep_failed_acks(ahead.acks, ahead.failed_acks)
+        return claims
 
     def _keep_failed_acks(self, acks: dict[ShardKeys, list[Promoted]],
                           failed: dict[ShardKeys, DelayQError]) -> None:
@@ -346,11 +352,8 @@ class Carrier:
         ahead, self._ahead = self._ahead, None
         claims: list[ShardClaim] = []
         if ahead is not None:
-            try:
-                claims = ahead.result()  # acks what was sent with it, too
-                self._keep_failed_acks(ahead.acks, ahead.failed_acks)
-            except (DelayQError, redis.RedisError):
-                self._keep_unacked(ahead.acks)
+            with contextlib.suppress(DelayQError, redis.RedisError):
+                claims = self._ahead_result(ahead)
         with contextlib.suppress(DelayQError, redis.RedisError):
             if claims:
                 self.store.release(claims)

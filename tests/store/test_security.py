@@ -26,6 +26,7 @@ from celery_delayq.carrier import Carrier
 from celery_delayq.keys import pack_id
 from celery_delayq.testing.redis_server import RedisServer, SentinelSet, free_port
 from tests.conftest import CLUSTER, ROOT, celery_cli, store_keys, wait_for
+from tests.ops.test_worker_start import WORKER
 
 
 def app_with_store(url: str, **conf) -> tuple[Celery, DelayedTask]:
@@ -220,8 +221,7 @@ def test_a_worker_whose_delayq_redis_url_holds_a_password_warns(spawn, monkeypat
     does: they warn too (a worker of a queue nothing is sent to; the store is not reached)."""
     password = secret()
     monkeypatch.setenv("DELAYQ_TEST_STORE_URL", f"redis://:{password}@127.0.0.1:{free_port()}/0")
-    worker = spawn("worker", "-Q", "nothing.sent", "-P", "solo", "--without-heartbeat",
-                   "--without-gossip", "--without-mingle", "-l", "INFO")
+    worker = spawn(*WORKER)
     wait_for(lambda: "ready." in worker.log.read_text(), timeout=30, what="the worker")
 
     said = worker.log.read_text()
