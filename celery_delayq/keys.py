@@ -38,7 +38,8 @@ members, fields, journal entries::
                            instead of a second run's (scripts/include/answer.lua)
     <prefix>:meta          HASH  store-wide facts (the shard count it was created with; its
                            format, store.base.FORMAT; an id, new when the store is made
-                           again: its Redis lost its data)
+                           again: its Redis lost its data; the task_default_queue of a
+                           job stored without its queue)
     <prefix>:export        HASH  shard -> id of the last journal entry exported (delayq export)
     <prefix>:carriers      ZSET  carrier id -> heartbeat deadline (ms), the live carriers
     <prefix>:wake          pub/sub channel: a shard number, when a new job became its head

@@ -1,7 +1,8 @@
 """The Celery project the tests run: in-process, and as ``celery -A tests.proj`` subprocesses.
 
 Its Redis comes from ``DELAYQ_TEST_REDIS_URL`` (set by ``tests/conftest.py``), the delay
-store's from ``DELAYQ_TEST_STORE_URL`` when the store runs on a cluster. Tasks
+store's from ``DELAYQ_TEST_STORE_URL`` when the store runs on a cluster, and its default
+queue from ``DELAYQ_TEST_DEFAULT_QUEUE`` when its CLI reads a store another app made. Tasks
 record each run in the Redis list ``test:runs`` so tests can count executions made by
 any process.
 """
@@ -31,7 +32,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
     worker_redirect_stdouts=False,  # pytest owns stdout; several embedded workers may run
-    task_default_queue="celery",
+    task_default_queue=os.environ.get("DELAYQ_TEST_DEFAULT_QUEUE", "celery"),
     # Short only where a test re-delivers an acks_late task of a killed worker.
     broker_transport_options={
         "visibility_timeout": float(os.environ.get("DELAYQ_TEST_VISIBILITY", 3600)),

@@ -1,7 +1,7 @@
 """What every part of :class:`~celery_delayq.store.Store` stands on: its Redis client, the
-store's record of itself (``meta``: its shard count and format, checked, and an id that
-changes only when the store is made again), the translation of Redis errors into ours, and
-the store's memory (read only)."""
+store's record of itself (``meta``: its shard count, format and default queue, checked,
+and an id that changes only when the store is made again), the translation of Redis
+errors into ours, and the store's memory (read only)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ _CLIENT_SHOWN = re.compile(r" : \S*<.*> - ", re.S)
 #: ``format``). A release that changes it raises it and says how to move a store on; a
 #: process refuses a store of a format it does not know, rather than misread its jobs.
 FORMAT = 1
-_META_FIELDS = ("shards", "format", "id")
+_META_FIELDS = ("shards", "format", "id", "queue")
 
 
 def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -95,16 +95,17 @@ class StoreBase:
         return client
 
     def _check_meta(self, client: redis.Redis | RedisCluster) -> dict[str, str | None]:
-        """Refuse a store of another shard count or format; ``meta``'s fields, those it
-        lacked written first (a new store, one of an older version, or one whose Redis
-        lost its data). A read while the record is whole; a full Redis that refuses the
-        write does not stop a start (a later write records them then)."""
+        """Refuse a store of another shard count, format or default queue; ``meta``'s
+        fields, those it lacked written first (a new store, one of an older version, or
+        one whose Redis lost its data). A read while the record is whole; a full Redis
+        that refuses the write does not stop a start (a later write records them then)."""
         fields = self._read_meta(client)
         self._same_meta(fields)
         if None in fields.values():
             try:
                 for name, value in (("shards", self.keys.shards), ("format", FORMAT),
-                                    ("id", os.urandom(8).hex())):
+                                    ("id", os.urandom(8).hex()),
+                                    ("queue", self.config.default_queue)):
                     if fields[name] is None:
                         client.hsetnx(self.keys.meta, name, value)
             except redis.ResponseError as exc:
@@ -121,9 +122,10 @@ class StoreBase:
 
     def _same_meta(self, fields: dict[str, str | None]) -> None:
         """Raise ConfigurationError unless ``meta`` records a format this version knows and
-        this app's shard count (or none)."""
+        this app's shard count and default queue (or none)."""
         self._known_format(fields["format"])
         self._same_shards(fields["shards"])
+        self._same_default_queue(fields["queue"])
 
     def _known_format(self, stored: str | None) -> None:
         if stored is None or count_of(stored) == FORMAT:
@@ -160,6 +162,22 @@ class StoreBase:
                 "The first process that finds the record missing (a new store, or one whose "
                 f"Redis lost its data) writes it: if {shards} is wrong, stop the processes "
                 f"configured with it, then HSET {meta} shards {self.keys.shards}")
+
+    def _same_default_queue(self, stored: str | None) -> None:
+        """Raise ConfigurationError unless ``meta`` records this app's ``task_default_queue``
+        (or none): a job sent to its producer's default queue is stored without its queue,
+        and a carrier publishes it to the default queue."""
+        if stored is None or stored == self.config.default_queue:
+            return
+        meta = self.keys.meta
+        raise ConfigurationError(
+            f"the store under prefix {self.keys.prefix!r} records "
+            f"task_default_queue={printable(stored)!r} ({meta} field 'queue'), this app says "
+            f"{self.config.default_queue!r}; a job sent to the default queue would reach the "
+            "other one. Give every producer, carrier and worker of the store the same "
+            "task_default_queue (CELERY_TASK_DEFAULT_QUEUE in Django settings), or this app "
+            "a new delayq_prefix. If the record is wrong, stop the processes configured with "
+            f"it, then HSET {meta} queue {self.config.default_queue}")
 
     def store_id(self) -> str | None:
         """The id ``meta`` holds, read with its shard count and format (which are checked,

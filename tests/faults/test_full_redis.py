@@ -203,7 +203,8 @@ def test_stats_health_and_a_new_carrier_start_on_a_full_store(full_server, redis
     delayq = DelayQ.of(app)
     ids = [work.apply_delayed(args=(n, PAD), delay=0.2).job_id for n in range(50)]
     fill_redis(redis.Redis(port=full_server.port))
-    env = dict(os.environ, DELAYQ_TEST_REDIS_URL=full_server.url, PYTHONPATH=ROOT)
+    env = dict(os.environ, DELAYQ_TEST_REDIS_URL=full_server.url, PYTHONPATH=ROOT,
+               DELAYQ_TEST_DEFAULT_QUEUE="full")
     for command, says in ((["stats"], "total pending: 50"), (["health"], "ok")):
         done = subprocess.run(celery_cli("delayq", *command), cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)

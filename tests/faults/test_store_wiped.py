@@ -178,6 +178,8 @@ REFUSED = {
                        rf"store format {FORMAT + 1} .*newer celery-delayq.*knows format "
                        rf"{FORMAT}: upgrade celery-delayq"),
     "a format unknown": ({"format": "x"}, r"'format' holds 'x'.*HSET delayq:meta format 1"),
+    "another default queue": ({"queue": "orders"},
+                              r"task_default_queue='orders'.*this app says 'celery'"),
 }
 
 

@@ -84,7 +84,8 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
             admin.hset(shard.jobs, bad, '{"t":"acl.noop"')
             admin.zadd(shard.due, {bad: 0})
         env = {"DELAYQ_TEST_REDIS_URL": redis_server.url,
-               "DELAYQ_TEST_STORE_URL": url.format(user="delayq-cli"), "PYTHONPATH": ROOT}
+               "DELAYQ_TEST_STORE_URL": url.format(user="delayq-cli"), "PYTHONPATH": ROOT,
+               "DELAYQ_TEST_DEFAULT_QUEUE": "acl-test"}
         outputs = {}
 
         def cli(*command: str) -> None:

@@ -113,6 +113,29 @@ def test_a_different_shard_count_on_existing_data_is_refused(proj, redis_client)
         delayq_with(4).pending()
 
 
+def test_a_producer_with_another_default_queue_is_refused_before_it_stores_a_job(
+        proj, redis_client):
+    """A job sent to its producer's default queue is stored without its queue, and the
+    carrier publishes such a job to the default queue: every process of a store must
+    agree on it, as on the shard count."""
+    from celery import Celery
+
+    def delayq_with(queue):
+        app = Celery("other", broker=proj.app.conf.broker_url, set_as_current=False)
+        app.conf.task_default_queue = queue
+        app.conf.delayq_redis_url = proj.app.conf.delayq_redis_url
+        app.conf.delayq_shards = proj.app.conf.delayq_shards
+        return DelayQ(app)
+
+    assert delayq_with(proj.app.conf.task_default_queue).pending() == []
+    orders = delayq_with("orders")
+    with pytest.raises(ConfigurationError, match=r"records task_default_queue='celery'.*"
+                                                 r"this app says 'orders'.*"
+                                                 r"CELERY_TASK_DEFAULT_QUEUE"):
+        orders.schedule("tests.proj.record", ("lost",), delay=60)
+    assert delayq_with("celery").pending() == []
+
+
 def test_naive_eta_on_apply_async_follows_celery_timezone_rules(proj, delayq):
     naive = datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0) + timedelta(hours=1)
     result = proj.record.apply_async(("x",), eta=naive)
