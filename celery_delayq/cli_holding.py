@@ -25,9 +25,12 @@ def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
     except DelayQError as exc:
         fail(exc)
     if task and not _registered(ctx, task):
-        click.secho(f"warning: no task {shown(task)} is registered in this app; paused "
-                    "anyway (a task of another app?). If the name is wrong, run `delayq "
-                    "resume` with it and pause the right one", fg="yellow", err=True)
+        _warn(f"no task {shown(task)} is registered in this app; paused anyway (a task of "
+              "another app?). If the name is wrong, run `delayq resume` with it and pause "
+              "the right one")
+    elif queue:
+        _warn_if_undeclared(ctx, queue, "paused", "run `delayq resume` with it and pause the "
+                                                  "right one")
     click.echo(f"paused {_named(task, queue)}: its due jobs are held, pending, until you "
                "run `delayq resume` with the same option")
 
@@ -37,6 +40,30 @@ def _registered(ctx: click.Context, task: str) -> bool:
     app = ctx.obj.app
     app.loader.import_default_modules()
     return task in app.tasks
+
+
+def _warn_if_undeclared(ctx: click.Context, queue: str, done: str, undo: str) -> None:
+    """Warn that ``queue`` was ``done`` (paused, limited) though the app does not know it:
+    a typo holds nothing while the operator believes it held."""
+    if not _declared(ctx, queue):
+        _warn(f"no queue {shown(queue)} is declared or routed to in this app "
+              f"(task_default_queue, task_queues, task_routes); {done} anyway (a queue named "
+              f"only in calls?). If the name is wrong, {undo}")
+
+
+def _declared(ctx: click.Context, queue: str) -> bool:
+    """Whether the app declares ``queue`` (its default queue, ``task_queues``) or a plain
+    ``task_routes`` entry routes to it; a queue named only in calls is not known here."""
+    app = ctx.obj.app
+    routes = app.conf.task_routes
+    routers = routes if isinstance(routes, list | tuple) else [routes]
+    routed = [route.get("queue") if isinstance(route, dict) else route
+              for router in routers if isinstance(router, dict) for route in router.values()]
+    return queue in app.amqp.queues or any(getattr(q, "name", q) == queue for q in routed)
+
+
+def _warn(message: str) -> None:
+    click.secho(f"warning: {message}", fg="yellow", err=True)
 
 
 def _named(task: str | None, queue: str | None) -> str:
@@ -106,15 +133,10 @@ def _pauses(found: dict[str, list[str]]) -> list[str]:
 def rate_limit(ctx: click.Context, queue: str | None, rate: str | None) -> None:
     """Limit how fast QUEUE's due jobs are promoted (RATE: 200/s, 30/m, 1000/h, or off);
     without RATE show its limit, without QUEUE list every limit."""
+    if queue is None or rate is None:
+        _show_rate_limits(ctx, queue)
+        return
     try:
-        if queue is None or rate is None:
-            limits = delayq_of(ctx).rate_limits()
-            for name, value in limits.items():
-                if queue in (None, name):
-                    click.echo(f"{shown(name)}: {shown(value)}")
-            if not limits or (queue is not None and queue not in limits):
-                click.echo("no rate limit" if queue else "no rate limits")
-            return
         released = delayq_of(ctx).set_rate_limit(queue, None if rate == "off" else rate,
                                                by=cli_user())
     except InvalidOption as exc:
@@ -123,6 +145,20 @@ def rate_limit(ctx: click.Context, queue: str | None, rate: str | None) -> None:
         fail(exc)
     if rate == "off":
         click.echo(f"{queue}: no rate limit; {counted(released, 'held job')} due again")
-    else:
-        click.echo(f"{queue}: at most {rate} promoted, shared by every carrier")
+        return
+    _warn_if_undeclared(ctx, queue, "limited", f"run `delayq rate-limit {shown(queue)} off` "
+                                               "and limit the right one")
+    click.echo(f"{queue}: at most {rate} promoted, shared by every carrier")
 
+
+def _show_rate_limits(ctx: click.Context, queue: str | None) -> None:
+    """Print the rate limit of ``queue``, or every limit."""
+    try:
+        limits = delayq_of(ctx).rate_limits()
+    except DelayQError as exc:
+        fail(exc)
+    for name, value in limits.items():
+        if queue in (None, name):
+            click.echo(f"{shown(name)}: {shown(value)}")
+    if not limits or (queue is not None and queue not in limits):
+        click.echo("no rate limit" if queue else "no rate limits")

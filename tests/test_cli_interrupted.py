@@ -171,3 +171,23 @@ def test_pause_of_a_task_the_app_does_not_register_warns_and_pauses_it(proj, del
     assert "warning: no task tests.proj.recrod is registered in this app" in done.output
     assert delayq.paused()["tasks"] == ["tests.proj.recrod"]
     assert "warning" not in invoke(proj, "pause", "--task", proj.record.name).output
+
+
+def test_pause_or_rate_limit_of_a_queue_the_app_does_not_declare_warns_and_holds_it(
+        proj, delayq, monkeypatch):
+    """A typo (``order`` for ``orders``) would hold nothing while the operator believes the
+    queue held; a queue the app declares or routes to is taken without a word."""
+    monkeypatch.setitem(proj.app.conf, "task_routes", {"shop.refund": {"queue": "refunds"}})
+    done = invoke(proj, "pause", "--queue", "refund")
+    assert done.exit_code == 0
+    assert "warning: no queue refund is declared or routed to in this app" in done.output
+    assert delayq.paused()["queues"] == ["refund"]
+    done = invoke(proj, "rate-limit", "refund", "10/s")
+    assert done.exit_code == 0 and "rate-limit refund off" in done.output
+    assert delayq.rate_limits() == {"refund": "10/s"}
+    for known in ("refunds", proj.app.conf.task_default_queue):
+        assert "warning" not in invoke(proj, "pause", "--queue", known).output
+        assert "warning" not in invoke(proj, "rate-limit", known, "10/s").output
+    for queue in ("refund", "refunds", proj.app.conf.task_default_queue):
+        delayq.resume(queue=queue)
+        delayq.set_rate_limit(queue, None)
