@@ -1,4 +1,5 @@
-"""URLs printed without secrets; TLS and Sentinel options read as kombu reads them."""
+"""URLs printed without secrets; TLS and Sentinel options read as kombu reads them; script
+calls sent as the bytes redis-py packs."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import pytest
 from celery import Celery
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from redis.connection import parse_url
+from redis.connection import Connection, parse_url
 
 from celery_delayq.conf import DelayQConfig
-from celery_delayq.connection import holds_password, redact, sentinel_nodes, ssl_options
+from celery_delayq.connection import (
+    holds_password,
+    packed,
+    redact,
+    sentinel_nodes,
+    ssl_options,
+)
 from celery_delayq.errors import ConfigurationError
 from tests.conftest import examples
 
@@ -166,3 +173,16 @@ def test_a_password_under_a_percent_encoded_query_name_is_found_and_never_printe
     assert parse_url(url)["password"] == "s3cret"
     assert holds_password(url)
     assert redact(url) == f"redis://h:6379/0?{name}=***"
+
+
+@settings(max_examples=examples(400))
+@given(st.lists(st.one_of(st.text(), st.binary(), st.integers(), st.floats(allow_nan=False),
+                          st.sampled_from(["\udcff", "id-\udc80", 1e16, -0.0, 2**64])),
+                min_size=1, max_size=30))
+def test_a_script_call_is_sent_as_the_bytes_redis_py_packs(args):
+    """The store's client packs its script calls with hiredis in one C call: the same bytes
+    redis-py's own packing sends, surrogate-escaped ids (read back from bytes) included."""
+    connection = Connection(encoding_errors="surrogateescape")
+    command = ("EVALSHA", "0" * 40, 0, *args)
+    assert b"".join(packed(connection, command)) == b"".join(
+        connection.pack_command(*command))
