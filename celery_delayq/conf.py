@@ -8,6 +8,7 @@ This is the only module that reads ``app.conf``. Django projects using Celery's
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
@@ -94,6 +95,17 @@ class DelayQConfig:
 
     @classmethod
     def from_app(cls, app) -> DelayQConfig:
+        """The app's settings, checked: :class:`ConfigurationError` names a refused one as
+        the app's settings write it (``CELERY_DELAYQ_SHARDS`` in a Django project)."""
+        try:
+            return cls._read(app)
+        except ConfigurationError as exc:
+            if not app.namespace:
+                raise
+            raise ConfigurationError(_as_written(str(exc), app.namespace)) from None
+
+    @classmethod
+    def _read(cls, app) -> DelayQConfig:
         conf = app.conf
         values: dict[str, Any] = {}
         for setting in SETTINGS:
@@ -176,6 +188,17 @@ class DelayQConfig:
 PASSWORD_SHOWN = ("delayq_redis_url holds a password, which `celery report` and `celery inspect "
                   "conf` print as it is: set delayq_redis_password "
                   "(CELERY_DELAYQ_REDIS_PASSWORD in Django settings) instead")
+
+
+def _as_written(message: str, namespace: str) -> str:
+    """``message`` with each ``delayq_*`` setting it names also named as an app that reads
+    its settings with ``namespace`` writes it (Django's ``CELERY_``), once."""
+    names = dict.fromkeys(re.findall(r"\bdelayq_[a-z_]*[a-z]", message))
+    missing = [written for written in (f"{namespace}_{name}".upper() for name in names)
+               if written not in message]
+    if not missing:
+        return message
+    return f"{message} ({', '.join(missing)} in this app's settings)"
 
 
 def password_shown(app) -> bool:

@@ -62,6 +62,27 @@ def test_invalid_setting_is_refused(setting, value):
         DelayQConfig.from_app(app)
 
 
+@pytest.mark.parametrize(("setting", "value", "written"), [
+    ("shards", 80_000, "CELERY_DELAYQ_SHARDS"),
+    ("worker_events", "enabled", "CELERY_DELAYQ_WORKER_EVENTS"),
+    ("handoff_lead", -1, "CELERY_DELAYQ_HANDOFF_LEAD")])
+def test_a_refused_setting_of_a_django_project_is_named_as_its_settings_write_it(
+        setting, value, written):
+    """Django projects read Celery's settings with ``namespace="CELERY"``: the error names
+    the setting as settings.py holds it, beside the name Celery's docs use."""
+    settings = type("settings", (), {"CELERY_BROKER_URL": "redis://h",
+                                     f"CELERY_DELAYQ_{setting.upper()}": value})
+    app = Celery("django", set_as_current=False)
+    app.config_from_object(settings, namespace="CELERY")
+    with pytest.raises(ConfigurationError, match=rf"delayq_{setting}\b.*{written} in this "
+                                                 "app's settings"):
+        DelayQConfig.from_app(app)
+    plain = make_app(celery={"broker": "redis://h"}, **{f"delayq_{setting}": value})
+    with pytest.raises(ConfigurationError) as refused:
+        DelayQConfig.from_app(plain)
+    assert "CELERY_DELAYQ" not in str(refused.value)
+
+
 @pytest.mark.parametrize("url", ["redis://h:6379/db1", "redis://h:6379/1/2",
                                  "redis://h:6379/%201", "rediss://h/x",
                                  "redis+cluster://h:7000/x", "redis://h/1;redis://h/one"])
