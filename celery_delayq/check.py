@@ -98,23 +98,28 @@ class _ShardCheck:
         before = self.client.hlen(shard.jobs)
         counts = self.client.hgetall(shard.counts)
         for chunk in chunks(self.client.hscan_iter(shard.jobs, count=_CHUNK), _CHUNK):
-            ids = [name.removeprefix(KEPT) for name, _ in chunk]
+            names = [name for name, _ in chunk]
+            kept = [name.removeprefix(KEPT) for name in names if name.startswith(KEPT)]
             pipe = self.client.pipeline(transaction=False)
-            pipe.zmscore(shard.due, ids)
-            pipe.zmscore(shard.inflight, ids)
-            due, inflight = pipe.execute()
+            pipe.zmscore(shard.due, names)
+            pipe.zmscore(shard.inflight, names)
+            if kept:
+                pipe.zmscore(shard.inflight, kept)  # the leases kept envelopes go with
+            due, inflight, *leases = pipe.execute()
+            leased = dict(zip(kept, leases[0], strict=True)) if kept else {}
             orphaned, loose = [], []
-            for (name, envelope), stored, in_due, in_flight in zip(chunk, ids, due, inflight,
-                                                                  strict=True):
-                if name.startswith(KEPT):  # not a job: an envelope kept for its lease
-                    if in_flight is None:
-                        loose.append(stored)
+            for (name, envelope), in_due, in_flight in zip(chunk, due, inflight, strict=True):
+                # an envelope kept for its lease, not a job (unless a job's own id, stored
+                # before ids held no control character, begins as one: then it is on a set)
+                if name.startswith(KEPT) and in_due is None and in_flight is None:
+                    if leased[name.removeprefix(KEPT)] is None:
+                        loose.append(name.removeprefix(KEPT))
                     continue
                 task = first_line(envelope).get("t")
                 tasks[task if isinstance(task, str) else ""] += 1
                 self.report.jobs += 1
                 if in_due is None and in_flight is None:
-                    orphaned.append(stored)
+                    orphaned.append(name)
                 self.report.in_both += in_due is not None and in_flight is not None
             fields += len(chunk)
             self._found("orphaned", orphaned, [("orphan", s, _ORPHANED) for s in orphaned])

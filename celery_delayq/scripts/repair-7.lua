@@ -13,7 +13,8 @@ ARGV[1] journal maxlen (0: no journal)
 ARGV[2] what to repair:
         "due" / "inflight"  a member (job id) without an envelope: removed (an in-flight
                             one with its kept field)
-        "kept"              a kept field of a job id (ARGV[3]) without a lease: removed
+        "kept"              a kept field of a job id (ARGV[3]) without a lease, and not
+                            itself a job's id on due or inflight: removed
         "bykey"             a member "<key>\0<job id>" whose job is gone or has another key:
                             removed
         "orphan"            an envelope (job id) in neither due nor inflight: dead-lettered
@@ -47,8 +48,9 @@ if what == 'due' or what == 'inflight' then
   redis.call('HDEL', KEYS[3], kept(value))
   return redis.call('ZREM', KEYS[2], value)
 end
-if what == 'kept' then
-  if redis.call('ZSCORE', KEYS[2], value) then return 0 end
+if what == 'kept' then  -- (a field on a set is a job whose own id begins as kept ids do)
+  if redis.call('ZSCORE', KEYS[2], value) or member(1, kept(value)) + member(2, kept(value)) > 0
+  then return 0 end
   if looking then return redis.call('HEXISTS', KEYS[3], kept(value)) end
   return redis.call('HDEL', KEYS[3], kept(value))
 end

@@ -151,6 +151,25 @@ def test_check_counts_a_job_whose_first_line_nests_too_deep_without_failing(proj
     assert sum(sum(r.found.values()) for r in reports) == 0
 
 
+def test_a_pending_job_whose_id_begins_as_a_kept_envelope_does_is_a_job_not_damage(
+        proj, delayq):
+    """Ids hold no control character now, but a job stored before that rule (or by hand)
+    may begin with KEPT: it is on the due set, so it is a job, and a repair leaves it."""
+    store = delayq.store
+    legacy = KEPT + "legacy-7"
+    shard = store.keys.shard_for(legacy)
+    store.client.hset(shard.jobs, legacy, '{"t":"tests.proj.record"}\n["old"]\n')
+    store.client.zadd(shard.due, {legacy: 9_999_999_999_999})
+    store.client.hincrby(shard.counts, proj.record.name, 1)
+
+    for repair in (False, True):
+        reports = check(store, repair=repair)
+        assert sum(sum(r.found.values()) for r in reports) == 0, [r.found for r in reports]
+        assert sum(r.jobs for r in reports) == 1
+    assert store.client.hget(shard.jobs, legacy) is not None
+    assert store.client.zscore(shard.due, legacy) is not None
+
+
 def test_a_check_of_a_store_in_use_reports_no_damage(proj, delayq):
     """Jobs scheduled, claimed, acked and cancelled while it scans: what changed under it
     is looked at again before it is reported (a live cluster's checks all reported dangling
