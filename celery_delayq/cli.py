@@ -200,7 +200,7 @@ def _held(rows: list[dict]) -> str:
               help="Folder of date=YYYY-MM-DD/ partitions (created if missing).")
 @click.option("--since", default=None,
               help="Start at this time (ISO-8601 or epoch ms) instead of where the last "
-                   "export stopped.")
+                   "export stopped, which stays as it was for the next export without it.")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet",
               show_default=True, help="Parquet needs pyarrow (the spark extra).")
 @click.pass_context
@@ -208,17 +208,19 @@ def export(ctx: click.Context, to: str, since: str | None, fmt: str) -> None:
     """Drain the journal streams into date-partitioned files; resumes where it stopped."""
     from .export import export_journal
 
+    def trimmed(shard: int) -> None:  # said at once: the run may fail past the gap
+        click.secho(f"warning: shard {shard}'s journal was trimmed past the last entry "
+                    "exported; some events are missing. Export more often or raise "
+                    "delayq_journal_maxlen.", fg="yellow", err=True)
+
     try:
-        result = export_journal(delayq_of(ctx).store, to, since=since, fmt=fmt)
+        result = export_journal(delayq_of(ctx).store, to, since=since, fmt=fmt,
+                                on_trimmed=trimmed)
     except DelayQError as exc:
         fail(exc)
     except OSError as exc:  # what is written is kept, its position saved: run it again
         fail(DelayQError(f"cannot write the export under {to}: {exc.strerror or exc}; what "
                          "was written before is kept and not exported again"))
-    for shard in result.trimmed:
-        click.secho(f"warning: shard {shard}'s journal was trimmed past the last entry "
-                    "exported; some events are missing. Export more often or raise "
-                    "delayq_journal_maxlen.", fg="yellow", err=True)
     click.echo(f"exported {result.events} events in {len(result.files)} files to {to}")
     for shard, why in result.damaged.items():
         click.secho(f"error: shard {shard}'s journal cannot be read, nothing of it exported: "

@@ -27,7 +27,7 @@ import logging
 import os
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timezone
 from pathlib import Path
@@ -80,12 +80,17 @@ class ExportResult:
 
 
 def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = None,
-                   fmt: str = "parquet", batch: int = 10_000) -> ExportResult:
+                   fmt: str = "parquet", batch: int = 10_000,
+                   on_trimmed: Callable[[int], object] | None = None) -> ExportResult:
     """Write every journal entry not yet exported (or since ``since``) under ``to``.
 
+    ``on_trimmed`` is told a shard's number as soon as its journal is found trimmed past
+    the entry exported last (:attr:`ExportResult.trimmed`): the export moves past the
+    gap, so a later failure of the run must not take the only word of it with it.
+
     ``since`` (ISO-8601 time, or epoch milliseconds; before the epoch: from the start)
-    starts from that time instead of the remembered position; the position is remembered
-    afterwards either way.
+    starts from that time instead of the remembered position, which it leaves as it was:
+    the next export without it goes on from there, skipping nothing.
     """
     if fmt not in FORMATS:
         raise InvalidOption(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
@@ -126,13 +131,16 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
                     elif (shard.shard not in result.trimmed
                           and store.journal_lost_after(shard, after) is not None):
                         result.trimmed.append(shard.shard)
+                        if on_trimmed is not None:
+                            on_trimmed(shard.shard)
                 if not entries:
                     break
                 result.files += _write(root, shard.shard, entries, fmt, skipped)
                 result.events += len(entries)
                 result.per_shard[shard.shard] += len(entries)
                 last_id = entries[-1][0]
-                store.save_export_position(shard, last_id)
+                if start is None:
+                    store.save_export_position(shard, last_id)
                 if last_id == end_id:
                     break
                 lower = after = last_id

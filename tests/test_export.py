@@ -98,6 +98,24 @@ def test_since_exports_again_from_that_time(delayq, redis_client, tmp_path):
     assert again.events == 1
 
 
+def test_a_since_export_leaves_the_regular_export_where_it_stopped(delayq, tmp_path):
+    """``--since`` is a look at the journal from a time: had it moved the stored position,
+    the next regular export would skip what lay between its position and that time."""
+    journal = delayq.store.keys.shard(0).journal
+    for n, at in enumerate(["2030-01-01T10:00:00", "2030-01-02T10:00:00",
+                            "2030-01-03T10:00:00"]):
+        if n == 1:
+            export_journal(delayq.store, tmp_path / "regular", fmt="jsonl")
+        delayq.store.client.xadd(journal, {"event": "scheduled", "job": f"j{n}"},
+                                 id=f"{_ms(at)}-0")
+
+    export_journal(delayq.store, tmp_path / "look", fmt="jsonl", since="2030-01-03")
+    export_journal(delayq.store, tmp_path / "regular", fmt="jsonl")
+
+    assert [r["job"] for r in _jsonl(tmp_path / "look")] == ["j2"]
+    assert [r["job"] for r in _jsonl(tmp_path / "regular")] == ["j0", "j1", "j2"]
+
+
 def test_export_reports_a_journal_trimmed_past_the_last_export(delayq, redis_client,
                                                                tmp_path):
     journal = delayq.store.keys.shard(1).journal
@@ -111,6 +129,32 @@ def test_export_reports_a_journal_trimmed_past_the_last_export(delayq, redis_cli
 
     assert result.trimmed == [1]
     assert [r["job"] for r in _jsonl(tmp_path)] == ["a", "kept"]
+
+
+def test_a_trimmed_journal_is_reported_though_a_later_shard_fails_the_export(
+        delayq, spawn, tmp_path):
+    """The export moves past a trimmed shard's gap; a later shard's failure (a full disk,
+    a file in the way) must not take the only warning of it with it: a rerun cannot see
+    the gap any more."""
+    store = delayq.store
+    trimmed, failing = store.keys.shard(1), store.keys.shard(2)
+    for shard in (trimmed, failing):
+        store.client.xadd(shard.journal, {"event": "scheduled", "job": "a"},
+                          id=f"{_ms('2030-01-01T10:00:00')}-0")
+    out = tmp_path / "events"
+    export_journal(store, out, fmt="jsonl")
+    for job in ("lost", "kept"):
+        store.client.xadd(trimmed.journal, {"event": "scheduled", "job": job})
+    store.client.xtrim(trimmed.journal, maxlen=1, approximate=False)
+    store.client.xadd(failing.journal, {"event": "scheduled", "job": "b"},
+                      id=f"{_ms('2030-01-03T10:00:00')}-0")
+    (out / "date=2030-01-03").write_text("in the way")  # the partition cannot be made
+
+    process = spawn("delayq", "export", "--to", str(out), "--format", "jsonl")
+    said = finish(process, timeout=60)
+
+    assert process.returncode == 1 and "cannot write the export" in said, said
+    assert "shard 1's journal was trimmed past the last entry exported" in said, said
 
 
 def test_export_in_batches_of_one_writes_every_entry(delayq, redis_client, tmp_path):
@@ -130,16 +174,17 @@ def test_export_reports_a_journal_trimmed_between_two_of_its_batches(
     journal = delayq.store.keys.shard(0).journal
     before = [redis_client.xadd(journal, {"event": "scheduled", "job": f"j{n}"})
               for n in range(10)]
-    save = delayq.store.save_export_position
+    read = delayq.store.journal_entries
 
-    def save_while_producers_write(shard, entry_id):
-        save(shard, entry_id)
-        if entry_id == before[2]:  # the first batch is saved: 5 more, trimmed to 8
+    def read_while_producers_write(shard, *args):
+        entries = read(shard, *args)
+        if entries and entries[-1][0] == before[2]:  # the first batch: 5 more, trimmed to 8
             for n in range(5):
                 redis_client.xadd(journal, {"event": "scheduled", "job": f"k{n}"})
             redis_client.xtrim(journal, maxlen=8, approximate=False)
+        return entries
 
-    monkeypatch.setattr(delayq.store, "save_export_position", save_while_producers_write)
+    monkeypatch.setattr(delayq.store, "journal_entries", read_while_producers_write)
     result = export_journal(delayq.store, tmp_path, fmt="jsonl", batch=3, since=since)
 
     assert result.trimmed == [0]
