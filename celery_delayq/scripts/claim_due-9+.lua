@@ -140,7 +140,7 @@ end
 local IGNORED = {[true] = 'true', [false] = 'false', [cjson.null] = 'null'}
 local function route(line)
   local fields = first_line(line)
-  if not fields or type(fields['t']) ~= 'string' then return false end
+  if not fields or type(fields['t']) ~= 'string' or fields['t'] == '' then return false end
   local ignore = 'null'  -- the message's ignore_result: the call's own, else the task's
   for name, value in pairs(fields) do
     if name == 'o' and type(value) == 'table' then  -- options: ignore_result alone
@@ -160,7 +160,7 @@ local function route(line)
     fields = fields, index = queue.index, ignore = ignore,
     id = fields['i'] and cjson.encode(fields['i']),
     task = cjson.encode(fields['t']),
-    key = fields['y'] and (',"delayq_key":' .. cjson.encode(fields['y'])) or '',
+    key = (fields['y'] or '') ~= '' and (',"delayq_key":' .. cjson.encode(fields['y'])) or '',
     properties = ',"reply_to":"","delivery_mode":' .. queue.mode
       .. ',"delivery_info":{"exchange":"","routing_key":' .. cjson.encode(name)
       .. '},"priority":0,"delivery_tag":',
@@ -168,7 +168,8 @@ local function route(line)
 end
 
 -- True when text is valid UTF-8 (what Python decodes): every well-formed sequence of two
--- to four bytes removed, no byte of 128 or more is left.
+-- to four bytes replaced by an ASCII byte, no byte of 128 or more is left (removing them
+-- would join the bytes around one into a sequence: E0 A0 [C2 80] 80).
 local UTF8 = {
   '[\194-\223][\128-\191]', '\224[\160-\191][\128-\191]',
   '[\225-\236\238\239][\128-\191][\128-\191]', '\237[\128-\159][\128-\191]',
@@ -177,7 +178,7 @@ local UTF8 = {
 }
 local function utf8(text)
   if not string.find(text, '[\128-\255]') then return true end  -- ASCII, as producers write
-  for _, sequence in ipairs(UTF8) do text = string.gsub(text, sequence, '') end
+  for _, sequence in ipairs(UTF8) do text = string.gsub(text, sequence, '.') end
   return not string.find(text, '[\128-\255]')
 end
 
@@ -185,7 +186,8 @@ end
 -- such lines; the carrier decodes what this passes over and dead-letters what it must):
 -- not an array and an object, a NaN / Infinity token, digits past Python's 4,300 limit for
 -- an int, more brackets than delayq_max_nesting (maybe nested too deeply), a "__type__" key
--- (kombu's JSON object for a datetime, UUID ..., which may hold what kombu cannot decode).
+-- (kombu's JSON object for a datetime, UUID ..., which may hold what kombu cannot decode),
+-- a line break (a line past the envelope's three), text cjson cannot decode.
 local function decodable(args, kwargs)
   if args ~= '' and (string.byte(args, 1) ~= 91 or string.byte(args, -1) ~= 93) then
     return false  -- not [ ... ]
@@ -194,7 +196,8 @@ local function decodable(args, kwargs)
     return false  -- not { ... }
   end
   local text = args .. kwargs
-  if string.find(text, '[%[,:]%s*-?[NI]') or string.find(text, '"__type__"', 1, true) then
+  if string.find(text, '[%[,:]%s*-?[NI]') or string.find(text, '"__type__"', 1, true)
+     or string.find(text, '\n', 1, true) then
     return false
   end
   if #text > max_nesting and select(2, string.gsub(text, '[%[{]', '')) > max_nesting then
@@ -205,7 +208,8 @@ local function decodable(args, kwargs)
       if #digits > 4300 then return false end
     end
   end
-  return true
+  return (args == '' or pcall(cjson.decode, args))
+    and (kwargs == '' or pcall(cjson.decode, kwargs))
 end
 
 -- The route of a job open to direct promotion and its raw args and kwargs, else nil.

@@ -106,6 +106,46 @@ def test_direct_promotion_forgets_each_job_once_and_journals_it(
     assert journal_events(delayq).count("promoted") == 300
 
 
+#: Planted envelopes (hand-edited, damaged) a worker could not decode: never pushed, but
+#: claimed, so the carrier dead-letters them as it does any job of the kombu path.
+_FIRST = '{"t":"tests.proj.record","q":"%s"}' % PARKED
+UNDECODABLE = {
+    "unterminated string": f'{_FIRST}\n["a]\n'.encode(),
+    "trailing comma": f'{_FIRST}\n[1,]\n'.encode(),
+    "no comma": f'{_FIRST}\n[1 2]\n'.encode(),
+    "unquoted name": f'{_FIRST}\n[]\n{{a:1}}'.encode(),
+    "a fourth line": f'{_FIRST}\n[1]\n{{}}\n{{}}'.encode(),
+    "UTF-8 a deletion would join": f'{_FIRST}\n["'.encode() + b"\xe0\xa0\xc2\x80\x80"
+                                   + b'"]\n',
+    "an empty task name": f'{{"t":"","q":"{PARKED}"}}\n[1]\n'.encode(),
+}
+
+
+def test_a_planted_envelope_a_worker_could_not_decode_is_dead_lettered_not_pushed(
+        proj, app, delayq, redis_client):
+    shard = delayq.store.keys.shard(0)
+    for name, raw in UNDECODABLE.items():
+        redis_client.hset(shard.jobs, name, raw)
+        redis_client.zadd(shard.due, {name: 0})
+    proj.record.apply_delayed(args=("healthy",), eta=DUE, queue=PARKED)
+
+    promote_once(app, direct=True)
+
+    assert [comparable(m)[0]["body"][0] for m in parked(redis_client)] == [["healthy"]]
+    assert sorted(entry["job_id"] for entry in delayq.store.dead()) == sorted(UNDECODABLE)
+
+
+def test_an_empty_business_key_adds_no_key_header_as_kombu_adds_none(
+        proj, app, delayq, redis_client):
+    shard = delayq.store.keys.shard(0)
+    redis_client.hset(shard.jobs, "keyless", f'{{"t":"tests.proj.record","q":"{PARKED}",'
+                                             '"y":""}\n[1]\n')
+    redis_client.zadd(shard.due, {"keyless": 0})
+    promote_once(app, direct=True)
+    [message] = parked(redis_client)
+    assert "delayq_key" not in message["headers"]
+
+
 def test_jobs_with_options_still_go_through_kombu(proj, app, redis_client):
     callback = proj.record.si("after")
     proj.record.apply_delayed(args=("plain",), eta=DUE, queue=PARKED)
