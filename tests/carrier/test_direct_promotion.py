@@ -108,7 +108,7 @@ def test_direct_promotion_forgets_each_job_once_and_journals_it(
 
 #: Planted envelopes (hand-edited, damaged) a worker could not decode: never pushed, but
 #: claimed, so the carrier dead-letters them as it does any job of the kombu path.
-_FIRST = '{"t":"tests.proj.record","q":"%s"}' % PARKED
+_FIRST = json.dumps({"t": "tests.proj.record", "q": PARKED}, separators=(",", ":"))
 UNDECODABLE = {
     "unterminated string": f'{_FIRST}\n["a]\n'.encode(),
     "trailing comma": f'{_FIRST}\n[1,]\n'.encode(),
