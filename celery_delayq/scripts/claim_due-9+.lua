@@ -208,8 +208,7 @@ local function decodable(args, kwargs)
       if #digits > 4300 then return false end
     end
   end
-  return (args == '' or pcall(cjson.decode, args))
-    and (kwargs == '' or pcall(cjson.decode, kwargs))
+  return (args == '' or decoded(args) ~= nil) and (kwargs == '' or decoded(kwargs) ~= nil)
 end
 
 -- The route of a job open to direct promotion and its raw args and kwargs, else nil.

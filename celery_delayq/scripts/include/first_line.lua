@@ -1,9 +1,15 @@
+-- decoded(text): the value of a JSON text, or nil when cjson cannot decode it.
+local function decoded(text)
+  local ok, value = pcall(cjson.decode, text)
+  if ok then return value end
+  return nil
+end
 -- first_line(text): the fields of an envelope's first line (t task name, i task id,
 -- y business key, q queue, ...: see envelope.py), or nil when there is no text or that
 -- line is not a JSON object. Text without a newline is read as a first line itself.
 local function first_line(text)
-  local ok, fields = pcall(cjson.decode, string.match(text or '', '^[^\n]*'))
-  if ok and type(fields) == 'table' then return fields end
+  local fields = decoded(string.match(text or '', '^[^\n]*'))
+  if type(fields) == 'table' then return fields end
   return nil
 end
 -- text_field(fields, name): that field when it is text, else '' (in a damaged envelope it
