@@ -151,7 +151,7 @@ def test_check_counts_a_job_whose_first_line_nests_too_deep_without_failing(proj
     assert sum(sum(r.found.values()) for r in reports) == 0
 
 
-def test_a_pending_job_whose_id_begins_as_a_kept_envelope_does_is_a_job_not_damage(
+def test_a_pending_job_whose_id_begins_with_the_kept_prefix_is_a_job_not_damage(
         proj, delayq):
     """Ids hold no control character now, but a job stored before that rule (or by hand)
     may begin with KEPT: it is on the due set, so it is a job, and a repair leaves it."""
