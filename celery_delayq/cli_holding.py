@@ -18,6 +18,7 @@ from .reading import counted, shown
 @click.pass_context
 def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
     """Hold the due jobs of a task or a queue until `resume` (every carrier obeys it)."""
+    _one_of(task, queue)
     try:
         delayq_of(ctx).pause(task=task, queue=queue, by=cli_user())
     except InvalidOption as exc:
@@ -33,6 +34,13 @@ def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
                                                   "right one")
     click.echo(f"paused {_named(task, queue)}: its due jobs are held, pending, until you "
                "run `delayq resume` with the same option")
+
+
+def _one_of(task: str | None, queue: str | None) -> None:
+    """Refuse a pause or resume that names no task or queue, or both."""
+    if (task is None) == (queue is None):
+        raise click.UsageError("give exactly one of --task (a task name, e.g. "
+                               "shop.tasks.check_refund_status) or --queue (e.g. refunds)")
 
 
 def _registered(ctx: click.Context, task: str) -> bool:
@@ -82,6 +90,7 @@ _RESUME_RERUN = ("the pause is over; the held jobs not given back yet wait, and 
 @click.pass_context
 def resume(ctx: click.Context, task: str | None, queue: str | None) -> None:
     """End a pause: its held jobs are due again and promoted oldest first."""
+    _one_of(task, queue)
     count = counting("gave back")
     try:
         with ctrl_c_said(count, _RESUME_RERUN):

@@ -157,10 +157,12 @@ def test_pause_paused_health_stats_ls_and_resume_of_a_task(proj, delayq, spawn, 
     assert entries[0]["by"].startswith("cli")
 
 
-def test_pause_without_or_with_both_options_is_a_usage_error(spawn, redis_client):
-    for args in ((), ("--task", "t", "--queue", "q")):
-        code, output = run(spawn, "pause", *args)
-        assert code == 2 and "pass exactly one of task=" in output
+def test_pause_or_resume_without_or_with_both_options_is_a_usage_error_naming_them(
+        spawn, redis_client):
+    for command in ("pause", "resume"):
+        for args in ((), ("--task", "t", "--queue", "q")):
+            code, output = run(spawn, command, *args)
+            assert code == 2 and "give exactly one of --task" in output, output
 
 
 def test_rate_limit_sets_lists_and_removes_a_queue_limit(proj, delayq, spawn, redis_client):
