@@ -112,8 +112,8 @@ class _ShardCheck:
                 # an envelope kept for its lease, not a job (unless a job's own id, stored
                 # before ids held no control character, begins as one: then it is on a set)
                 if name.startswith(KEPT) and in_due is None and in_flight is None:
-                    if leased[name.removeprefix(KEPT)] is None:
-                        loose.append(name.removeprefix(KEPT))
+                    if leased[stored := name.removeprefix(KEPT)] is None:
+                        loose.append(stored)
                     continue
                 task = first_line(envelope).get("t")
                 tasks[task if isinstance(task, str) else ""] += 1

@@ -49,10 +49,11 @@ if what == 'due' or what == 'inflight' then
   return redis.call('ZREM', KEYS[2], value)
 end
 if what == 'kept' then  -- (a field on a set is a job whose own id begins as kept ids do)
-  if redis.call('ZSCORE', KEYS[2], value) or member(1, kept(value)) + member(2, kept(value)) > 0
-  then return 0 end
-  if looking then return redis.call('HEXISTS', KEYS[3], kept(value)) end
-  return redis.call('HDEL', KEYS[3], kept(value))
+  local field = kept(value)
+  if redis.call('ZSCORE', KEYS[2], value) or redis.call('ZSCORE', KEYS[1], field)
+     or redis.call('ZSCORE', KEYS[2], field) then return 0 end
+  if looking then return redis.call('HEXISTS', KEYS[3], field) end
+  return redis.call('HDEL', KEYS[3], field)
 end
 if what == 'bykey' then
   local cut = string.find(value, '\0', 1, true)

@@ -180,10 +180,10 @@ class StoreBase:
             f"it, then HSET {meta} queue {self.config.default_queue}")
 
     def store_id(self) -> str | None:
-        """The id ``meta`` holds, read with its shard count and format (which are checked,
-        as at the client's creation): one HMGET. A record missing any is written first, so
-        another id than the one read before means the store was made again. None while a
-        full Redis refuses that write."""
+        """The id ``meta`` holds, read with its shard count, format and default queue (which
+        are checked, as at the client's creation): one HMGET. A record missing any is
+        written first, so another id than the one read before means the store was made
+        again. None while a full Redis refuses that write."""
         with self.unavailable():
             return self._check_meta(self.client)["id"]
 
