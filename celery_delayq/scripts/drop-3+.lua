@@ -11,6 +11,8 @@ ARGV[3..] job ids
 
 Returns the number of dead letters dropped (an id that is not dead-lettered is skipped).
 A dead letter that cannot be read is dropped too, journaled with an empty task and key.
+Each is journaled with "from" = "dead": a live job may have its id meanwhile (scheduled
+again), and it is not the one cancelled.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -33,7 +35,7 @@ for i = 3, #ARGV do
     local fields = entry and first_line(text_field(entry, 'envelope'))
     redis.call('HDEL', KEYS[1], job_id)
     journal_batch(2, 'cancelled', 'job', job_id, 'task', text_field(fields, 't'),
-                  'key', text_field(fields, 'y'), 'by', ARGV[2])
+                  'key', text_field(fields, 'y'), 'by', ARGV[2], 'from', 'dead')
     dropped = dropped + 1
   end
 end

@@ -132,6 +132,31 @@ def test_a_dropped_dead_letter_shows_as_cancelled_by_whoever_dropped_it(shop_del
     assert (row.state, row.cancelled_by) == ("cancelled", "cli:ops: dropped dead letter")
 
 
+def test_dropping_a_dead_letter_leaves_the_row_of_a_live_job_with_its_id_pending(
+        shop_delayq, sync):
+    """A job scheduled again under a dead letter's id is live: dropping the old letter
+    afterwards gives up the letter, not the job the row now shows."""
+    keys, store = shop_delayq.store.keys, shop_delayq.store
+    old, key = [k for k in (f"order:{n}" for n in range(100))  # one shard: events in order
+                if keys.shard_for("", k) is keys.shard_for("order:1:close")][:2]
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=0,
+                         job_id="order:1:close", key=old)
+    for claim in store.claim(list(keys), 100, 60_000):
+        for job in claim.jobs:
+            store.dead_letter(claim.shard, job, "unknown queue: gone")
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600,
+                         job_id="order:1:close", key=key)
+    sync.run_once()
+    assert DelayedTask.objects.get(job_id="order:1:close").state == "scheduled"
+
+    assert store.drop("order:1:close", by="cli:ops: dropped dead letter")
+    sync.run_once()
+    row = DelayedTask.objects.get(job_id="order:1:close")
+    assert (row.state, row.cancelled_at, row.key) == ("scheduled", None, key)
+    assert row.events.order_by("at", "pk").last().detail == (
+        "by: cli:ops: dropped dead letter; from: dead")
+
+
 def test_backfill_mirrors_pending_jobs_whose_events_the_journal_no_longer_holds(
         shop_delayq, sync, caplog):
     """Jobs scheduled before the app was installed, or whose scheduled event was trimmed

@@ -337,6 +337,8 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
     """Move ``row`` to what one journal event says (events of a shard arrive in order);
     ``envelope``: the job's stored envelope, read."""
     event = fields.get("event", "")
+    if event == Event.CANCELLED and fields.get("from") == "dead" and row.state != State.DEAD:
+        return  # a dropped dead letter: a job scheduled since has its id, and stays
     due = _ms(fields.get("due"))
     if fields.get("task"):
         row.task = fields["task"]
@@ -381,7 +383,7 @@ def _fill_from_envelope(row: DelayedTask, envelope: _Mirrored) -> None:
 
 def _detail(fields: dict[str, str]) -> str:
     parts = []
-    for name in ("by", "reason", "task_id", "retries"):
+    for name in ("by", "from", "reason", "task_id", "retries"):
         if fields.get(name) not in (None, ""):
             parts.append(f"{name}: {fields[name]}")
     return "; ".join(parts)
