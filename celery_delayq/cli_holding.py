@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from . import pausing
 from .cli_group import cli_user, counting, ctrl_c_said, delayq, delayq_of, fail
 from .errors import DelayQError, InvalidOption
 from .reading import counted, shown
@@ -21,8 +22,6 @@ def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
     _one_of(task, queue)
     try:
         delayq_of(ctx).pause(task=task, queue=queue, by=cli_user())
-    except InvalidOption as exc:
-        raise click.UsageError(str(exc)) from None
     except DelayQError as exc:
         fail(exc)
     if task and not _registered(ctx, task):
@@ -37,10 +36,12 @@ def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
 
 
 def _one_of(task: str | None, queue: str | None) -> None:
-    """Refuse a pause or resume that names no task or queue, or both."""
-    if (task is None) == (queue is None):
-        raise click.UsageError("give exactly one of --task (a task name, e.g. "
-                               "shop.tasks.check_refund_status) or --queue (e.g. refunds)")
+    """Refuse a pause or resume that names no task or queue, or both, or a name that
+    cannot be one, naming the options."""
+    try:
+        pausing.field(task, queue, named=("--task", "--queue"))
+    except InvalidOption as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _registered(ctx: click.Context, task: str) -> bool:
@@ -98,8 +99,6 @@ def resume(ctx: click.Context, task: str | None, queue: str | None) -> None:
                                           progress=count)
         if not done.was_paused and not done.released:
             _not_paused(ctx, _named(task, queue))
-    except InvalidOption as exc:
-        raise click.UsageError(str(exc)) from None
     except DelayQError as exc:
         fail(exc)
     if done.was_paused:

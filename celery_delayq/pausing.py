@@ -17,17 +17,19 @@ from .reading import forbidden
 KINDS = ("task", "queue")
 
 
-def field(task: str | None, queue: str | None) -> str:
-    """The ``paused`` hash field of a pause of ``task`` or ``queue`` (exactly one)."""
-    given = [(kind, name) for kind, name in zip(KINDS, (task, queue), strict=True)
-             if name is not None]
+def field(task: str | None, queue: str | None,
+          named: tuple[str, str] = ("task=", "queue=")) -> str:
+    """The ``paused`` hash field of a pause of ``task`` or ``queue`` (exactly one);
+    ``named``: how the caller's errors spell the two (the CLI's options)."""
+    given = [(kind, label, name) for kind, label, name in zip(KINDS, named, (task, queue),
+                                                              strict=True) if name is not None]
     if len(given) != 1:
-        raise InvalidOption("pass exactly one of task= (a task name, e.g. "
-                            "'shop.tasks.check_refund_status') or queue= (e.g. 'refunds')")
-    kind, name = given[0]
+        raise InvalidOption(f"give exactly one of {named[0]} (a task name, e.g. "
+                            f"shop.tasks.check_refund_status) or {named[1]} (e.g. refunds)")
+    kind, label, name = given[0]
     if not isinstance(name, str) or not name:
-        raise InvalidOption(f"{kind}= must be a non-empty name, got {name!r}")
-    problem = forbidden(name, f"{kind}=")  # the rule names are scheduled under
+        raise InvalidOption(f"{label} needs a non-empty name, got {name!r}")
+    problem = forbidden(name, label)  # the rule names are scheduled under
     if problem is not None:
         raise InvalidOption(problem)
     return f"{kind}:{name}"

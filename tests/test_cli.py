@@ -165,6 +165,17 @@ def test_pause_or_resume_without_or_with_both_options_is_a_usage_error_naming_th
             assert code == 2 and "give exactly one of --task" in output, output
 
 
+@pytest.mark.parametrize("option", ["--task", "--queue"])
+@pytest.mark.parametrize("name, says", [("", "needs a non-empty name"),
+                                         ("a\tb", "holds U+0009")])
+def test_pause_or_resume_of_an_empty_or_unprintable_name_names_the_option(
+        spawn, redis_client, option, name, says):
+    for command in ("pause", "resume"):
+        code, output = run(spawn, command, option, name)
+        assert code == 2 and f"{option} {says}" in output.replace(f" {name!r}", ""), output
+    assert not redis_client.keys("delayq:*:paused")
+
+
 def test_rate_limit_sets_lists_and_removes_a_queue_limit(proj, delayq, spawn, redis_client):
     assert run(spawn, "rate-limit") == (0, "no rate limits\n")
     code, output = run(spawn, "rate-limit", "refunds", "200/s")  # (tests.proj has no refunds)
