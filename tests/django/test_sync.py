@@ -157,6 +157,25 @@ def test_dropping_a_dead_letter_leaves_the_row_of_a_live_job_with_its_id_pending
         "by: cli:ops: dropped dead letter; from: dead")
 
 
+def test_a_job_replaced_onto_an_earlier_shard_keeps_its_new_due_time_and_key(
+        shop_delayq, sync):
+    """The sync reads shard after shard: the newer events of a job moved to another key's
+    shard can come before the older ones of its first shard, and those change nothing."""
+    keys = shop_delayq.store.keys
+    by_shard = {keys.shard_for("", f"order:{n}").shard: f"order:{n}" for n in range(100)}
+    first, moved = by_shard[max(by_shard)], by_shard[min(by_shard)]
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600,
+                         job_id="order:1:close", key=first)
+    time.sleep(0.002)  # a later millisecond
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(2,), delay=1200,
+                         job_id="order:1:close", key=moved, if_exists="replace")
+    sync.run_once()
+    row = DelayedTask.objects.get(job_id="order:1:close")
+    job = shop_delayq.get("order:1:close")
+    assert (row.key, row.due, row.args, row.state) == (moved, job.due, [2], "scheduled")
+    assert len(row.events.all()) == 3  # both schedules and the move, in the history
+
+
 def test_backfill_mirrors_pending_jobs_whose_events_the_journal_no_longer_holds(
         shop_delayq, sync, caplog):
     """Jobs scheduled before the app was installed, or whose scheduled event was trimmed

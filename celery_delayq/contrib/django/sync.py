@@ -50,6 +50,11 @@ _ROW_FIELDS = [
     "store_error", "envelope", "scheduled_at", "promoted_at", "started_at", "finished_at",
     "cancelled_at", "cancelled_by", "dead_at", "reason",
 ]
+#: When the newest journal event mirrored into a row happened. A shard's events come in
+#: order, but the sync reads shard after shard: an event older than that is of another
+#: shard (a job moved to another key's shard, or scheduled again under an id) and only goes
+#: into the row's history.
+_NEWEST_JOURNALED = Max("events__at", filter=~Q(events__stream_id=""))
 #: A new cursor's ``last_id``: before every entry.
 INITIAL_ID = JournalCursor._meta.get_field("last_id").default
 #: Journal fields stored in a column of limited length, and that length.
@@ -200,7 +205,8 @@ class JournalSync:
             if locked.last_id != cursor.last_id:  # another sync moved it meanwhile
                 return 0
             job_ids = {f["job"] for _, f in readable}
-            rows = DelayedTask.objects.in_bulk(job_ids, field_name="job_id")
+            rows = DelayedTask.objects.annotate(seen=_NEWEST_JOURNALED).in_bulk(
+                job_ids, field_name="job_id")
             known = set(rows)
             events = []
             for stream_id, fields in readable:
@@ -211,7 +217,10 @@ class JournalSync:
                 if row is None:
                     row = rows[job_id] = DelayedTask(job_id=job_id, task=fields.get("task", ""),
                                                      created_at=at)
-                apply_event(row, fields, at, envelopes.get(job_id))
+                    row.seen = None
+                if row.seen is None or at >= row.seen:  # else older, of another shard
+                    apply_event(row, fields, at, envelopes.get(job_id))
+                    row.seen = at
                 events.append(DelayedTaskEvent(
                     delayed_task=row, event=fields.get("event", ""), at=at,
                     due=_ms(fields.get("due")), detail=_detail(fields), stream_id=stream_id))
@@ -337,8 +346,9 @@ def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
     """Move ``row`` to what one journal event says (events of a shard arrive in order);
     ``envelope``: the job's stored envelope, read."""
     event = fields.get("event", "")
-    if event == Event.CANCELLED and fields.get("from") == "dead" and row.state != State.DEAD:
-        return  # a dropped dead letter: a job scheduled since has its id, and stays
+    if event == Event.MOVED or (event == Event.CANCELLED and fields.get("from") == "dead"
+                                and row.state != State.DEAD):
+        return  # the job lives on: on another key's shard, or scheduled again since
     due = _ms(fields.get("due"))
     if fields.get("task"):
         row.task = fields["task"]
