@@ -37,7 +37,9 @@ ARGV[7]   the default queue (of envelopes that name none)
 ARGV[8]   delayq_max_nesting: args and kwargs with more brackets than this are claimed
           (the carrier decodes them; too deep, they are dead-lettered, never pushed)
 ARGV[9]   the hand-off lead in ms (0: jobs are taken once due)
-ARGV[10..] two values per KEYS[10..], in the same order: queue name, delivery mode
+ARGV[10]  delayq_max_payload_bytes: a longer envelope is claimed (the carrier dead-letters
+          it, never pushed)
+ARGV[11..] two values per KEYS[10..], in the same order: queue name, delivery mode
 
 Returns {now ms, next due ms or -1, {due ms of each job promoted directly}, lease,
          {job id, task id, ... of the jobs promoted directly whose task id is not their
@@ -73,12 +75,13 @@ local now, t = now_ms()
 local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
 local repr_max = tonumber(ARGV[6])
 local max_nesting = tonumber(ARGV[8])
+local max_payload = tonumber(ARGV[10])
 
 local routes = {}
 for n = 10, #KEYS do
   local found = redis.call('TYPE', KEYS[n]).ok
   if found == 'list' or found == 'none' then  -- a damaged queue list: those jobs are claimed
-    routes[ARGV[2 * n - 10]] = {index = n, mode = tonumber(ARGV[2 * n - 9])}
+    routes[ARGV[2 * n - 9]] = {index = n, mode = tonumber(ARGV[2 * n - 8])}
   end
 end
 local paused = {}
@@ -212,11 +215,13 @@ local function decodable(args, kwargs)
 end
 
 -- The route of a job open to direct promotion and its raw args and kwargs, else nil.
--- Envelopes that are not UTF-8 or whose due time is not a finite number are claimed
--- instead, so the carrier dead-letters them rather than pushing them to a worker.
+-- Envelopes that are not UTF-8, longer than delayq_max_payload_bytes or whose due time is
+-- not a finite number are claimed instead, so the carrier dead-letters them rather than
+-- pushing them to a worker.
 local routed = {}  -- first line -> route (the jobs of a batch share a few first lines)
 local function plain(job_id, env, due)
-  if not env or next(routes) == nil or not utf8(env) or not utf8(job_id) then
+  if not env or next(routes) == nil or #env > max_payload or not utf8(env)
+     or not utf8(job_id) then
     return nil
   end
   local d = tonumber(due)

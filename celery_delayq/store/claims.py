@@ -133,7 +133,8 @@ class Claims(StoreBase):
             origin, repr_max = direct.origin, direct.repr_max
         return [(SCRIPTS["claim_due"], SCRIPTS["claim_due"].keys_for(s, *lists),
                  [self._maxlen, batch, lease_ms, s.shard, origin, repr_max,
-                  self.config.default_queue, self.config.max_nesting, lead_ms, *routes])
+                  self.config.default_queue, self.config.max_nesting, lead_ms,
+                  self.config.max_payload_bytes, *routes])
                 for s in shards]
 
     def ack(self, acks: dict[ShardKeys, list[Promoted]], *,

@@ -135,6 +135,27 @@ def test_a_planted_envelope_a_worker_could_not_decode_is_dead_lettered_not_pushe
     assert sorted(entry["job_id"] for entry in delayq.store.dead()) == sorted(UNDECODABLE)
 
 
+def test_an_envelope_over_the_payload_limit_is_dead_lettered_as_through_kombu(
+        proj, app, delayq, redis_client):
+    """Stored before ``delayq_max_payload_bytes`` was lowered, or planted."""
+    limit = delayq.config.max_payload_bytes
+    shard = delayq.store.keys.shard(0)
+    for name, size in (("over", limit + 1), ("at", limit)):
+        filler = "x" * (size - len(f'{_FIRST}\n[""]\n'))
+        redis_client.hset(shard.jobs, name, f'{_FIRST}\n["{filler}"]\n')
+        redis_client.zadd(shard.due, {name: 0})
+    proj.record.apply_delayed(args=("healthy",), eta=DUE, queue=PARKED)
+
+    promote_once(app, direct=True)
+
+    pushed = parked(redis_client)
+    assert sorted(len(comparable(m)[0]["body"][0][0]) for m in pushed) == [
+        len("healthy"), limit - len(f'{_FIRST}\n[""]\n')]
+    assert [m["properties"].get("body_encoding") for m in pushed] == [None, None]  # direct
+    [dead] = delayq.store.dead()
+    assert (dead["job_id"], dead["reason"]) == ("over", "envelope over delayq_max_payload_bytes")
+
+
 def test_an_empty_business_key_adds_no_key_header_as_kombu_adds_none(
         proj, app, delayq, redis_client):
     shard = delayq.store.keys.shard(0)
