@@ -185,9 +185,19 @@ local function utf8(text)
   return not string.find(text, '[\128-\255]')
 end
 
+-- Whether a number outside the strings of this JSON text has a leading zero (cjson reads
+-- 01, Python's JSON refuses it); the strings are left out only when the text has the
+-- pattern at all (an ISO time holds ":05").
+local function leading_zero(text)
+  if not string.find(text, '[%[,:]%s*-?0%d') then return false end
+  local bare = string.gsub(string.gsub(text, '\\.', ''), '"[^"]*"', '""')
+  return string.find(bare, '[%[,:]%s*-?0%d') ~= nil
+end
+
 -- False when a worker might not decode these args and kwargs lines (producers never write
 -- such lines; the carrier decodes what this passes over and dead-letters what it must):
--- not an array and an object, a NaN / Infinity token, digits past Python's 4,300 limit for
+-- not an array and an object, a NaN / Infinity token, a number with a leading zero (cjson
+-- reads 01, Python's JSON refuses it), digits past Python's 4,300 limit for
 -- an int, more brackets than delayq_max_nesting (maybe nested too deeply), a "__type__" key
 -- (kombu's JSON object for a datetime, UUID ..., which may hold what kombu cannot decode),
 -- a line break (a line past the envelope's three), text cjson cannot decode.
@@ -199,7 +209,8 @@ local function decodable(args, kwargs)
     return false  -- not { ... }
   end
   local text = args .. kwargs
-  if string.find(text, '[%[,:]%s*-?[NI]') or string.find(text, '"__type__"', 1, true)
+  if string.find(text, '[%[,:]%s*-?[NI]') or leading_zero(text)
+     or string.find(text, '"__type__"', 1, true)
      or string.find(text, '\n', 1, true) then
     return false
   end
@@ -215,13 +226,17 @@ local function decodable(args, kwargs)
 end
 
 -- The route of a job open to direct promotion and its raw args and kwargs, else nil.
--- Envelopes that are not UTF-8, longer than delayq_max_payload_bytes or whose due time is
--- not a finite number are claimed instead, so the carrier dead-letters them rather than
--- pushing them to a worker.
+-- Envelopes that are not UTF-8, longer than delayq_max_payload_bytes, holding a control
+-- character other than their two line breaks (Python's JSON refuses one raw in a string;
+-- producers escape them) or whose due time is not a finite number are claimed instead, so
+-- the carrier dead-letters them rather than pushing them to a worker.
 local routed = {}  -- first line -> route (the jobs of a batch share a few first lines)
 local function plain(job_id, env, due)
-  if not env or next(routes) == nil or #env > max_payload or not utf8(env)
-     or not utf8(job_id) then
+  if not env or next(routes) == nil or #env > max_payload or not utf8(job_id) then
+    return nil
+  end
+  if string.find(env, '[%z\1-\9\11-\31\128-\255]')  -- (one look at a plain ASCII one)
+     and (string.find(env, '[%z\1-\9\11-\31]') or not utf8(env)) then
     return nil
   end
   local d = tonumber(due)

@@ -118,6 +118,10 @@ UNDECODABLE = {
     "UTF-8 a deletion would join": f'{_FIRST}\n["'.encode() + b"\xe0\xa0\xc2\x80\x80"
                                    + b'"]\n',
     "an empty task name": f'{{"t":"","q":"{PARKED}"}}\n[1]\n'.encode(),
+    "a raw tab in a string": f'{_FIRST}\n["a\tb"]\n'.encode(),
+    "a leading zero": f'{_FIRST}\n[01]\n'.encode(),
+    "a negative leading zero": f'{_FIRST}\n[]\n{{"a":-01}}'.encode(),
+    "a raw tab in the task name": f'{{"t":"tests.proj.record\t","q":"{PARKED}"}}\n[1]\n'.encode(),
 }
 
 
@@ -127,11 +131,13 @@ def test_a_planted_envelope_a_worker_could_not_decode_is_dead_lettered_not_pushe
     for name, raw in UNDECODABLE.items():
         redis_client.hset(shard.jobs, name, raw)
         redis_client.zadd(shard.due, {name: 0})
-    proj.record.apply_delayed(args=("healthy",), eta=DUE, queue=PARKED)
+    proj.record.apply_delayed(args=("healthy at 12:05, [01]\\",), eta=DUE, queue=PARKED)
 
     promote_once(app, direct=True)
 
-    assert [comparable(m)[0]["body"][0] for m in parked(redis_client)] == [["healthy"]]
+    [pushed] = parked(redis_client)
+    assert comparable(pushed)[0]["body"][0] == ["healthy at 12:05, [01]\\"]
+    assert "body_encoding" not in pushed["properties"], "pushed by the claim script"
     assert sorted(entry["job_id"] for entry in delayq.store.dead()) == sorted(UNDECODABLE)
 
 

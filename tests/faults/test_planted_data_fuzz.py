@@ -58,7 +58,10 @@ FIRST_LINES = st.builds(
                   "p": st.dictionaries(st.sampled_from(["priority", "expiration"]) | TEXT,
                                        VALUES, max_size=2) | VALUES}),
     st.booleans()) | st.builds(dumps, VALUES, st.booleans()) | TEXT | DEEP | ODD_NUMBERS
-ARGUMENTS = st.builds(dumps, VALUES, st.booleans()) | LINE | st.just("")
+#: Args and kwargs lines Lua's cjson reads and Python's JSON refuses: numbers with a leading
+#: zero, a raw control character in a string.
+CJSON_ONLY = st.sampled_from(["[01]", "[1,-00]", '{"a":07}', '["a\tb"]', '{"\x01":1}'])
+ARGUMENTS = st.builds(dumps, VALUES, st.booleans()) | LINE | CJSON_ONLY | st.just("")
 ENVELOPES = st.builds(lambda *lines: "\n".join(lines), FIRST_LINES, ARGUMENTS, ARGUMENTS)
 INVALID_UTF8 = st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x80"])
 STORED = (st.builds(mangle, ENVELOPES, st.lists(st.tuples(st.integers(0, 10_000), INVALID_UTF8),
