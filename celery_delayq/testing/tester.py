@@ -107,7 +107,8 @@ class DelayQTester:
         return self.delayq.get(job_id)
 
     def cancelled(self, task: str | None = None) -> list[str]:
-        """Ids of the jobs cancelled during this test, oldest first (read from the journal)."""
+        """Ids of the jobs cancelled during this test, oldest first (read from the journal);
+        not dead letters dropped (their id may be a pending job's by then)."""
         if self.delayq.config.journal_maxlen <= 0:
             raise DelayQError("delayq.cancelled() reads the journal, which "
                               "delayq_journal_maxlen=0 turns off")
@@ -117,7 +118,7 @@ class DelayQTester:
             entries.extend(store.read_journal(shard))
         entries.sort(key=lambda entry: tuple(int(p) for p in entry[0].split("-")))
         return [fields["job"] for _, fields in entries if fields.get("event") == Event.CANCELLED
-                and (task is None or fields.get("task") == task)]
+                and fields.get("from") != "dead" and (task is None or fields.get("task") == task)]
 
     def dead(self) -> list[dict[str, Any]]:
         """Dead-lettered jobs with their reason, newest first."""

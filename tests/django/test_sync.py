@@ -157,16 +157,25 @@ def test_dropping_a_dead_letter_leaves_the_row_of_a_live_job_with_its_id_pending
         "by: cli:ops: dropped dead letter; from: dead")
 
 
-def test_a_job_replaced_onto_an_earlier_shard_keeps_its_new_due_time_and_key(
-        shop_delayq, sync):
+@pytest.mark.parametrize("onto", ["an earlier shard", "a later shard"])
+def test_a_job_replaced_onto_another_shard_keeps_its_new_due_time_and_key(
+        shop_delayq, sync, monkeypatch, onto):
     """The sync reads shard after shard: the newer events of a job moved to another key's
-    shard can come before the older ones of its first shard, and those change nothing."""
-    keys = shop_delayq.store.keys
-    by_shard = {keys.shard_for("", f"order:{n}").shard: f"order:{n}" for n in range(100)}
-    first, moved = by_shard[max(by_shard)], by_shard[min(by_shard)]
+    shard can come before the older ones of its first shard, or after its old shard's
+    ``moved`` (a round trip later, on a remote Redis); neither changes the row."""
+    store = shop_delayq.store
+    by_shard = {store.keys.shard_for("", f"order:{n}").shard: f"order:{n}" for n in range(100)}
+    low, high = by_shard[min(by_shard)], by_shard[max(by_shard)]
+    first, moved = (high, low) if onto == "an earlier shard" else (low, high)
     shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600,
                          job_id="order:1:close", key=first)
-    time.sleep(0.002)  # a later millisecond
+    leave = type(store)._cancel  # the old shard's "moved": a round trip after the new write
+
+    def later(*args, **kwargs):
+        time.sleep(0.003)
+        return leave(*args, **kwargs)
+
+    monkeypatch.setattr(type(store), "_cancel", later)
     shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(2,), delay=1200,
                          job_id="order:1:close", key=moved, if_exists="replace")
     sync.run_once()

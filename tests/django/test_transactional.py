@@ -15,6 +15,7 @@ from django.db import transaction
 from celery_delayq.contrib.django.models import DelayedTask as Row
 from celery_delayq.contrib.django.reconcile import mark_missing, reconcile
 from celery_delayq.contrib.django.sync import JournalSync
+from celery_delayq.store.claims import Promoted
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -171,6 +172,30 @@ def test_reconcile_missing_leaves_alone_rows_whose_later_events_the_journal_lost
     assert delayq.get("remind:0") is None, "a cancelled job stays cancelled"
     # the operator who knows Redis lost them asks for them
     assert reconcile(delayq, missing=True, include_unknown=True).pushed == ["remind:0"]
+
+
+def test_reconcile_missing_leaves_alone_a_moved_job_whose_new_shard_lost_events(lone_store):
+    """A job replaced under a key of another shard, then run there: that shard's journal
+    lost the events (trimmed), so the row still shows its old key. The job may be on any
+    shard: pushing it again would run it twice."""
+    _server, delayq, remind = lone_store
+    store = delayq.store
+    by_shard = {store.keys.shard_for("", f"remind:{n}").shard: f"remind:{n}"
+                for n in range(100)}
+    first, moved = by_shard[min(by_shard)], by_shard[max(by_shard)]
+    remind.apply_delayed(args=(1,), delay=600, job_id="job", key=first)
+    remind.apply_delayed(args=(2,), delay=600, key=moved)  # the new shard's cursor
+    JournalSync(delayq).run_once()
+    remind.apply_delayed(args=(1,), delay=0, job_id="job", key=moved, if_exists="replace")
+    for claim in store.claim([store.keys.shard_for("", moved)], 10, 60_000):  # run there
+        store.ack({claim.shard: [Promoted(job.job_id, remind.name, moved, job.due_ms or 0,
+                                          job.stored_id, job.lease) for job in claim.jobs]})
+    store.client.xtrim(store.keys.shard_for("", moved).journal, maxlen=0)
+
+    found = mark_missing(delayq)
+
+    assert (found.marked, found.unknown) == ([], ["job"])
+    assert delayq.get("job") is None, "run once, not pushed again"
 
 
 def test_delayq_reconcile_command_pushes_unstored_rows(shop_delayq, capsys):

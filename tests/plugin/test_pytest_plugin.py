@@ -115,6 +115,23 @@ def test_cancelled_timeout_is_listed_and_never_runs(shop):
     result.assert_outcomes(passed=1)
 
 
+def test_a_dropped_dead_letter_is_not_listed_as_a_cancelled_job(shop):
+    """Its id may be scheduled again meanwhile, that job pending: it was not cancelled."""
+    result = run(shop, """
+        from shop import place_order
+
+        def test_drop(delayq):
+            store = delayq.delayq.store
+            store.bury("order:7:close", "order:7", '{"t":"shop.close_unpaid_order"}\\n[7]\\n',
+                       "unknown queue")
+            place_order(7)  # the same timeout id, scheduled again
+            assert store.drop("order:7:close", by="ops")
+            assert [job.job_id for job in delayq.pending()] == ["order:7:close"]
+            assert delayq.cancelled() == []
+    """)
+    result.assert_outcomes(passed=1)
+
+
 def test_delays_count_from_the_test_clock_after_advancing(shop):
     result = run(shop, """
         from shop import ORDERS, place_order

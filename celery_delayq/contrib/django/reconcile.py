@@ -8,8 +8,9 @@ from typing import NamedTuple
 from django.db.models import Max
 
 from celery_delayq import DelayQ
+from celery_delayq.events import Event
 
-from .models import DelayedTask, JournalCursor
+from .models import DelayedTask, DelayedTaskEvent, JournalCursor
 from .runtime import delayq as project_delayq
 from .sync import JournalSync
 from .times import db_time_of_ms
@@ -65,15 +66,20 @@ def reconcile(delayq: DelayQ | None = None, missing: bool = False,
 def _not_updated_since_a_loss(delayq: DelayQ, rows: list[DelayedTask]) -> list[str]:
     """The rows (annotated with ``seen``, their last event's time) whose last event or
     creation comes before the journal of their shard lost events up to its cursor's
-    ``lost_until``."""
+    ``lost_until``; for a row that was moved (replaced under a key of another shard, whose
+    journal may have lost that), before any shard's."""
     lost = {cursor.shard: db_time_of_ms(cursor.lost_until.split("-")[0])
             for cursor in JournalCursor.objects.filter(prefix=delayq.store.keys.prefix)
             .exclude(lost_until="")}
     if not lost:
         return []
     keys = delayq.store.keys
+    latest = max((until for until in lost.values() if until is not None), default=None)
+    moved = set(DelayedTaskEvent.objects.filter(
+        delayed_task__in=rows, event=Event.MOVED).values_list("delayed_task__job_id", flat=True))
     return [row.job_id for row in rows
-            if (until := lost.get(keys.shard_for(row.job_id, row.key or None).shard))
+            if (until := latest if row.job_id in moved
+                else lost.get(keys.shard_for(row.job_id, row.key or None).shard))
             and (row.seen or row.created_at) <= until]
 
 

@@ -48,13 +48,8 @@ _DUE_EVENTS = frozenset({Event.SCHEDULED, Event.RESCHEDULED, Event.RECOVERED, Ev
 _ROW_FIELDS = [
     "task_id", "task", "args", "kwargs", "queue", "key", "due", "state", "retries", "stored",
     "store_error", "envelope", "scheduled_at", "promoted_at", "started_at", "finished_at",
-    "cancelled_at", "cancelled_by", "dead_at", "reason",
+    "cancelled_at", "cancelled_by", "dead_at", "reason", "journaled_at",
 ]
-#: When the newest journal event mirrored into a row happened. A shard's events come in
-#: order, but the sync reads shard after shard: an event older than that is of another
-#: shard (a job moved to another key's shard, or scheduled again under an id) and only goes
-#: into the row's history.
-_NEWEST_JOURNALED = Max("events__at", filter=~Q(events__stream_id=""))
 #: A new cursor's ``last_id``: before every entry.
 INITIAL_ID = JournalCursor._meta.get_field("last_id").default
 #: Journal fields stored in a column of limited length, and that length.
@@ -205,8 +200,7 @@ class JournalSync:
             if locked.last_id != cursor.last_id:  # another sync moved it meanwhile
                 return 0
             job_ids = {f["job"] for _, f in readable}
-            rows = DelayedTask.objects.annotate(seen=_NEWEST_JOURNALED).in_bulk(
-                job_ids, field_name="job_id")
+            rows = DelayedTask.objects.in_bulk(job_ids, field_name="job_id")
             known = set(rows)
             events = []
             for stream_id, fields in readable:
@@ -217,10 +211,7 @@ class JournalSync:
                 if row is None:
                     row = rows[job_id] = DelayedTask(job_id=job_id, task=fields.get("task", ""),
                                                      created_at=at)
-                    row.seen = None
-                if row.seen is None or at >= row.seen:  # else older, of another shard
-                    apply_event(row, fields, at, envelopes.get(job_id))
-                    row.seen = at
+                apply_event(row, fields, at, envelopes.get(job_id))
                 events.append(DelayedTaskEvent(
                     delayed_task=row, event=fields.get("event", ""), at=at,
                     due=_ms(fields.get("due")), detail=_detail(fields), stream_id=stream_id))
@@ -343,12 +334,20 @@ def _unreadable(stream_id: str, fields: dict[str, str]) -> str:
 
 def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
                 envelope: _Mirrored | None = None) -> None:
-    """Move ``row`` to what one journal event says (events of a shard arrive in order);
-    ``envelope``: the job's stored envelope, read."""
+    """Move ``row`` to what one journal event says (``at``: when it was journaled), unless
+    it says nothing of the job's state; ``envelope``: the job's stored envelope, read.
+
+    A shard's events arrive in order, but the sync reads shard after shard: an event older
+    than the one that last changed the row (``journaled_at``) is of another shard (a job
+    moved to another key's shard, or scheduled again under a dead letter's id) and changes
+    nothing. Nor does ``moved`` (the job lives on, on another shard), or the drop of a dead
+    letter whose id a job scheduled since has."""
     event = fields.get("event", "")
-    if event == Event.MOVED or (event == Event.CANCELLED and fields.get("from") == "dead"
-                                and row.state != State.DEAD):
-        return  # the job lives on: on another key's shard, or scheduled again since
+    if (event == Event.MOVED or (row.journaled_at is not None and at < row.journaled_at)
+            or (event == Event.CANCELLED and fields.get("from") == "dead"
+                and row.state != State.DEAD)):
+        return
+    row.journaled_at = at
     due = _ms(fields.get("due"))
     if fields.get("task"):
         row.task = fields["task"]
