@@ -7,9 +7,11 @@ KEYS[4] answer    STRING this call's reply, kept for the call sent again (answer
 
 ARGV[1] journal maxlen (0: no journal)
 ARGV[2] who dropped them and why (the journal's "by", as a cancel's)
-ARGV[3..] job ids
+ARGV[3..] job ids, each followed by its dead letter as the caller read it, or "" for
+          whatever letter it has
 
-Returns the number of dead letters dropped (an id that is not dead-lettered is skipped).
+Returns the number of dead letters dropped (an id that is not dead-lettered, or whose
+letter is not the one read, written again since, is skipped).
 A dead letter that cannot be read is dropped too, journaled with an empty task and key.
 Each is journaled with "from" = "dead": a live job may have its id meanwhile (scheduled
 again), and it is not the one cancelled.
@@ -27,10 +29,10 @@ if problem then return redis.error_reply(problem) end
 local again = answered(4)
 if again then return again end
 local dropped = 0
-for i = 3, #ARGV do
-  local job_id = ARGV[i]
+for i = 3, #ARGV, 2 do
+  local job_id, read = ARGV[i], ARGV[i + 1]
   local dead = redis.call('HGET', KEYS[1], job_id)
-  if dead then
+  if dead and (read == '' or dead == read) then
     local entry = first_line(dead)  -- a dead letter is one line of JSON
     local fields = entry and first_line(text_field(entry, 'envelope'))
     redis.call('HDEL', KEYS[1], job_id)

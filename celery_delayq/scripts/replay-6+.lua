@@ -13,10 +13,12 @@ ARGV[2] job id
 ARGV[3] envelope to store instead of the dead one, or "" to keep it
 ARGV[4] wake channel
 ARGV[5] shard number
+ARGV[6] its dead letter as the caller read it, or "" for whatever letter it has
 
-Returns 1 when replayed, 0 when no dead job has this id, -1 when a live job has it, and
-{-2, why} when the dead letter cannot be replayed as it is (not a JSON object, or no
-envelope text in it) and ARGV[3] gives no envelope: nothing is written then.
+Returns 1 when replayed, 0 when no dead job has this id (or its letter is not the one
+read: written again since), -1 when a live job has it, and {-2, why} when the dead letter
+cannot be replayed as it is (not a JSON object, or no envelope text in it) and ARGV[3]
+gives no envelope: nothing is written then.
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
 its keys holds the wrong type of value.
@@ -33,7 +35,7 @@ local again = answered(7)
 if again then return again end
 local job_id = ARGV[2]
 local dead = redis.call('HGET', KEYS[1], job_id)
-if not dead then return 0 end
+if not dead or (ARGV[6] ~= '' and dead ~= ARGV[6]) then return 0 end
 if redis.call('HEXISTS', KEYS[2], job_id) == 1 then return -1 end
 local env = ARGV[3]
 if env == '' then

@@ -212,14 +212,13 @@ class Claims(StoreBase):
         reason = printable(reason)  # text read from bytes that are not UTF-8, as \xNN
         stored = raw_id(job.stored_id)
         with self.unavailable():
+            earlier = self._letters_elsewhere(stored, shard)
             code = SCRIPTS["dead"].call(
                 self.client, SCRIPTS["dead"].keys_for(shard),
                 [self._maxlen, stored, reason, "", job.lease,
                  "" if job.envelope is None else "1"])
-            if code == 1 and self.keys.shards > 1:
-                pipe = self.client.pipeline(transaction=False)
-                self._supersede_dead_letters(pipe, stored, shard)
-                pipe.execute()
+            if code == 1:
+                self._supersede_dead_letters(stored, earlier)
         return bool(code)
 
     def bury(self, job_id: str, key: str | None, envelope: str, reason: str) -> None:
@@ -232,22 +231,39 @@ class Claims(StoreBase):
         entry = json.dumps({"reason": reason, "envelope": envelope,
                             "at": int(time.time() * 1000)})
         with self.unavailable():
+            earlier = self._letters_elsewhere(stored, shard)
             pipe = self.client.pipeline(transaction=False)
             pipe.hset(shard.dead, stored, entry)
             if self._maxlen > 0:
                 pipe.xadd(shard.journal, {"event": Event.DEAD, "job": stored, "reason": reason},
                           maxlen=self._maxlen, approximate=True)
-            self._supersede_dead_letters(pipe, stored, shard)
             pipe.execute()
+            self._supersede_dead_letters(stored, earlier)
 
-    def _supersede_dead_letters(self, pipe, stored: str | bytes, written: ShardKeys) -> None:
-        """Queue on ``pipe`` what makes the dead letter written on ``written`` its id's only
-        one: it replaces any other shard's, of an earlier call of that id (dead under another
-        business key), as it replaces one on its own shard. No other carrier writes one
-        meanwhile: one copy of a job id at most is live."""
-        for shard in self.keys:
-            if shard is not written:
-                pipe.hdel(shard.dead, stored)
+    def _letters_elsewhere(self, stored: str | bytes,
+                           writing: ShardKeys) -> list[tuple[ShardKeys, str]]:
+        """The dead letters of ``stored`` on the shards other than ``writing``, read before
+        a letter is written there (one round trip; none with one shard). A shard whose dead
+        letters cannot be read (a damaged key) is left out: it stops on its own."""
+        others = [shard for shard in self.keys if shard is not writing]
+        if not others:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for shard in others:
+            pipe.hget(shard.dead, stored)
+        return [(shard, letter) for shard, letter in zip(
+            others, pipe.execute(raise_on_error=False), strict=True) if isinstance(letter, str)]
+
+    def _supersede_dead_letters(self, stored: str | bytes,
+                                earlier: list[tuple[ShardKeys, str]]) -> None:
+        """Make the letter just written the id's only one: remove the ``earlier`` ones
+        (:meth:`_letters_elsewhere`), of earlier calls of that id (dead under another business
+        key), as it replaces one on its own shard; one round trip when there are any. A letter
+        written again since, by a later call of the id, stays (``supersede-1.lua``)."""
+        script = SCRIPTS["supersede"]
+        if earlier:
+            execute(self.client, [(script, script.keys_for(shard), [stored, raw_id(letter)])
+                                  for shard, letter in earlier])
 
     # -- shard leases ------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ class DeadLetters(StoreBase):
         dead = self._dead_shards(stored)
         if not dead:
             return False
-        code = self._replay_unless_live(dead[0], [stored], envelope)[0]
+        code = self._replay_unless_live(dead[0], [(stored, "")], envelope)[0]
         if code == -1:
             raise JobExists(job_id)
         if isinstance(code, list):  # [-2, why]
@@ -56,12 +56,12 @@ class DeadLetters(StoreBase):
         """Put back, due now, every dead letter of ``task`` whose reason contains
         ``reason`` (both optional), :data:`DEAD_CHUNK` per round trip, ``progress`` given
         the running count after each. A letter whose id a live job has, or that holds no
-        envelope, stays dead and is counted."""
+        envelope, stays dead and is counted; one written again since it was read is left."""
         replayed = live = unreadable = 0
         for shard, letters in self._dead_letters():
-            picked = [(stored, _selected(raw, task, reason)) for stored, raw in letters]
+            picked = [(letter, _selected(letter[1], task, reason)) for letter in letters]
             unreadable += sum(1 for _, fit in picked if fit is None)
-            codes = self._replay_unless_live(shard, [stored for stored, fit in picked if fit])
+            codes = self._replay_unless_live(shard, [letter for letter, fit in picked if fit])
             replayed += codes.count(1)
             live += codes.count(-1)
             unreadable += sum(isinstance(code, list) for code in codes)
@@ -73,16 +73,18 @@ class DeadLetters(StoreBase):
         """Give up a dead-lettered job for good, journaled as cancelled ``by``; False when
         no job of this id is dead."""
         stored = pack_id(job_id)
-        return sum(self._drop_call(shard, [stored], by) for shard in self._dead_shards(stored)) > 0
+        return sum(self._drop_call(shard, [(stored, "")], by)
+                   for shard in self._dead_shards(stored)) > 0
 
     def drop_dead(self, *, task: str | None = None, reason: str | None = None, by: str,
                   progress: Progress | None = None) -> int:
         """Give up for good every dead letter of ``task`` whose reason contains ``reason``
         (without either: every one, unreadable ones too), journaled as cancelled ``by``,
-        :data:`DEAD_CHUNK` per round trip; returns how many, as ``progress`` is told."""
+        :data:`DEAD_CHUNK` per round trip; returns how many, as ``progress`` is told. A
+        letter written again since it was read is left."""
         dropped, every = 0, task is None and reason is None
         for shard, letters in self._dead_letters():
-            dropped += self._drop_call(shard, [stored for stored, raw in letters
+            dropped += self._drop_call(shard, [(stored, raw) for stored, raw in letters
                                                if every or _selected(raw, task, reason)], by)
             if progress is not None:
                 progress(dropped)
@@ -104,25 +106,25 @@ class DeadLetters(StoreBase):
                 pipe.hexists(shard.dead, raw_id(stored))
             return [shard for shard, hit in zip(self.keys, pipe.execute(), strict=True) if hit]
 
-    def _replay_unless_live(self, shard: ShardKeys, stored_ids: list[str],
+    def _replay_unless_live(self, shard: ShardKeys, letters: list[tuple[str, str]],
                             envelope: str = "") -> list[Any]:
-        """The replay script's code for each of these dead letters of ``shard``, -1 for one
-        whose id a live job has on another shard. Each id's reservation is held from that
-        look to the replay, so a producer scheduling the id under another key meanwhile
-        writes before or after it, and the later of the two sees the other's job. Three
-        round trips on one server, four on a cluster."""
-        if not stored_ids:
+        """The replay script's code for each of these dead letters of ``shard`` ((stored id,
+        letter as read or "" for any)), -1 for one whose id a live job has on another shard.
+        Each id's reservation is held from that look to the replay, so a producer scheduling
+        the id under another key meanwhile writes before or after it, and the later of the
+        two sees the other's job. Three round trips on one server, four on a cluster."""
+        if not letters:
             return []
-        raw = [raw_id(stored) for stored in stored_ids]
-        with self._reserving(stored_ids) as reservation:
+        raw = [raw_id(stored) for stored, _ in letters]
+        with self._reserving([stored for stored, _ in letters]) as reservation:
             with self.unavailable():
                 found = raised(reservation.take_then(
                     [(SCRIPTS["exists"], SCRIPTS["exists"].keys_for(other), raw)
                      for other in self.keys if other is not shard]))
             live = [any(look[n] == "1" for look in found) for n in range(len(raw))]
-            codes = iter(self._replay_calls(
-                shard, [one for one, held in zip(raw, live, strict=True) if not held],
-                envelope, reservation))
+            dead = [(one, read) for one, (_, read), held in zip(raw, letters, live, strict=True)
+                    if not held]
+            codes = iter(self._replay_calls(shard, dead, envelope, reservation))
         return [-1 if held else next(codes) for held in live]
 
     def _reserving(self, stored_ids: list[str]) -> Reservation:
@@ -131,26 +133,30 @@ class DeadLetters(StoreBase):
         return reserving_ids(self.client, self.keys, (
             (unpack_id(stored), stored) for stored in stored_ids if is_text(stored)))
 
-    def _replay_calls(self, shard: ShardKeys, raw_ids: list[str | bytes], envelope: str,
-                      reservation: Reservation) -> list[Any]:
+    def _replay_calls(self, shard: ShardKeys, letters: list[tuple[str | bytes, str]],
+                      envelope: str, reservation: Reservation) -> list[Any]:
         """The replay script's code for each of these dead letters of ``shard`` (ids as
-        :func:`raw_id` gives them), in one round trip; ``reservation`` is released after
-        it (not along: a replay Redis lacked the script of would run after the release)."""
+        :func:`raw_id` gives them, each with its letter as read or ""), in one round trip;
+        ``reservation`` is released after it (not along: a replay Redis lacked the script of
+        would run after the release)."""
         script = SCRIPTS["replay"]
         calls = [(script, script.keys_for(shard, self.answer_key(shard)),
-                  [self._maxlen, raw, envelope, self.keys.wake_channel, shard.shard])
-                 for raw in raw_ids]
+                  [self._maxlen, raw, envelope, self.keys.wake_channel, shard.shard,
+                   raw_id(read)])
+                 for raw, read in letters]
         with self.unavailable():
             return raised(reservation.release_after(calls, along=False))
 
-    def _drop_call(self, shard: ShardKeys, stored_ids: list[str], by: str) -> int:
-        """Drop these dead letters of ``shard`` in one script call; how many were there."""
-        if not stored_ids:
+    def _drop_call(self, shard: ShardKeys, letters: list[tuple[str, str]], by: str) -> int:
+        """Drop these dead letters of ``shard`` ((stored id, letter as read or "" for any))
+        in one script call, each only while it is the letter read; how many were."""
+        if not letters:
             return 0
         script = SCRIPTS["drop"]
+        args = [raw_id(text) for letter in letters for text in letter]
         with self.unavailable():
             return int(script.call(self.client, script.keys_for(shard, self.answer_key(shard)),
-                                   [self._maxlen, by, *map(raw_id, stored_ids)]))
+                                   [self._maxlen, by, *args]))
 
 
 def _selected(raw: str, task: str | None, reason: str | None) -> bool | None:

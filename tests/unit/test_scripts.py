@@ -17,7 +17,8 @@ _ANSWER_CALL = r"\banswer(?:ed)?\((\d+)"  # include/answer.lua: a call's own STR
 _RELEASE_CALL = r"\bnote_release\((\d+)"  # include/releasing.lua: the releasing HASH KEYS[n]
 
 EXPECTED = {"schedule", "claim_due", "ack", "unindex", "recover", "cancel", "reschedule", "dead",
-            "own", "replay", "drop", "exists", "repair", "reserve", "pause", "limit", "release"}
+            "own", "replay", "drop", "exists", "repair", "reserve", "pause", "limit", "release",
+            "supersede"}
 
 
 def test_every_operation_has_a_script():
