@@ -24,10 +24,14 @@ difference added; stranded jobs get their due time back (the next claim holds th
 if it must).
 
 Everything is read in chunks (HSCAN/ZSCAN, pipelined lookups per chunk) and repaired chunk
-by chunk, so a store of millions of jobs is never held in memory. Counts are compared only
-when neither the shard's ``jobs`` nor its ``counts`` changed during the scan (a scan of a
-changing hash may return an entry twice); otherwise they are reported as unchecked: run it
-again when quiet.
+by chunk, so a store of millions of jobs is never held in memory. A scan returns every
+member that is there from its start to its end, however others come and go (held jobs
+are looked at in the scan of ``due``, not read by rank, which shifts as a carrier claims).
+Counts are compared only when nothing wrote to the shard's ``jobs`` or ``counts`` during
+the scan: the newest entry of the shard's journal (every script that stores or forgets a
+job journals there), the hash's length, the fields scanned and ``counts`` are the same
+before and after. Otherwise, and always without a journal (``delayq_journal_maxlen = 0``),
+they are reported as unchecked: run it again when quiet.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import redis
 
 from .decoding import first_line
 from .errors import DamagedShard
-from .held import RANGES, split_score
+from .held import split_score
 from .keys import KEPT, ShardKeys, unpack_id
 from .ratelimit import in_force
 from .reading import MIN_MS, count_of
@@ -88,13 +92,13 @@ class _ShardCheck:
                                   ("dangling_inflight", self.shard.inflight)):
                     self._members(kind, key)
                 self._bykey()
-                self._held()
         except (redis.ResponseError, DamagedShard) as exc:  # e.g. a key of the wrong type
             self.report.error = str(exc)
         return self.report
 
     def _jobs(self) -> None:
         shard, tasks, fields = self.shard, Counter[str](), 0
+        journaled = self._journaled()
         before = self.client.hlen(shard.jobs)
         counts = self.client.hgetall(shard.counts)
         for chunk in chunks(self.client.hscan_iter(shard.jobs, count=_CHUNK), _CHUNK):
@@ -126,10 +130,18 @@ class _ShardCheck:
             self._found("dangling_kept", loose, [("kept", s, "") for s in loose])
         after = self.client.hlen(shard.jobs) + self.report.repaired["dangling_kept"]  # no job
         same = before == after == fields and self.client.hgetall(shard.counts) == counts
-        self._counts(tasks, cast("dict[str, str]", counts) if same else None)  # decoded
+        quiet = same and journaled is not None and self._journaled() == journaled
+        self._counts(tasks, cast("dict[str, str]", counts) if quiet else None)  # decoded
+
+    def _journaled(self) -> str | None:
+        """The id of the shard's newest journal entry ("" before the first), which every
+        script that stores or forgets a job moves on; None without a journal."""
+        if not self.store.config.journal_maxlen:
+            return None
+        return self.store.journal_end(self.shard) or ""
 
     def _counts(self, tasks: Counter[str], counts: dict[str, str] | None) -> None:
-        """Compare the envelopes' tasks with ``counts`` (None: it changed during the scan)."""
+        """Compare the envelopes' tasks with ``counts`` (None: the scan cannot be trusted)."""
         if counts is None:
             self.report.counts_checked = False
             return
@@ -143,6 +155,7 @@ class _ShardCheck:
         self._found("counts", wrong, [("count", task, diffs[task]) for task in wrong])
 
     def _members(self, kind: str, key: str) -> None:
+        """Members of ``due`` or ``inflight`` without an envelope; in ``due``, stranded jobs."""
         # a lease still running may have lost its envelope to a move (keys.py, 2.)
         live = self.store.now_ms() if kind == "dangling_inflight" else float("inf")
         for chunk in chunks(self.client.zscan_iter(key, count=_CHUNK), _CHUNK):
@@ -153,6 +166,11 @@ class _ShardCheck:
             missing = [s for s, held in zip(ids, pipe.execute(), strict=True) if not held]
             what = kind.removeprefix("dangling_")
             self._found(kind, missing, [(what, s, "") for s in missing])
+            if kind == "dangling_due":
+                on_hold = [(stored, score) for stored, score in chunk if split_score(score)[1]]
+                stranded = self._stranded(on_hold) if on_hold else []
+                self._found("stranded", [stored for stored, _ in stranded],
+                            [("held", stored, repr(score)) for stored, score in stranded])
 
     def _bykey(self) -> None:
         for chunk in chunks(self.client.zscan_iter(self.shard.bykey, count=_CHUNK), _CHUNK):
@@ -165,33 +183,25 @@ class _ShardCheck:
                      if envelope is None or first_line(envelope).get("y") != key]
             self._found("dangling_bykey", wrong, [("bykey", m, "") for m in wrong])
 
-    def _held(self) -> None:
-        paused = set(cast("list[str]", self.client.hkeys(self.shard.paused)))
-        limited = {name.removeprefix("rate:") for name, value in cast(
-            "dict[str, str]", self.client.hgetall(self.shard.limits)).items()
-            if name.startswith("rate:") and in_force(value)}
-        for why, (low, high) in RANGES.items():
-            start = 0
-            while chunk := cast("list[tuple[str, float]]", self.client.zrangebyscore(
-                    self.shard.due, low, high, start=start, num=_CHUNK, withscores=True)):
-                stranded = self._stranded(why, chunk, paused, limited)
-                self._found("stranded", [stored for stored, _ in stranded],
-                            [("held", stored, repr(score)) for stored, score in stranded])
-                start += len(chunk) - (len(stranded) if self.repair else 0)
-
-    def _stranded(self, why: str, chunk: list[tuple[str, float]], paused: set[str],
-                  limited: set[str]) -> list[tuple[str, float]]:
-        """The jobs of a chunk held (``why``) by nothing in force (7. above)."""
-        envelopes = cast("list[str | None]", self.client.hmget(
-            self.shard.jobs, [stored for stored, _ in chunk]))
+    def _stranded(self, held: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """The held jobs of a chunk of ``due`` that nothing in force holds (7. above)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.shard.jobs, [stored for stored, _ in held])
+        pipe.hkeys(self.shard.paused)
+        pipe.hgetall(self.shard.limits)
+        envelopes, paused, limits = cast("tuple[list[str | None], list[str], dict[str, str]]",
+                                         pipe.execute())
+        limited = {name.removeprefix("rate:") for name, value in limits.items()
+                   if name.startswith("rate:") and in_force(value)}
         stranded, waiting = [], {}  # (stored, score) -> its member in ``waiting``
-        for (stored, score), envelope in zip(chunk, envelopes, strict=True):
+        for (stored, score), envelope in zip(held, envelopes, strict=True):
             if envelope is None:
                 continue  # a dangling due member, found above
             fields = first_line(envelope)
             task, queue = fields.get("t"), fields.get("q")
             if not isinstance(queue, str) or not queue:
                 queue = self.store.config.default_queue
+            due, why = cast("tuple[float, str]", split_score(score))
             if why == "paused":
                 if not ((isinstance(task, str) and f"task:{task}" in paused)
                         or f"queue:{queue}" in paused):
@@ -199,7 +209,6 @@ class _ShardCheck:
             elif queue not in limited:
                 stranded.append((stored, score))
             else:  # as held.lua's waiting_member writes it
-                due = cast("float", split_score(score)[0])
                 waiting[stored, score] = f"{queue}\x00{due - MIN_MS:019.3f}\x00{stored}"
         if waiting:
             found = self.client.zmscore(self.shard.waiting, list(waiting.values()))

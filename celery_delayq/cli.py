@@ -171,8 +171,9 @@ def check_store(ctx: click.Context, repair: bool) -> None:
             left += 1
             click.echo(f"shard {report.shard}: cannot be checked: {shown(report.error)}")
         if not report.counts_checked:
-            click.echo(f"shard {report.shard}: counts not checked, jobs changed during the "
-                       "scan; run it again when the store is quiet")
+            click.echo(f"shard {report.shard}: counts not checked: jobs changed during the "
+                       "scan, or the store keeps no journal (delayq_journal_maxlen = 0); run "
+                       "it again when the store is quiet")
         for kind in KINDS:
             found, fixed = report.found[kind], report.repaired[kind]
             if found:
