@@ -354,12 +354,13 @@ class DelayQ(Holding):
     def cancel_outcome(self, job_id: str, key: str | None = None, by: str = "",
                        task_id: str | None = None, backend: Any = None) -> CancelOutcome:
         """Like :meth:`cancel`, telling "too late" apart from "unknown"; ``by`` is journaled.
+        ``key``, when given, is checked as a key (the job is looked for on every shard).
 
         The cancelled job's task id is marked REVOKED (``task_id``, when the caller knows
         it, else the one the store answers) in ``backend``, else its task's.
         """
         validation.looked_up(job_id, key)
-        outcome, cancelled_task, task = self.store.cancel(job_id, key, by)
+        outcome, cancelled_task, task = self.store.cancel(job_id, by)
         revoked = task_id or cancelled_task
         if outcome is CancelOutcome.CANCELLED and revoked is not None:
             revoke.mark_revoked(self.app, revoked, task, backend)

@@ -47,8 +47,8 @@ from .envelope import (
 )
 from .errors import DelayQError
 from .events import Event
+from .memory import refused_for_memory
 from .reading import counted, shown
-from .store.base import refused_for_memory
 from .store.streams import JournalEntry
 
 logger = logging.getLogger("celery_delayq.journal")

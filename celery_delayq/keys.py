@@ -24,8 +24,9 @@ members, fields, journal entries::
     <prefix>:{N}:releasing HASH  "paused" / "rate:<queue>" -> "<token> <ms> <where>": the
                            walk giving back held jobs after a resume or a rate limit's
                            removal, while it is under way (scripts/include/releasing.lua)
-    <prefix>:{N}:reserved:<job id>  STRING token of the producer scheduling that id (of
-                           shard N's own, whatever its business key), expires by itself
+    <prefix>:{N}:reserved:<job id>  STRING token of the call holding that id: a producer
+                           scheduling it, a replay, a cancel or reschedule looking for
+                           it (of shard N's own, whatever its business key), expires by itself
     <prefix>:{N}:task:<task id>  STRING the job id of a job stored on shard N whose task
                            id is not its job id (scheduled with an id of its own), so
                            Celery's revoke finds it; goes when an ack, a direct

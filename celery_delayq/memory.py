@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import redis
+
 from .errors import StoreFull
 
 logger = logging.getLogger("celery_delayq.carrier")
@@ -149,3 +151,10 @@ class CarrierGuard:
             logger.info("Redis has room again: promotion resumes")
         self._braking = full is not None
         return self._braking
+
+
+def refused_for_memory(exc: BaseException) -> bool:
+    """True for Redis's OOM refusal: OutOfMemoryError, or inside a script on Redis 6.2
+    ("Error running script ... -OOM command not allowed ...")."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or \
+        "command not allowed when used memory > 'maxmemory'" in str(exc)

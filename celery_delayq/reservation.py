@@ -8,6 +8,8 @@ each such id, a key on the id's own shard (``reserve-1+.lua``), and holds it unt
 writes are done; the next producer of that id waits for it, then sees the copy it stored.
 A replay of a dead letter holds its id's reservation in the same way, since it brings back
 a job on the letter's shard, which need not be the shard a producer writes the id on.
+A cancel or reschedule that looks for an id on every shard holds it too, so that a replace
+moving the job to another shard comes before its look or after its write, never between.
 
 On one Redis server the reservations ride in the round trips the producer makes anyway
 (one connection keeps the order of a pipeline); on a cluster, whose nodes answer in any
@@ -32,6 +34,7 @@ from redis.exceptions import NoScriptError
 from .envelope import Call
 from .errors import StoreUnavailable
 from .keys import Keyspace, ShardKeys
+from .memory import refused_for_memory
 from .scripts import SCRIPTS, Script, execute
 
 #: How long a reservation outlives a producer that never releases it, and how long a
@@ -66,9 +69,12 @@ class Reservation:
                 with contextlib.suppress(redis.RedisError):
                     self.run(calls)
 
-    def take_then(self, calls: Calls) -> list[Any]:
+    def take_then(self, calls: Calls, *, unless_full: bool = False) -> list[Any]:
         """Take the reservations, waiting for other producers', then run ``calls``;
-        their replies, errors in place (``execute(raise_errors=False)``)."""
+        their replies, errors in place (``execute(raise_errors=False)``). With
+        ``unless_full``, a Redis at its maxmemory, which refuses the take, runs the calls
+        unreserved (a cancel frees memory; the producers' takes are refused too, so none
+        writes the id meanwhile)."""
         deadline = time.monotonic() + RESERVATION_MS / 1000
         while self._groups:
             takes = self._calls("take", self._groups)
@@ -88,6 +94,9 @@ class Reservation:
             self.run(self._calls("release", [group for group, reply in zip(
                 self._groups, taken, strict=True) if reply == 1]))
             failed = next((reply for reply in taken if isinstance(reply, Exception)), None)
+            if failed is not None and unless_full and refused_for_memory(failed):
+                self._held = False
+                return replies[len(takes):] if self._ordered else self.run(calls)
             if failed is not None:  # e.g. refused for memory
                 raise failed
             if time.monotonic() > deadline:

@@ -28,7 +28,7 @@ from ..conf import DelayQConfig
 from ..connection import connect, follow_cluster, redact
 from ..errors import ConfigurationError, DamagedShard, DelayQError, StoreFull, StoreUnavailable
 from ..keys import Keyspace, ShardKeys, pack_id, raw_id
-from ..memory import Headroom, Memory
+from ..memory import Headroom, Memory, refused_for_memory
 from ..persistence import Persistence
 from ..reading import count_of, printable
 from ..scripts import SCRIPTS, Script
@@ -335,13 +335,6 @@ class StoreBase:
             except redis.ResponseError:  # CONFIG renamed, or not granted to the store's user
                 pass
         return [memory.policy for memory in self.memory()]
-
-
-def refused_for_memory(exc: redis.ResponseError) -> bool:
-    """True for Redis's OOM refusal: OutOfMemoryError, or inside a script on Redis 6.2
-    ("Error running script ... -OOM command not allowed ...")."""
-    return isinstance(exc, redis.exceptions.OutOfMemoryError) or \
-        "command not allowed when used memory > 'maxmemory'" in str(exc)
 
 
 def refused_by_acl(exc: BaseException) -> bool:

@@ -1,5 +1,6 @@
-"""The producers' writes: schedule, cancel, reschedule. Each is one script call per shard
-(``scripts/``)."""
+"""The producers' writes: schedule, cancel, reschedule, each made of script calls
+(``scripts/``), one per shard; a look for a job id on every shard holds the id's reservation
+(:mod:`reservation`) until the write is made."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from ..connection import redact, resend_window_ms
 from ..envelope import Call
 from ..errors import DelayQError, InvalidOption, StoreFull, StoreUnavailable
 from ..held import split_score
-from ..keys import ShardKeys, bykey_member, pack_id, unpack_id
+from ..keys import KEPT, ShardKeys, bykey_member, pack_id, unpack_id
+from ..memory import refused_for_memory
 from ..reading import counted
-from ..reservation import Reservation, reserving
-from ..scripts import SCRIPTS, execute
+from ..reservation import Reservation, reserving, reserving_ids
+from ..scripts import SCRIPTS, Script, execute
 from ..validation import Due
-from .base import StoreBase, raised, refused_for_memory
+from .base import StoreBase, raised
 
 _logger = logging.getLogger(__package__)  # celery_delayq.store
 _SCHEDULE_CHUNK = 1000  # jobs per schedule script call
@@ -292,20 +294,20 @@ class Producing(StoreBase):
 
     # -- cancel and reschedule ---------------------------------------------------------
 
-    def cancel(self, job_id: str, key: str | None = None, by: str = "",
-               task_id: str = "") -> Cancelled:
+    def cancel(self, job_id: str, by: str = "", task_id: str = "") -> Cancelled:
         """Cancel a pending job; the outcome says whether anything of that id will run.
 
-        A job id names one job whatever its business key: a copy stored under another
-        key (two producers racing with different keys) is cancelled as well. With
-        ``task_id``, only a job of that Celery task id is cancelled.
+        A job id names one job whatever its business key, so every shard is looked at,
+        and a copy stored under another key (two producers racing before reservations) is
+        cancelled as well. The id's reservation is held
+        from that look to the cancel (:meth:`_shards_holding`). With ``task_id``, only a
+        job of that Celery task id is cancelled.
         """
-        home = self.keys.shard_for(job_id, key)
-        shards, replies = [home], [self._cancel(home, "id", job_id, by, task_id)]
-        for shard in self._shards_holding(job_id, in_flight=True):
-            if shard is not home:
-                shards.append(shard)
-                replies.append(self._cancel(shard, "id", job_id, by, task_id))
+        with self._reserving_id(job_id) as reservation:
+            shards = self._shards_holding(reservation, job_id, in_flight=True)
+            with self.unavailable():  # the release rides along on one server
+                replies = raised(reservation.release_after(
+                    [self._cancel_call(shard, "id", job_id, by, task_id) for shard in shards]))
         for shard, reply in zip(shards, replies, strict=True):
             if reply[1]:
                 self._forget_task_indexes(shard, [(pack_id(job_id), reply[2])])
@@ -370,50 +372,65 @@ class Producing(StoreBase):
 
     def _cancel(self, shard: ShardKeys, kind: str, value: str, by: str,
                 *more: str | int) -> list[Any]:
-        """One call of the cancel script; ``more``: its ARGV past the fourth."""
+        """Run one call of the cancel script (:meth:`_cancel_call`)."""
+        script, keys, args = self._cancel_call(shard, kind, value, by, *more)
         with self.unavailable():
-            return SCRIPTS["cancel"].call(
-                self.client, SCRIPTS["cancel"].keys_for(shard, self.answer_key(shard)),
+            return script.call(self.client, keys, args)
+
+    def _cancel_call(self, shard: ShardKeys, kind: str, value: str, by: str,
+                     *more: str | int) -> tuple[Script, list[str], list[Any]]:
+        """A call of the cancel script on ``shard``; ``more``: its ARGV past the fourth."""
+        script = SCRIPTS["cancel"]
+        return (script, script.keys_for(shard, self.answer_key(shard)),
                 [self._maxlen, kind, value if kind == "key" else pack_id(value), by, *more])
 
     def reschedule(self, job_id: str, due: Due, key: str | None = None) -> int | None:
         """Move a pending job to a new due time; returns it (ms) or None if not pending.
-        ``key`` says where to look first: a job stored under another key is found too."""
-        first = [self.keys.shard_for(job_id, key)] if key is not None else []
 
-        def shards() -> Iterator[ShardKeys]:  # the others looked for only if first misses
-            yield from first
-            yield from (shard for shard in self._shards_holding(job_id) if shard not in first)
-
-        for shard in shards():
-            due_ms = self._reschedule_on(shard, job_id, due)
-            if due_ms is not None:
-                return due_ms
-        return None
+        It is looked for on the shard of ``key`` (without one, of its id) first; when not
+        there, on every shard, holding the id's reservation (:meth:`_shards_holding`).
+        """
+        due_ms = self._reschedule_on(self.keys.shard_for(job_id, key), job_id, due)
+        if due_ms is None:
+            with self._reserving_id(job_id) as reservation:
+                for shard in self._shards_holding(reservation, job_id):
+                    due_ms = self._reschedule_on(shard, job_id, due)
+                    if due_ms is not None:
+                        break
+        return due_ms
 
     def _reschedule_on(self, shard: ShardKeys, job_id: str, due: Due) -> int | None:
-        with self.unavailable():
-            ok, due_ms, task_id = SCRIPTS["reschedule"].call(
-                self.client, SCRIPTS["reschedule"].keys_for(shard),
-                [self._maxlen, pack_id(job_id), *due.script_args(), self.keys.wake_channel,
-                 shard.shard])
-            if ok and task_id:  # its task id index lives as long as it is pending
-                self.client.pexpireat(self.keys.task_index(shard, pack_id(task_id)),
-                                      due_ms + TASK_INDEX_GRACE_MS)
-        return due_ms if ok else None
+        """The reschedule script on ``shard``: the new due time (ms), None if the job is not
+        pending there. A job with a task id of its own takes a second call, which names its
+        task id index, so the script moves that index's expiry too."""
+        script, guess = SCRIPTS["reschedule"], ""  # the job's task id ("": its job id)
+        while True:
+            index = [self.keys.task_index(shard, pack_id(guess))] if guess else []
+            with self.unavailable():
+                code, due_ms, task_id = script.call(
+                    self.client, script.keys_for(shard, *index),
+                    [self._maxlen, pack_id(job_id), *due.script_args(), self.keys.wake_channel,
+                     shard.shard, guess, TASK_INDEX_GRACE_MS])
+            if code != -1:
+                return due_ms if code == 1 else None
+            guess = task_id  # its task id is another: call again, naming its index
 
-    def _shards_holding(self, job_id: str, in_flight: bool = False) -> list[ShardKeys]:
-        """Shards whose job hash holds ``job_id`` (with ``in_flight``: or whose carrier
-        holds a copy of it, moved to another shard meanwhile), the id's own shard first."""
-        own = self.keys.shard_for(job_id)
-        order = [own, *(s for s in self.keys if s is not own)]
+    def _reserving_id(self, job_id: str) -> Reservation:
+        """The reservation of ``job_id`` its producers take (:mod:`reservation`)."""
+        return reserving_ids(self.client, self.keys, [(job_id, pack_id(job_id))])
+
+    def _shards_holding(self, reservation: Reservation, job_id: str,
+                        in_flight: bool = False) -> list[ShardKeys]:
+        """Shards whose job hash holds ``job_id`` (with ``in_flight``: or the envelope a
+        carrier holds of a copy that moved to another shard meanwhile, kept.lua), looked at
+        once ``reservation`` is taken: until it is released, no producer or replay moves
+        the job, so a copy is where this look found it (or gone: a carrier's ack). One
+        ``exists`` call per shard, riding with the take on one server. A Redis too full to
+        take it looks unreserved: a cancel must free memory there."""
         stored = pack_id(job_id)
+        ids = [stored, KEPT + stored] if in_flight else [stored]
+        script = SCRIPTS["exists"]
+        calls = [(script, script.keys_for(shard), ids) for shard in self.keys]
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
-            for shard in order:
-                pipe.hexists(shard.jobs, stored)
-                if in_flight:
-                    pipe.zscore(shard.inflight, stored)  # a lease deadline, never 0
-            found = pipe.execute()
-        step = 2 if in_flight else 1
-        return [shard for n, shard in enumerate(order) if any(found[n * step:(n + 1) * step])]
+            found = raised(reservation.take_then(calls, unless_full=True))
+        return [shard for shard, hits in zip(self.keys, found, strict=True) if "1" in hits]

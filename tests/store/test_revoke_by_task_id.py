@@ -182,17 +182,16 @@ def test_a_call_stored_again_between_a_cancel_and_its_index_clean_up_keeps_its_i
     first = proj.record.apply_delayed(args=(1,), delay=3600, job_id="order:1:close",
                                       key="order:1")
     store_type, interleaved = type(delayq.store), []
-    cancel_script = store_type._cancel
+    forget = store_type._forget_task_indexes  # after the cancel script and its release
 
-    def cancel_then_store_again(self, *args):
-        reply = cancel_script(self, *args)
+    def store_again_then_forget(self, *args):
         if not interleaved:
             interleaved.append(proj.record.apply_delayed(
                 args=(2,), delay=3600, job_id="order:1:close", key="order:1",
                 task_id=first.id))
-        return reply
+        return forget(self, *args)
 
-    monkeypatch.setattr(store_type, "_cancel", cancel_then_store_again)
+    monkeypatch.setattr(store_type, "_forget_task_indexes", store_again_then_forget)
     if cancel == "by job id":
         delayq.cancel("order:1:close", key="order:1")
     else:
