@@ -7,8 +7,8 @@ Input is what ``celery -A proj delayq export`` writes (Parquet or JSON lines, pa
 clock, in milliseconds:
 
 * promote lateness = time of the ``promoted`` event - the job's due time;
-* start lateness = time of the ``started`` event - the due time of the job's latest
-  promotion before it (the worker's event does not carry the due time itself).
+* start lateness = time of the ``started`` event - the due time it carries (the message's
+  ``delayq_due`` header), else that of the job's latest promotion before it.
 
 Percentiles are exact (Spark's ``percentile``, linear interpolation between ranks, as
 numpy's default). Buckets are UTC minutes when the events span less than three hours, else
@@ -39,6 +39,9 @@ MINUTES_BELOW_MS = 3 * 3_600_000  #: events spanning less than this are bucketed
 #: A job promoted this long before the export and not started since is listed as never
 #: started (a younger one may still wait in its queue).
 NOT_STARTED_AFTER_MS = 60_000
+#: A job's ``scheduled`` on one shard this near the ``moved`` of its old copy on another is
+#: that replace's (the shards' clocks may differ a little).
+MOVE_WITHIN_MS = 60_000
 LISTED = 50  #: jobs never started listed by name (every one is in never_started.parquet)
 _BACKLOG_SCHEMA = ("at_ms BIGINT, shards ARRAY<STRUCT<shard: INT, pending: BIGINT, "
                    "overdue: BIGINT, inflight: BIGINT, dead: BIGINT>>, tasks MAP<STRING, BIGINT>")
@@ -133,21 +136,46 @@ def lateness(events):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    seq = F.split("id", "-").getItem(1).cast("long")
     job = Window.partitionBy("shard", "job")
-    ordered = job.orderBy("ts_ms", "_seq").rowsBetween(Window.unboundedPreceding,
+    ordered = job.orderBy("ts_ms", _seq()).rowsBetween(Window.unboundedPreceding,
                                                       Window.currentRow)
     promoted_due = F.when(F.col("event") == Event.PROMOTED, F.col("due_ms"))
-    df = (events.withColumn("_seq", seq)
+    df = (events
           .withColumn("_promoted_due", F.last(promoted_due, ignorenulls=True).over(ordered))
           .withColumn("late_ms", F.when(F.col("event") == Event.PROMOTED,
                                         F.col("ts_ms") - F.col("due_ms"))
                       .when(F.col("event") == Event.STARTED,
                             F.col("ts_ms") - F.coalesce("due_ms", "_promoted_due")))
           .withColumn("task", F.coalesce("task", F.when(
-              F.col("job").isNotNull(), F.first("task", ignorenulls=True).over(job))))
-          .drop("_seq"))
+              F.col("job").isNotNull(), F.first("task", ignorenulls=True).over(job)))))
     return df.withColumn("due_for", F.coalesce("due_ms", "_promoted_due")).drop("_promoted_due")
+
+
+def as_counted(events):
+    """Events with ``counted``, the event as the counts take it: a job moved to another
+    shard by a replace is rescheduled (its ``scheduled`` or ``rescheduled`` there nearest
+    to the ``moved`` on the old shard, within :data:`MOVE_WITHIN_MS`), and a dead letter
+    dropped (``cancelled`` from ``dead``) is no cancel of a pending job (null: not
+    counted)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    moves = events.where(F.col("event") == Event.MOVED).select(
+        "job", F.col("shard").alias("_from"), F.col("id").alias("_move"),
+        F.col("ts_ms").alias("_moved_ms"))
+    apart = F.abs(F.col("ts_ms") - F.col("_moved_ms"))
+    nearest = Window.partitionBy("_from", "_move").orderBy(apart, "ts_ms")
+    arrivals = (events.where(F.col("event").isin(Event.SCHEDULED, Event.RESCHEDULED))
+                .select("shard", "id", "job", "ts_ms").join(moves, "job")
+                .where((F.col("shard") != F.col("_from")) & (apart <= MOVE_WITHIN_MS))
+                .withColumn("_rank", F.row_number().over(nearest)).where(F.col("_rank") == 1)
+                .select("shard", "id", F.lit(True).alias("_moved_in")).distinct())
+    dropped = (F.col("event") == Event.CANCELLED) & F.get_json_object(
+        "extra", "$.from").eqNullSafe("dead")
+    return (events.join(arrivals, ["shard", "id"], "left")
+            .withColumn("counted", F.when(F.col("_moved_in"), F.lit(Event.RESCHEDULED.value))
+                        .when(~dropped, F.col("event")))
+            .drop("_moved_in"))
 
 
 def choose_bucket(first_ms: int | None, last_ms: int | None) -> str:
@@ -160,7 +188,7 @@ def choose_bucket(first_ms: int | None, last_ms: int | None) -> str:
 def _stats(df, keys: list[str]):
     from pyspark.sql import functions as F
 
-    counts = [F.sum(F.when(F.col("event") == e, 1).otherwise(0)).alias(e.value)
+    counts = [F.sum(F.when(F.col("counted") == e, 1).otherwise(0)).alias(e.value)
               for e in _COUNTED]
     late = []
     for kind in (Event.PROMOTED, Event.STARTED):
@@ -180,36 +208,39 @@ def _stats(df, keys: list[str]):
 
 
 def dead_letters(df):
-    """Dead letters per task and reason: how many, how many were replayed since, the last."""
+    """Dead letters per task and reason: how many, how many were replayed since (a
+    ``replayed`` after it in its shard's journal), the last."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    replayed_ms = F.max(F.when(F.col("event") == Event.REPLAYED, F.col("ts_ms"))).over(
-        Window.partitionBy("shard", "job"))
+    since = Window.partitionBy("shard", "job").orderBy("ts_ms", _seq()).rowsBetween(
+        1, Window.unboundedFollowing)
     dead = (df.where(F.col("event").isin(Event.DEAD, Event.REPLAYED))
-            .withColumn("_replayed_ms", replayed_ms).where(F.col("event") == Event.DEAD))
+            .withColumn("_replayed", F.bool_or(F.col("event") == Event.REPLAYED).over(since))
+            .where(F.col("event") == Event.DEAD))
     return (dead.groupBy("task", "reason")
             .agg(F.count("*").alias("dead"),
-                 F.sum(F.when(F.col("_replayed_ms") > F.col("ts_ms"), 1).otherwise(0))
-                 .alias("replayed"),
+                 F.sum(F.when(F.col("_replayed"), 1).otherwise(0)).alias("replayed"),
                  F.max("ts_ms").alias("last_ms"))
             .orderBy(F.col("dead").desc(), "task", "reason"))
 
 
 def never_started(df, before_ms: int):
-    """Jobs whose latest promotion, at ``before_ms`` or earlier, no started event followed."""
+    """Jobs whose latest promotion, at ``before_ms`` or earlier, no start answered: none
+    for its due time or a later one (a start's ``due``, else its time). A fast worker's
+    start may be journaled before the carrier's promotion."""
     from pyspark.sql import functions as F
 
-    def latest(event: str):
-        return F.max(F.when(F.col("event") == event, F.col("ts_ms")))
-
+    cycle = F.coalesce("due_ms", "ts_ms")  # the due time an event answers
+    promoted = F.when(F.col("event") == Event.PROMOTED, F.struct("ts_ms", cycle.alias("due")))
     jobs = (df.where(F.col("job").isNotNull()).groupBy("shard", "job")
             .agg(F.first("task", ignorenulls=True).alias("task"),
-                 latest(Event.PROMOTED).alias("promoted_ms"),
-                 latest(Event.STARTED).alias("_started")))
-    return (jobs.where(F.col("promoted_ms") <= before_ms)
-            .where(F.col("_started").isNull() | (F.col("_started") < F.col("promoted_ms")))
-            .drop("_started").orderBy("promoted_ms", "job"))
+                 F.max(promoted).alias("_promoted"),
+                 F.max(F.when(F.col("event") == Event.STARTED, cycle)).alias("_started")))
+    return (jobs.withColumn("promoted_ms", F.col("_promoted.ts_ms"))
+            .where(F.col("promoted_ms") <= before_ms)
+            .where(F.col("_started").isNull() | (F.col("_started") < F.col("_promoted.due")))
+            .drop("_promoted", "_started").orderBy("promoted_ms", "job"))
 
 
 def build_report(spark, events: str | os.PathLike, out: str | os.PathLike, *,
@@ -223,7 +254,7 @@ def build_report(spark, events: str | os.PathLike, out: str | os.PathLike, *,
     source, out = hadoopfs.uri(events), hadoopfs.uri(out)
     zone = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # buckets are UTC minutes / hours
-    df = lateness(read_events(spark, source)).cache()
+    df = as_counted(lateness(read_events(spark, source))).cache()
     cached = [df]
     try:
         backlog = read_backlog(spark, source)
@@ -269,6 +300,13 @@ def build_report(spark, events: str | os.PathLike, out: str | os.PathLike, *,
         spark.conf.set("spark.sql.session.timeZone", zone)
     hadoopfs.write_text(spark, report.html, page.render(report))
     return report
+
+
+def _seq():
+    """An entry's sequence number within its millisecond (the id's ``<seq>``)."""
+    from pyspark.sql import functions as F
+
+    return F.split("id", "-").getItem(1).cast("long")
 
 
 def _dicts(df) -> list[dict[str, Any]]:
