@@ -75,3 +75,14 @@ def ctrl_c_said(count: Count, rerun: str) -> Iterator[None]:
     except KeyboardInterrupt:
         click.secho(interrupted(count, "the same command", rerun), fg="yellow", err=True)
         sys.exit(130)
+
+
+def registered(ctx: click.Context, task: str) -> bool:
+    """Whether the app registers ``task``, once its task modules are imported."""
+    app = ctx.obj.app
+    app.loader.import_default_modules()
+    return task in app.tasks
+
+
+def warn(message: str) -> None:
+    click.secho(f"warning: {message}", fg="yellow", err=True)

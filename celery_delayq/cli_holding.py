@@ -8,7 +8,16 @@ import sys
 import click
 
 from . import pausing
-from .cli_group import cli_user, counting, ctrl_c_said, delayq, delayq_of, fail
+from .cli_group import (
+    cli_user,
+    counting,
+    ctrl_c_said,
+    delayq,
+    delayq_of,
+    fail,
+    registered,
+    warn,
+)
 from .errors import DelayQError, InvalidOption
 from .reading import counted, shown
 
@@ -24,8 +33,8 @@ def pause(ctx: click.Context, task: str | None, queue: str | None) -> None:
         delayq_of(ctx).pause(task=task, queue=queue, by=cli_user())
     except DelayQError as exc:
         fail(exc)
-    if task and not _registered(ctx, task):
-        _warn(f"no task {shown(task)} is registered in this app; paused anyway (a task of "
+    if task and not registered(ctx, task):
+        warn(f"no task {shown(task)} is registered in this app; paused anyway (a task of "
               "another app?). If the name is wrong, run `delayq resume` with it and pause "
               "the right one")
     elif queue:
@@ -44,18 +53,11 @@ def _one_of(task: str | None, queue: str | None) -> None:
         raise click.UsageError(str(exc)) from None
 
 
-def _registered(ctx: click.Context, task: str) -> bool:
-    """Whether the app registers ``task``, once its task modules are imported."""
-    app = ctx.obj.app
-    app.loader.import_default_modules()
-    return task in app.tasks
-
-
 def _warn_if_undeclared(ctx: click.Context, queue: str, done: str, undo: str) -> None:
     """Warn that ``queue`` was ``done`` (paused, limited) though the app does not know it:
     a typo holds nothing while the operator believes it held."""
     if not _declared(ctx, queue):
-        _warn(f"no queue {shown(queue)} is declared or routed to in this app "
+        warn(f"no queue {shown(queue)} is declared or routed to in this app "
               f"(task_default_queue, task_queues, task_routes); {done} anyway (a queue named "
               f"only in calls?). If the name is wrong, {undo}")
 
@@ -69,10 +71,6 @@ def _declared(ctx: click.Context, queue: str) -> bool:
     routed = [route.get("queue") if isinstance(route, dict) else route
               for router in routers if isinstance(router, dict) for route in router.values()]
     return queue in app.amqp.queues or any(getattr(q, "name", q) == queue for q in routed)
-
-
-def _warn(message: str) -> None:
-    click.secho(f"warning: {message}", fg="yellow", err=True)
 
 
 def _named(task: str | None, queue: str | None) -> str:

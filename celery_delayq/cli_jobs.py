@@ -10,7 +10,17 @@ from datetime import datetime
 
 import click
 
-from .cli_group import cli_user, counting, ctrl_c_said, delayq, delayq_of, fail, ms_text
+from .cli_group import (
+    cli_user,
+    counting,
+    ctrl_c_said,
+    delayq,
+    delayq_of,
+    fail,
+    ms_text,
+    registered,
+    warn,
+)
 from .errors import DelayQError, InvalidDelay
 from .reading import FORBIDDEN, counted, iso_time, shown
 
@@ -37,6 +47,9 @@ def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str
         fail(exc)
     if not jobs:
         click.echo("no pending jobs")
+        if task is not None and not registered(ctx, task):
+            warn(f"no task {shown(task)} is registered in this app (a task of another app? "
+                 "a typo?)")
     for job in jobs:
         due = job.due.isoformat(timespec="milliseconds") if job.due else "-"
         click.echo(f"{due}  {shown(job.job_id)}  {shown(job.task)}  "

@@ -23,6 +23,16 @@ def run(spawn, *args: str) -> tuple[int, str]:
     return process.returncode, output
 
 
+def test_ls_of_a_task_the_app_does_not_register_says_so(proj, spawn, redis_client):
+    """A typo (``tests.proj.recrod``) lists nothing: the operator hears why."""
+    proj.record.apply_delayed(args=("x",), delay=600)
+    code, output = run(spawn, "ls", "--task", "tests.proj.recrod")
+    assert code == 0 and "no pending jobs" in output
+    assert "no task tests.proj.recrod is registered in this app" in output
+    code, output = run(spawn, "ls", "--task", proj.record.name)
+    assert code == 0 and "registered" not in output
+
+
 def test_ls_show_and_cancel_by_id(proj, spawn, redis_client):
     proj.record.apply_delayed(args=("x",), delay=600, job_id="order:1:close", key="order:1")
     code, output = run(spawn, "ls")
