@@ -157,6 +157,30 @@ def test_dropping_a_dead_letter_leaves_the_row_of_a_live_job_with_its_id_pending
         "by: cli:ops: dropped dead letter; from: dead")
 
 
+def test_a_dead_letter_dropped_after_its_id_was_scheduled_on_a_later_shard_leaves_it_pending(
+        shop_delayq, sync):
+    """One pass reads the letter's shard first: its death and the drop, then the later
+    shard's new job, scheduled between the two. The drop says nothing of that job."""
+    keys, store = shop_delayq.store.keys, shop_delayq.store
+    by_shard = {keys.shard_for("", f"order:{n}").shard: f"order:{n}" for n in range(100)}
+    dead_key, live_key = by_shard[min(by_shard)], by_shard[max(by_shard)]
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=0,
+                         job_id="order:1:close", key=dead_key)
+    for claim in store.claim(list(keys), 100, 60_000):
+        for job in claim.jobs:
+            store.dead_letter(claim.shard, job, "unknown queue: gone")
+    time.sleep(0.002)  # later milliseconds, as on any Redis but a local one
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600,
+                         job_id="order:1:close", key=live_key)
+    time.sleep(0.002)
+    assert store.drop("order:1:close", by="cli:ops: dropped dead letter")
+
+    sync.run_once()
+
+    row = DelayedTask.objects.get(job_id="order:1:close")
+    assert (row.state, row.key) == ("scheduled", live_key)
+
+
 @pytest.mark.parametrize("onto", ["an earlier shard", "a later shard"])
 def test_a_job_replaced_onto_another_shard_keeps_its_new_due_time_and_key(
         shop_delayq, sync, monkeypatch, onto):

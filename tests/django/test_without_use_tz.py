@@ -13,6 +13,7 @@ from django.urls import reverse
 
 from celery_delayq.contrib.django.models import DelayedTask
 from celery_delayq.contrib.django.reconcile import reconcile
+from celery_delayq.contrib.django.sync import apply_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LOCAL = ZoneInfo("Asia/Kolkata")  # +05:30: a time kept in UTC or with its zone cut off shows
@@ -32,6 +33,19 @@ def _in_an_hour() -> datetime:
 def _local(at: datetime) -> datetime:
     """``at`` as a USE_TZ=False database holds it: naive, in the project's time zone."""
     return at.astimezone(LOCAL).replace(tzinfo=None)
+
+
+def test_events_of_the_hour_the_clocks_go_back_still_move_the_row(settings):
+    """Naive local times repeat that hour: a job scheduled at 01:50 EDT and run at 01:05
+    EST, fifteen minutes later, looks run before it was scheduled."""
+    settings.USE_TZ, settings.TIME_ZONE = False, "America/New_York"
+    scheduled = int(datetime(2026, 11, 1, 5, 50, tzinfo=timezone.utc).timestamp() * 1000)
+    due = scheduled + 15 * 60_000
+    row = DelayedTask(job_id="order:1:close")
+    apply_event(row, {"event": "scheduled", "task": "t", "due": str(due)}, f"{scheduled}-0")
+    for n, event in enumerate(("promoted", "started", "succeeded")):
+        apply_event(row, {"event": event, "due": str(due)}, f"{due + n}-0")
+    assert (row.state, row.finished_at) == ("succeeded", datetime(2026, 11, 1, 1, 5, 0, 2000))
 
 
 def test_sync_mirrors_due_and_event_times_as_naive_local_times(naive_project, shop_delayq,

@@ -92,10 +92,10 @@ class DelayedTask(models.Model):
         help_text="When the task was given up instead of run.")
     reason = models.TextField(
         "reason", blank=True, help_text="Why the task was given up.")
-    journaled_at = models.DateTimeField(
+    journaled_ms = models.BigIntegerField(
         "changed in Redis at", null=True, blank=True, editable=False,
-        help_text="When Redis recorded the newest event that changed this task; an older "
-                  "one only joins its history.")
+        help_text="When Redis recorded the newest event that changed this task (ms since "
+                  "1970); an older one only joins its history.")
     created_at = models.DateTimeField(
         "created at", default=timezone.now, help_text="When this task first appeared here.")
     updated_at = models.DateTimeField(

@@ -48,7 +48,7 @@ _DUE_EVENTS = frozenset({Event.SCHEDULED, Event.RESCHEDULED, Event.RECOVERED, Ev
 _ROW_FIELDS = [
     "task_id", "task", "args", "kwargs", "queue", "key", "due", "state", "retries", "stored",
     "store_error", "envelope", "scheduled_at", "promoted_at", "started_at", "finished_at",
-    "cancelled_at", "cancelled_by", "dead_at", "reason", "journaled_at",
+    "cancelled_at", "cancelled_by", "dead_at", "reason", "journaled_ms",
 ]
 #: A new cursor's ``last_id``: before every entry.
 INITIAL_ID = JournalCursor._meta.get_field("last_id").default
@@ -211,7 +211,7 @@ class JournalSync:
                 if row is None:
                     row = rows[job_id] = DelayedTask(job_id=job_id, task=fields.get("task", ""),
                                                      created_at=at)
-                apply_event(row, fields, at, envelopes.get(job_id))
+                apply_event(row, fields, stream_id, envelopes.get(job_id))
                 events.append(DelayedTaskEvent(
                     delayed_task=row, event=fields.get("event", ""), at=at,
                     due=_ms(fields.get("due")), detail=_detail(fields), stream_id=stream_id))
@@ -332,22 +332,27 @@ def _unreadable(stream_id: str, fields: dict[str, str]) -> str:
     return ""
 
 
-def apply_event(row: DelayedTask, fields: dict[str, str], at: datetime,
+def apply_event(row: DelayedTask, fields: dict[str, str], stream_id: str,
                 envelope: _Mirrored | None = None) -> None:
-    """Move ``row`` to what one journal event says (``at``: when it was journaled), unless
-    it says nothing of the job's state; ``envelope``: the job's stored envelope, read.
+    """Move ``row`` to what one journal event (entry ``stream_id``) says, unless it says
+    nothing of the job's state; ``envelope``: the job's stored envelope, read.
 
     A shard's events arrive in order, but the sync reads shard after shard: an event older
-    than the one that last changed the row (``journaled_at``) is of another shard (a job
-    moved to another key's shard, or scheduled again under a dead letter's id) and changes
-    nothing. Nor does ``moved`` (the job lives on, on another shard), or the drop of a dead
-    letter whose id a job scheduled since has."""
-    event = fields.get("event", "")
-    if (event == Event.MOVED or (row.journaled_at is not None and at < row.journaled_at)
-            or (event == Event.CANCELLED and fields.get("from") == "dead"
-                and row.state != State.DEAD)):
+    than the one that last changed the row (``journaled_ms``, Redis's clock: local times
+    repeat an hour when the clocks go back) is of another shard (a job moved to another
+    key's shard, or scheduled again under a dead letter's id) and changes nothing. Nor does
+    ``moved`` (the job lives on, on another shard), or the drop of a dead letter whose id a
+    job scheduled since has; a drop of the row's own dead letter does not date it either,
+    so such a job's events, older than the drop, still move it."""
+    event, ms = fields.get("event", ""), int(stream_id.split("-")[0])
+    dropped = event == Event.CANCELLED and fields.get("from") == "dead"
+    if (event == Event.MOVED or (row.journaled_ms is not None and ms < row.journaled_ms)
+            or (dropped and row.state != State.DEAD)):
         return
-    row.journaled_at = at
+    if not dropped:
+        row.journaled_ms = ms
+    at = _at(stream_id)
+    assert at is not None  # else _unreadable left the entry out
     due = _ms(fields.get("due"))
     if fields.get("task"):
         row.task = fields["task"]
