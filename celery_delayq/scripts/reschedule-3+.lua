@@ -16,7 +16,8 @@ ARGV[7] the job's task id when it is not its job id, else "": the caller's guess
 ARGV[8] ms the index outlives the job's due time
 
 The index expires ARGV[8] ms after the new due time, while it names this job; an index
-naming another job (one given that task id since) is left alone.
+naming another job (one given that task id since), or holding another type of value
+(damaged), is left alone.
 
 Returns {1, new due ms, task id} when rescheduled, {0, -1, ""} when the job is not pending
 (already claimed or promoted, cancelled, or unknown), {-1, -1, task id} when ARGV[7] is not
@@ -37,7 +38,8 @@ if not redis.call('ZSCORE', KEYS[1], job_id) then return {0, -1, ''} end
 local fields = first_line(redis.call('HGET', KEYS[2], job_id))
 local task_id = text_field(fields, 'i')
 if task_id ~= ARGV[7] then return {-1, -1, task_id} end
-local indexed = task_id ~= '' and redis.call('GET', KEYS[4]) == job_id
+local indexed = task_id ~= '' and redis.call('TYPE', KEYS[4]).ok == 'string'
+  and redis.call('GET', KEYS[4]) == job_id
 local now = now_ms()
 local due = now + tonumber(ARGV[4])
 if ARGV[3] ~= '' then due = tonumber(ARGV[3]) end

@@ -79,6 +79,11 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
         noop.apply_delayed(args=(0,), delay=600, job_id="later", key="order:1")
         noop.apply_delayed(args=(0,), delay=600, job_id="cancel-me")
         assert DelayQ.of(noop.app).cancel("cancel-me")
+        # jobs of ids of their own: a task id index, which a reschedule and a revoke use
+        moved = noop.apply_delayed(args=(0,), delay=600, job_id="move-me", key="order:2")
+        assert DelayQ.of(noop.app).reschedule("move-me", delay=900, key="order:2")
+        revoked = noop.apply_delayed(args=(0,), delay=600, job_id="revoke-me")
+        assert DelayQ.of(noop.app).revoke([revoked.id]) == 1
         shard = DelayQ.of(noop.app).store.keys.shard(0)
         for bad in ("bad-1", "bad-2"):  # the carrier dead-letters them, the CLI settles them
             admin.hset(shard.jobs, bad, '{"t":"acl.noop"')
@@ -113,6 +118,7 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
             thread.join(10)
             queue.delete("acl-test")
         for command in (["stats", "--json"], ["ls", "--key", "order:1"], ["cancel", "later"],
+                        ["reschedule", "move-me", "--delay", "1200"], ["run-now", "move-me"],
                         ["paused"], ["rate-limit", "acl-test", "off"],
                         ["resume", "--queue", "elsewhere"], ["drop", "bad-1"],
                         ["replay", "--all"], ["drop", "--all", "--yes"]):
@@ -124,7 +130,8 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
     assert sorted({f"{d['username']}: {d['object']}" for d in denied
                    if d["object"].split("|")[0] not in ("client", "config")}) == []
     assert sum(row["pending"] for row in json.loads(outputs["stats"])) == (
-        1 + releasing.RELEASE_CHUNK + 100)
+        2 + releasing.RELEASE_CHUNK + 100)
+    assert moved.id and "move-me" in outputs["run-now"]
     assert "later" in outputs["ls"] and "later: cancelled" in outputs["cancel"]
     assert outputs["paused"] == "queue elsewhere\nqueue kept\n"
     assert "replayed 1 dead job" in outputs["replay"] and "dropped 0" in outputs["drop"]

@@ -201,3 +201,17 @@ def test_a_call_stored_again_between_a_cancel_and_its_index_clean_up_keeps_its_i
     assert interleaved and [job.args for job in delayq.pending()] == [[2]]
     assert _indexed(delayq, first.id, "order:1")
     assert delayq.revoke([first.id]) == 1
+
+
+def test_a_reschedule_of_a_job_whose_task_id_index_is_damaged_still_moves_it(proj, delayq):
+    """The index key holds another type (planted, or damaged): the job is rescheduled all
+    the same, its index left as it is, as a cancel leaves it."""
+    result = proj.record.apply_delayed(args=(1,), delay=3600, job_id="order:1:close")
+    store = delayq.store
+    shard = store.keys.shard_for("order:1:close")
+    index = store.keys.task_index(shard, pack_id(result.id))
+    store.client.delete(index)
+    store.client.rpush(index, "damaged")
+    assert delayq.run_now("order:1:close")
+    assert delayq.get("order:1:close").due.timestamp() < time.time() + 5
+    assert store.client.type(index) == "list"
