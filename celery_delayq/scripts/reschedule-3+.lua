@@ -43,10 +43,10 @@ local indexed = task_id ~= '' and redis.call('TYPE', KEYS[4]).ok == 'string'
 local now = now_ms()
 local due = now + tonumber(ARGV[4])
 if ARGV[3] ~= '' then due = tonumber(ARGV[3]) end
-redis.call('ZADD', KEYS[1], 'XX', due, job_id)
-if indexed then
+if indexed then  -- first: a user without PEXPIRE (an older ACL line) is refused unwritten
   redis.call('PEXPIRE', KEYS[4], math.max(due - now, 0) + tonumber(ARGV[8]))
 end
+redis.call('ZADD', KEYS[1], 'XX', due, job_id)
 journal(3, 'rescheduled', 'job', job_id, 'task', text_field(fields, 't'), 'key',
         text_field(fields, 'y'), 'due', due)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)
