@@ -152,6 +152,20 @@ def test_a_user_refused_a_store_command_gets_an_error_that_names_the_acl_section
         # written at its first use
 
 
+def test_a_reschedule_by_a_user_of_an_older_line_without_pexpire_writes_nothing(redis_server):
+    """The script sets a task id index's expiry itself: without PEXPIRE it is refused
+    before it moves the due time, not after (no journal entry, no wake)."""
+    with RedisServer() as server, producer_without(redis_server, server, "+pexpire") as delayq:
+        delayq.schedule("acl.noop", [1], delay=600, job_id="move-me")
+        admin = redis.Redis(port=server.port, decode_responses=True)
+        journal = delayq.store.keys.shard_for("move-me").journal
+        before = (delayq.get("move-me").due, admin.xlen(journal))
+        with pytest.raises(ConfigurationError, match="Redis ACL users"):
+            delayq.reschedule("move-me", delay=900)
+        assert (delayq.get("move-me").due, admin.xlen(journal)) == before
+        admin.close()
+
+
 def test_a_producer_given_the_line_of_releases_before_script_exists_still_schedules_own_ids(
         redis_server):
     """Before ``+script|exists`` was documented (a reservation asks which scripts Redis
