@@ -103,6 +103,7 @@ repairs what breaks them (an evicting Redis, a hand-edited key, a bug).
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -257,6 +258,13 @@ def raw_id(stored: str) -> str | bytes:
     those ids go back as the exact bytes they were.
     """
     return stored if stored.isascii() else stored.encode("utf-8", "surrogateescape")
+
+
+def digest(value: str) -> str:
+    """The SHA-1 (hex) of a value read back from Redis, as a script's ``redis.sha1hex``
+    gives it of the stored bytes ("" stays "": any value); a script compares that, so a
+    long value is not sent back whole."""
+    return value and hashlib.sha1(value.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def unpack_id(stored: str) -> str:

@@ -7,8 +7,8 @@ KEYS[4] answer    STRING this call's reply, kept for the call sent again (answer
 
 ARGV[1] journal maxlen (0: no journal)
 ARGV[2] who dropped them and why (the journal's "by", as a cancel's)
-ARGV[3..] job ids, each followed by its dead letter as the caller read it, or "" for
-          whatever letter it has
+ARGV[3..] job ids, each followed by the SHA-1 (hex) of its dead letter as the caller read
+          it, or "" for whatever letter it has
 
 Returns the number of dead letters dropped (an id that is not dead-lettered, or whose
 letter is not the one read, written again since, is skipped).
@@ -32,7 +32,7 @@ local dropped = 0
 for i = 3, #ARGV, 2 do
   local job_id, read = ARGV[i], ARGV[i + 1]
   local dead = redis.call('HGET', KEYS[1], job_id)
-  if dead and (read == '' or dead == read) then
+  if dead and (read == '' or redis.sha1hex(dead) == read) then
     local entry = first_line(dead)  -- a dead letter is one line of JSON
     local fields = entry and first_line(text_field(entry, 'envelope'))
     redis.call('HDEL', KEYS[1], job_id)

@@ -13,7 +13,8 @@ ARGV[2] job id
 ARGV[3] envelope to store instead of the dead one, or "" to keep it
 ARGV[4] wake channel
 ARGV[5] shard number
-ARGV[6] its dead letter as the caller read it, or "" for whatever letter it has
+ARGV[6] the SHA-1 (hex) of its dead letter as the caller read it, or "" for whatever
+        letter it has
 
 Returns 1 when replayed, 0 when no dead job has this id (or its letter is not the one
 read: written again since), -1 when a live job has it, and {-2, why} when the dead letter
@@ -35,7 +36,7 @@ local again = answered(7)
 if again then return again end
 local job_id = ARGV[2]
 local dead = redis.call('HGET', KEYS[1], job_id)
-if not dead or (ARGV[6] ~= '' and dead ~= ARGV[6]) then return 0 end
+if not dead or (ARGV[6] ~= '' and redis.sha1hex(dead) ~= ARGV[6]) then return 0 end
 if redis.call('HEXISTS', KEYS[2], job_id) == 1 then return -1 end
 local env = ARGV[3]
 if env == '' then

@@ -4,7 +4,7 @@ since on another shard replaces (one dead letter per job id), unless it changed 
 KEYS[1] dead      HASH  job id -> {"reason", "envelope", "at"} (JSON)
 
 ARGV[1] job id
-ARGV[2] its dead letter as read before the new one was written
+ARGV[2] the SHA-1 (hex) of its dead letter as read before the new one was written
 
 Returns 1 when removed, 0 when that letter is no longer there (gone, or written again by a
 later call of the id, which stays).
@@ -15,6 +15,7 @@ holds the wrong type of value.
 -- include: damaged.lua
 local problem = damaged({1, 'hash'})
 if problem then return redis.error_reply(problem) end
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+local letter = redis.call('HGET', KEYS[1], ARGV[1])
+if not letter or redis.sha1hex(letter) ~= ARGV[2] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 return 1

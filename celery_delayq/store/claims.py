@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from ..errors import DelayQError
 from ..events import Event
-from ..keys import ShardKeys, bykey_member, pack_id, raw_id, unpack_id
+from ..keys import ShardKeys, bykey_member, digest, pack_id, raw_id, unpack_id
 from ..reading import printable
 from ..scripts import SCRIPTS, Deferred, Script, execute
 from .base import StoreBase, damaged_key, shard_error
@@ -262,7 +262,7 @@ class Claims(StoreBase):
         written again since, by a later call of the id, stays (``supersede-1.lua``)."""
         script = SCRIPTS["supersede"]
         if earlier:
-            execute(self.client, [(script, script.keys_for(shard), [stored, raw_id(letter)])
+            execute(self.client, [(script, script.keys_for(shard), [stored, digest(letter)])
                                   for shard, letter in earlier])
 
     # -- shard leases ------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from ..decoding import first_line
 from ..errors import JobExists, PayloadError
-from ..keys import ShardKeys, pack_id, raw_id, unpack_id
+from ..keys import ShardKeys, digest, pack_id, raw_id, unpack_id
 from ..reading import is_text
 from ..reservation import Reservation, reserving_ids
 from ..scripts import SCRIPTS
@@ -142,7 +142,7 @@ class DeadLetters(StoreBase):
         script = SCRIPTS["replay"]
         calls = [(script, script.keys_for(shard, self.answer_key(shard)),
                   [self._maxlen, raw, envelope, self.keys.wake_channel, shard.shard,
-                   raw_id(read)])
+                   digest(read)])
                  for raw, read in letters]
         with self.unavailable():
             return raised(reservation.release_after(calls, along=False))
@@ -153,7 +153,7 @@ class DeadLetters(StoreBase):
         if not letters:
             return 0
         script = SCRIPTS["drop"]
-        args = [raw_id(text) for letter in letters for text in letter]
+        args = [value for stored, read in letters for value in (raw_id(stored), digest(read))]
         with self.unavailable():
             return int(script.call(self.client, script.keys_for(shard, self.answer_key(shard)),
                                    [self._maxlen, by, *args]))
