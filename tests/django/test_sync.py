@@ -193,6 +193,7 @@ def test_a_job_replaced_onto_another_shard_keeps_its_new_due_time_and_key(
     first, moved = (high, low) if onto == "an earlier shard" else (low, high)
     shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600,
                          job_id="order:1:close", key=first)
+    time.sleep(0.002)  # a later millisecond: two shards' events of one are not ordered
     leave = type(store)._cancel  # the old shard's "moved": a round trip after the new write
 
     def later(*args, **kwargs):
