@@ -1,4 +1,5 @@
-"""Redis memory: the producers' headroom limit and the eviction-policy verdict.
+"""Redis memory: the producers' headroom limit, the eviction-policy verdict, and what
+Redis's refusal of a write for memory looks like (:func:`refused_for_memory`).
 
 A Redis at ``maxmemory`` with ``noeviction`` refuses every write that needs memory, the
 broker's ``LPUSH`` of a promoted job included, so producers stop short of it

@@ -299,9 +299,9 @@ class Producing(StoreBase):
 
         A job id names one job whatever its business key, so every shard is looked at,
         and a copy stored under another key (two producers racing before reservations) is
-        cancelled as well. The id's reservation is held
-        from that look to the cancel (:meth:`_shards_holding`). With ``task_id``, only a
-        job of that Celery task id is cancelled.
+        cancelled as well. The id's reservation is held from that look to the cancel
+        (:meth:`_shards_holding`). With ``task_id``, only a job of that Celery task id is
+        cancelled.
         """
         with self._reserving_id(job_id) as reservation:
             shards = self._shards_holding(reservation, job_id, in_flight=True)
