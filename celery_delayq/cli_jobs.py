@@ -118,8 +118,8 @@ def _json_shown(text: str) -> str:
 @delayq.command()
 @click.argument("job_id", required=False)
 @click.option("--key", default=None,
-              help="With JOB_ID: only where to look for it (the job's business key, found "
-                   "faster); without: cancel every pending job of KEY.")
+              help="Without JOB_ID: cancel every pending job of KEY. (With JOB_ID it is not "
+                   "needed: the job is looked for on every shard.)")
 @click.pass_context
 def cancel(ctx: click.Context, job_id: str | None, key: str | None) -> None:
     """Cancel JOB_ID, or every pending job of --key KEY (their results REVOKED)."""

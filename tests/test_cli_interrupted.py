@@ -102,8 +102,8 @@ def test_cancel_journals_who_ran_it_as_drop_and_pause_do(proj, delayq):
 
 def test_cancel_help_says_what_key_does_with_and_without_a_job_id(proj):
     text = " ".join(invoke(proj, "cancel", "--help").output.split())
-    assert "With JOB_ID: only where to look for it" in text
-    assert "without: cancel every pending job of KEY" in text
+    assert "Without JOB_ID: cancel every pending job of KEY" in text
+    assert "With JOB_ID it is not needed" in text
 
 
 def said_count(output: str, verb: str) -> int:
