@@ -264,7 +264,8 @@ def digest(value: str) -> str:
     """The SHA-1 (hex) of a value read back from Redis, as a script's ``redis.sha1hex``
     gives it of the stored bytes ("" stays "": any value); a script compares that, so a
     long value is not sent back whole."""
-    return value and hashlib.sha1(value.encode("utf-8", "surrogateescape")).hexdigest()
+    return value and hashlib.sha1(value.encode("utf-8", "surrogateescape"),
+                                  usedforsecurity=False).hexdigest()
 
 
 def unpack_id(stored: str) -> str:
