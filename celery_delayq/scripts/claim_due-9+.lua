@@ -142,6 +142,7 @@ end
 -- parts of its message that depend on them alone; false when it is not.
 local IGNORED = {[true] = 'true', [false] = 'false', [cjson.null] = 'null'}
 local function route(line)
+  if string.find(line, '[%z\1-\31]') then return false end  -- raw: Python's JSON refuses it
   local fields = first_line(line)
   if not fields or type(fields['t']) ~= 'string' or fields['t'] == '' then return false end
   local ignore = 'null'  -- the message's ignore_result: the call's own, else the task's
@@ -200,7 +201,8 @@ end
 -- reads 01, Python's JSON refuses it), digits past Python's 4,300 limit for
 -- an int, more brackets than delayq_max_nesting (maybe nested too deeply), a "__type__" key
 -- (kombu's JSON object for a datetime, UUID ..., which may hold what kombu cannot decode),
--- a line break (a line past the envelope's three), text cjson cannot decode.
+-- a control character (a line break: a line past the envelope's three; another: Python's
+-- JSON refuses one raw in a string, producers escape them), text cjson cannot decode.
 local function decodable(args, kwargs)
   if args ~= '' and (string.byte(args, 1) ~= 91 or string.byte(args, -1) ~= 93) then
     return false  -- not [ ... ]
@@ -210,8 +212,7 @@ local function decodable(args, kwargs)
   end
   local text = args .. kwargs
   if string.find(text, '[%[,:]%s*-?[NI]') or leading_zero(text)
-     or string.find(text, '"__type__"', 1, true)
-     or string.find(text, '\n', 1, true) then
+     or string.find(text, '"__type__"', 1, true) or string.find(text, '[%z\1-\31]') then
     return false
   end
   if #text > max_nesting and select(2, string.gsub(text, '[%[{]', '')) > max_nesting then
@@ -226,17 +227,13 @@ local function decodable(args, kwargs)
 end
 
 -- The route of a job open to direct promotion and its raw args and kwargs, else nil.
--- Envelopes that are not UTF-8, longer than delayq_max_payload_bytes, holding a control
--- character other than their two line breaks (Python's JSON refuses one raw in a string;
--- producers escape them) or whose due time is not a finite number are claimed instead, so
--- the carrier dead-letters them rather than pushing them to a worker.
+-- Envelopes that are not UTF-8, longer than delayq_max_payload_bytes or whose due time is
+-- not a finite number are claimed instead, so the carrier dead-letters them rather than
+-- pushing them to a worker.
 local routed = {}  -- first line -> route (the jobs of a batch share a few first lines)
 local function plain(job_id, env, due)
-  if not env or next(routes) == nil or #env > max_payload or not utf8(job_id) then
-    return nil
-  end
-  if string.find(env, '[%z\1-\9\11-\31\128-\255]')  -- (one look at a plain ASCII one)
-     and (string.find(env, '[%z\1-\9\11-\31]') or not utf8(env)) then
+  if not env or next(routes) == nil or #env > max_payload or not utf8(env)
+     or not utf8(job_id) then
     return nil
   end
   local d = tonumber(due)
