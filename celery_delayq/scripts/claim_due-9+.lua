@@ -227,9 +227,10 @@ local function decodable(args, kwargs)
 end
 
 -- The route of a job open to direct promotion and its raw args and kwargs, else nil.
--- Envelopes that are not UTF-8, longer than delayq_max_payload_bytes or whose due time is
--- not a finite number are claimed instead, so the carrier dead-letters them rather than
--- pushing them to a worker.
+-- Envelopes that are not UTF-8 or longer than delayq_max_payload_bytes are claimed instead,
+-- so the carrier dead-letters them rather than pushing them to a worker; so is a job whose
+-- due time is not a whole, finite number (NaN fails the comparison with its floor), which
+-- the carrier publishes or dead-letters as it does through kombu.
 local routed = {}  -- first line -> route (the jobs of a batch share a few first lines)
 local function plain(job_id, env, due)
   if not env or next(routes) == nil or #env > max_payload or not utf8(env)
@@ -237,7 +238,7 @@ local function plain(job_id, env, due)
     return nil
   end
   local d = tonumber(due)
-  if not d or d ~= d or d == math.huge or d == -math.huge then return nil end
+  if not d or d ~= math.floor(d) or d == math.huge or d == -math.huge then return nil end
   local nl1 = string.find(env, '\n', 1, true)
   local nl2 = nl1 and string.find(env, '\n', nl1 + 1, true)
   if not nl2 then return nil end

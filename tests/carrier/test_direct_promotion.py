@@ -89,6 +89,23 @@ def test_direct_message_carries_the_eta_kombu_would_to_the_millisecond(proj, app
     assert etas[0] == etas[1] == due.isoformat(timespec="milliseconds")
 
 
+def test_a_planted_fractional_due_score_gives_the_message_kombu_would(
+        proj, app, delayq, redis_client):
+    """A score such as ``...083.5`` (planted, or written by another client): the header
+    and the journal carry whole milliseconds, as through kombu."""
+    messages, dues = [], []
+    for direct in (False, True):
+        proj.anything.apply_delayed(eta=DUE, queue=PARKED, job_id="same", task_id="same")
+        shard = delayq.store.keys.shard(delayq.get("same").shard)
+        redis_client.zadd(shard.due, {"same": DUE.timestamp() * 1000 + 0.75})
+        promote_once(app, direct=direct)
+        messages.append(comparable(parked(redis_client)[-1])[0])
+        dues.append(delayq.store.client.xrevrange(shard.journal, count=1)[0][1]["due"])
+    assert messages[1] == messages[0]
+    assert messages[1]["headers"]["delayq_due"] == int(DUE.timestamp() * 1000)
+    assert dues == [str(int(DUE.timestamp() * 1000))] * 2
+
+
 def test_direct_promotion_forgets_each_job_once_and_journals_it(
         proj, app, delayq, redis_client):
     for i in range(300):
