@@ -40,7 +40,6 @@ _create_lock = threading.Lock()
 logger = logging.getLogger("celery_delayq")
 
 
-_ITEM_FIELDS = frozenset({"args", "kwargs", "delay", "eta", "key", "job_id", "shadow"})
 Interceptor = Callable[["DelayQ", Call, Due, str], "DelayedResult | None"]
 
 
@@ -166,10 +165,7 @@ class DelayQ(Holding):
             self.app, name, options, task_type=task_type)  # resolved once for the batch
         prepared = []
         for n, item in enumerate(items):
-            unknown = set(item) - _ITEM_FIELDS
-            if unknown:
-                raise InvalidOption(f"item {n} has unknown fields {sorted(unknown)}; allowed: "
-                                    f"{', '.join(sorted(_ITEM_FIELDS))}")
+            item = validation.batch_item(n, item)
             shadow = item.get("shadow")  # a template of its own (cached per name)
             prepared.append(self._prepare(
                 name, item.get("args"), item.get("kwargs"), item.get("delay"), item.get("eta"),

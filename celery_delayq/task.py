@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Task
 
-from . import journal
+from . import journal, validation
 from .extension import DelayQ
 from .result import DelayedResult
 
@@ -78,7 +78,8 @@ class DelayedTask(Task):
         dump = getattr(self, "_dump_pydantic_arguments", None) is not None
         shadowed = "shadow" not in options and type(self).shadow_name is not Task.shadow_name
         if dump or shadowed:
-            items = [self._as_called(item, options, dump, shadowed) for item in items]
+            items = [self._as_called(validation.batch_item(n, item), options, dump, shadowed)
+                     for n, item in enumerate(items)]
         return DelayQ.of(self.app).schedule_many(
             self.name, items, if_exists=if_exists, task_type=self, **options)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -134,6 +135,23 @@ def arguments(task: Any, args: Any, kwargs: Any) -> None:
     header = getattr(task, "__header__", None) if getattr(task, "typing", False) else None
     if header is not None:
         header(*(args or ()), **(kwargs or {}))
+
+
+#: The fields an item of ``schedule_many`` / ``apply_delayed_many`` may have.
+ITEM_FIELDS = frozenset({"args", "kwargs", "delay", "eta", "key", "job_id", "shadow"})
+
+
+def batch_item(n: int, item: object) -> Mapping[str, Any]:
+    """``item``, the ``n``-th of a batch, if it is a mapping of known fields."""
+    if not isinstance(item, Mapping):
+        raise InvalidOption(
+            f"item {n} is a {type(item).__name__}, not a mapping of fields; give each call "
+            'as a dict such as {"args": [...], "kwargs": {...}, "delay": 60}')
+    unknown = set(item) - ITEM_FIELDS
+    if unknown:
+        raise InvalidOption(f"item {n} has unknown fields {sorted(unknown, key=str)}; "
+                            f"allowed: {', '.join(sorted(ITEM_FIELDS))}")
+    return item
 
 
 def if_exists(value: str) -> str:

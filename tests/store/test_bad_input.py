@@ -145,6 +145,35 @@ def test_unknown_item_field_is_refused(proj):
         proj.record.apply_delayed_many([{"args": (1,), "countdown": 5}])
 
 
+@pytest.mark.parametrize("item", [((1,), {}), ("args", "delay"), "args", 5, None, [("args", (1,))]],
+                         ids=["a tuple of args and kwargs", "a tuple of field names", "a string",
+                              "a number", "None", "a list of pairs"])
+def test_an_item_that_is_not_a_mapping_is_refused_by_position(proj, redis_client, item):
+    items = [{"args": (0,), "delay": 5}, item]
+    with pytest.raises(InvalidOption, match=r"item 1 is a \w+, not a mapping"):
+        proj.record.apply_delayed_many(items)
+    with pytest.raises(InvalidOption, match=r"item 1 is a \w+, not a mapping"):
+        proj.delayq.schedule_many(proj.record.name, items)
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
+
+
+def test_a_shadowed_tasks_item_that_is_not_a_mapping_is_refused_by_position(redis_server):
+    """Its items are given their shadow names before the batch is validated."""
+    from celery_delayq import DelayedTask, DelayQ
+
+    app = Celery("shadowed", broker=f"{redis_server.url}/0", set_as_current=False)
+    app.conf.delayq_prefix = "shadowed"
+
+    @app.task(base=DelayedTask, name="shadowed.named",
+              shadow_name=lambda task, args, kwargs, options: f"named:{args}")
+    def named(x):
+        return x
+
+    with pytest.raises(InvalidOption, match=r"item 1 is a tuple, not a mapping"):
+        named.apply_delayed_many([{"args": (0,), "delay": 5}, ((1,), {})])
+    assert [k for k in store_keys(DelayQ.of(app)) if k != "shadowed:meta"] == []
+
+
 def test_negative_countdown_runs_now_as_in_celery(proj, delayq):
     # Celery treats countdown <= 0 as "no delay": the store is not involved.
     result = proj.record.apply_async(("x",), countdown=-timedelta(seconds=1).total_seconds())
