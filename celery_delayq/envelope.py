@@ -39,6 +39,7 @@ from celery.app import task as celery_task
 from celery.app.routes import MapRoute
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
+from kombu import Exchange, Queue
 from kombu.common import Broadcast
 from kombu.utils.json import JSONEncoder
 
@@ -224,6 +225,7 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
         options["errbacks"] = maybe_list(options.pop("link_error"))
 
     ignored = _ignore_result(app, name, task_type, options)  # (routing drops a None)
+    _check_route_types(options)  # before Celery's router adds a queue named 5 to the app's
     try:
         routed = app.amqp.router.route(options, name, args, kwargs or {}, task_type)
         queue, exchange, routing_key = _resolve_route(app, name, routed)
@@ -282,6 +284,23 @@ def _ignore_result(app, name: str, task_type, options: dict[str, Any]) -> bool |
     if "ignore_result" in options:
         return options.pop("ignore_result")
     return bool(_own_ignore_result(app, name, task_type))
+
+
+#: What each routing option of a call may be, and how to say it.
+_ROUTE_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "queue": ((str, Queue), "a queue name (a string) or a kombu Queue"),
+    "exchange": ((str, Exchange), "an exchange name (a string) or a kombu Exchange"),
+    "routing_key": (str, "a string"),
+}
+
+
+def _check_route_types(options: Mapping[str, Any]) -> None:
+    """Refuse a ``queue``, ``exchange`` or ``routing_key`` option of the wrong type (None is
+    the default route)."""
+    for what, (types, said) in _ROUTE_TYPES.items():
+        value = options.get(what)
+        if value is not None and not isinstance(value, types):
+            raise InvalidOption(f"{what} must be {said}, got {type(value).__name__}")
 
 
 def _check_name(value: object, what: str) -> None:

@@ -325,6 +325,23 @@ def test_a_route_name_a_terminal_would_show_raw_is_refused_on_every_producer_pat
     assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
 
 
+@pytest.mark.parametrize("producer", PRODUCERS)
+@pytest.mark.parametrize(("options", "message"), [
+    ({"queue": 5}, "queue must be a queue name .* got int"),
+    ({"queue": b"orders"}, "queue must be a queue name .* got bytes"),
+    ({"exchange": object(), "routing_key": "x"}, "exchange must be an exchange name .* got object"),
+    ({"exchange": "events", "routing_key": 5}, "routing_key must be a string, got int"),
+], ids=["queue-int", "queue-bytes", "exchange-object", "routing-key-int"])
+def test_a_route_that_is_not_a_name_is_refused_before_celerys_router_keeps_it(
+        proj, redis_client, producer, options, message):
+    """Celery's router would add a queue named 5 to the app's queues; the carrier then
+    dead-lettered the job ("envelope fields have the wrong type")."""
+    with pytest.raises(InvalidOption, match=message):
+        PRODUCERS[producer](proj, proj.record.name, **options)
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
+    assert all(isinstance(name, str) for name in proj.app.amqp.queues)
+
+
 @pytest.mark.parametrize("producer", NAMED)
 @pytest.mark.parametrize(("name", "message"), [
     ("", "task name must be a non-empty string"),
