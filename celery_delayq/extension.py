@@ -362,11 +362,11 @@ class DelayQ(Holding):
             revoke.mark_revoked(self.app, revoked, task, backend)
         return outcome
 
-    def revoke(self, task_ids: Iterable[str]) -> int:
-        """Cancel the stored jobs of these Celery task ids, as ``app.control.revoke`` does
-        (see :mod:`celery_delayq.revoke`); returns how many were cancelled."""
+    def revoke(self, task_ids: str | Iterable[str]) -> int:
+        """Cancel the stored jobs of this Celery task id or these, as ``app.control.revoke``
+        does (see :mod:`celery_delayq.revoke`); returns how many were cancelled."""
         cancelled = 0
-        for task_id in task_ids:
+        for task_id in validation.task_ids(task_ids):
             outcome, _, task = self.store.cancel_task(task_id, by="revoke")
             if outcome is CancelOutcome.CANCELLED:
                 revoke.mark_revoked(self.app, task_id, task)

@@ -24,7 +24,6 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from celery.app.control import Control as CeleryControl
-from celery.utils.functional import maybe_list
 from kombu.utils.imports import symbol_by_name
 
 from .errors import DelayQError
@@ -69,7 +68,7 @@ class _RevokingControl:
         delayq = DelayQ.lookup(self.app)  # type: ignore[attr-defined]
         try:
             if delayq is not None:
-                delayq.revoke(maybe_list(task_id))
+                delayq.revoke(task_id)
         finally:  # workers hear it even when the store could not be reached (that raises)
             reply = super().revoke(task_id, *args, **kwargs)  # type: ignore[misc]
         return reply
@@ -107,7 +106,7 @@ def _wrap_worker_command() -> None:
             delayq = DelayQ.lookup(state.app)
             if delayq is not None:
                 try:
-                    delayq.revoke(maybe_list(task_id))
+                    delayq.revoke(task_id)
                 except DelayQError as exc:  # the worker's own revoke stands
                     logger.warning("could not cancel revoked tasks in the store: %s", exc)
             return reply

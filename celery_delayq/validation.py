@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
+from uuid import UUID
 
 from .envelope import canonical_json
 from .errors import InvalidDelay, InvalidJobId, InvalidOption
@@ -103,6 +104,20 @@ def looked_up(job_id: object, key: object = None) -> None:
     if not isinstance(job_id, str):
         raise InvalidJobId(f"job_id must be a string, got {type(job_id).__name__}")
     _key_or_none(key)
+
+
+def task_ids(value: object) -> list[str]:
+    """Task ids to revoke as a list: a string (or UUID) is one id, as ``app.control.revoke``
+    takes it; refuse anything else that is not an iterable of them."""
+    if isinstance(value, (str, UUID)):
+        value = [value]
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
+        raise InvalidJobId(f"a task id must be a string, got {type(value).__name__}")
+    ids = [str(task_id) if isinstance(task_id, UUID) else task_id for task_id in value]
+    for task_id in ids:
+        if not isinstance(task_id, str):
+            raise InvalidJobId(f"a task id must be a string, got {type(task_id).__name__}")
+    return ids
 
 
 def looked_up_key(key: object) -> None:

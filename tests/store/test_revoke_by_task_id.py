@@ -4,12 +4,14 @@ id is not its job id: the store keeps a task id index beside such a job (keys.py
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 from celery import states
 from celery.result import AsyncResult
 
 from celery_delayq.carrier import Carrier
+from celery_delayq.errors import InvalidJobId
 from celery_delayq.keys import pack_id
 from celery_delayq.store import TASK_INDEX_GRACE_MS
 from celery_delayq.store.claims import Promoted
@@ -215,3 +217,31 @@ def test_a_reschedule_of_a_job_whose_task_id_index_is_damaged_still_moves_it(pro
     assert delayq.run_now("order:1:close")
     assert delayq.get("order:1:close").due.timestamp() < time.time() + 5
     assert store.client.type(index) == "list"
+
+
+def test_delayq_revoke_takes_one_task_id_as_app_control_revoke_does(proj, delayq):
+    """A string is one id, not its characters (each was cancelled as a task id)."""
+    for task_id in ("a", "b", "ab"):
+        proj.record.apply_delayed(args=(task_id,), delay=3600, job_id=task_id)
+
+    assert delayq.revoke("ab") == 1
+
+    assert sorted(job.job_id for job in delayq.pending()) == ["a", "b"]
+
+
+@pytest.mark.parametrize("task_ids", [[5], ["ok", None], [b"ab"], None, 5],
+                         ids=["an int", "None among ids", "bytes", "None", "one int"])
+def test_a_task_id_no_task_can_have_is_refused_before_anything_is_cancelled(
+        proj, delayq, task_ids):
+    proj.record.apply_delayed(args=("ok",), delay=3600, job_id="ok")
+    with pytest.raises(InvalidJobId, match="task id must be a string"):
+        delayq.revoke(task_ids)
+    assert [job.job_id for job in delayq.pending()] == ["ok"]
+
+
+def test_a_uuid_object_revokes_its_task_as_its_text_does(proj, delayq):
+    result = proj.record.apply_delayed(args=("x",), delay=3600)
+
+    proj.app.control.revoke(uuid.UUID(result.id))
+
+    assert delayq.pending() == []
