@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
@@ -50,6 +51,9 @@ MAX_SHARDS = 1024
 #: Most ``delayq_redis_retries``: each waits up to the socket timeout and a backoff of up to
 #: 1 s, so 20 already hold a call for minutes against a Redis that is away.
 MAX_REDIS_RETRIES = 20
+#: Longest ``delayq_journal_maxlen``: Lua prints larger numbers in exponent form
+#: (``1e+17``), which XADD refuses after the script's writes.
+MAX_JOURNAL_MAXLEN = 10**15
 
 
 @dataclass(frozen=True)
@@ -136,9 +140,17 @@ class DelayQConfig:
         for name in ("shards", "max_payload_bytes", "max_id_length"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"delayq_{name} must be at least 1")
-        if self.journal_maxlen < 0:
-            raise ConfigurationError("delayq_journal_maxlen must be 0 (no journal) or more; "
-                                     f"got {self.journal_maxlen}")
+        if not 0 <= self.journal_maxlen <= MAX_JOURNAL_MAXLEN:
+            raise ConfigurationError(
+                f"delayq_journal_maxlen must be 0 (no journal) to {MAX_JOURNAL_MAXLEN:,} "
+                f"entries per shard (the scripts pass it to XADD as a Lua number); got "
+                f"{self.journal_maxlen:,}")
+        tag = self.prefix.find("{")
+        if self.cluster and tag >= 0 and self.prefix.startswith("}", tag + 1):
+            raise ConfigurationError(
+                f"delayq_prefix {self.prefix!r} holds an empty hash tag ({{}}): on a Redis "
+                "Cluster every key of the store would be hashed whole, so one shard's keys "
+                "would fall in different slots. Choose a prefix without '{}'")
         if self.shards > MAX_SHARDS:
             raise ConfigurationError(
                 f"delayq_shards must be at most {MAX_SHARDS:,} (each shard costs every carrier "
@@ -284,15 +296,39 @@ _SWITCH: dict[Any, bool] = {
     **dict.fromkeys(("0", "false", "no", "off", False), False)}
 
 
+def _switch(raw: Any) -> bool | None:
+    """``raw`` as a switch (true / false, yes / no, on / off, 1 / 0), else None."""
+    word = raw.strip().lower() if isinstance(raw, str) else raw
+    if isinstance(word, (str, int)) and word in _SWITCH:  # (1 == True, 0 == False)
+        return _SWITCH[word]
+    return None
+
+
+def _tls(raw: Any) -> TlsOptions | None:
+    """``delayq_redis_ssl``: redis-py's ``ssl_*`` options, a switch, or "" (as an unset
+    environment variable reads) for off."""
+    if isinstance(raw, Mapping):
+        return TlsOptions(raw)
+    on = False if raw == "" else _switch(raw)
+    if on is None:
+        raise ConfigurationError(
+            "delayq_redis_ssl must be true or false, or a mapping of redis-py's ssl_* options "
+            f"(ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_cert_reqs, ...), got a "
+            f"{type(raw).__name__}")  # (text that is not a switch may hold a password)
+    return TlsOptions() if on else None
+
+
 def _coerce(setting: Setting, raw: Any) -> Any:
     if raw is None:
         return None
     if setting.type is bool:
-        word = raw.strip().lower() if isinstance(raw, str) else raw
-        if isinstance(word, (str, int)) and word in _SWITCH:  # (1 == True, 0 == False)
-            return _SWITCH[word]
-        raise ConfigurationError(f"delayq_{setting.name} must be true or false (or yes / no, "
-                                 f"on / off, 1 / 0), got {raw!r}")
+        on = _switch(raw)
+        if on is None:
+            raise ConfigurationError(f"delayq_{setting.name} must be true or false (or yes / "
+                                     f"no, on / off, 1 / 0), got {raw!r}")
+        return on
+    if setting.type is TlsOptions:
+        return _tls(raw)
     if setting.type is int and (isinstance(raw, bool) or (
             isinstance(raw, float) and not raw.is_integer())):
         raise ConfigurationError(f"delayq_{setting.name} must be a whole number, got {raw!r}")

@@ -40,7 +40,9 @@ SETTINGS: tuple[Setting, ...] = (
             "delayq_redis_url: `celery report`, `celery inspect conf` and Django's error "
             "pages hide settings named like this one, and the broker URL, but print "
             "delayq_redis_url as it is. Default: what the URL says."),
-    Setting("prefix", "delayq", str, "Prefix of every Redis key the store uses."),
+    Setting("prefix", "delayq", str,
+            "Prefix of every Redis key the store uses (on a Redis Cluster, without an empty "
+            "hash tag '{}')."),
     Setting("shards", 8, int,
             "Number of shards (each a set of keys in one cluster slot), 1 to 1,024. Fixed once "
             "data exists."),
@@ -77,7 +79,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle_timeout", 5.0, float,
             "Longest a carrier sleeps without checking Redis, even with nothing due."),
     Setting("journal_maxlen", 100_000, int,
-            "Approximate cap on each shard's journal stream; 0 turns the journal off."),
+            "Approximate cap on each shard's journal stream (at most 10**15); 0 turns the "
+            "journal off."),
     Setting("worker_events", True, bool,
             "Workers append started/succeeded/failed journal events for delayed tasks."),
     Setting("redis_socket_timeout", 5.0, float,
@@ -97,8 +100,9 @@ SETTINGS: tuple[Setting, ...] = (
             "live in Redis (`delayq rate-limit`): a carrier sets only those Redis lacks."),
     Setting("redis_ssl", None, TlsOptions,
             "TLS for store connections: redis-py's ssl_* options (ssl_cert_reqs, ssl_ca_certs, "
-            "ssl_certfile, ssl_keyfile, ...) or True. Default: broker_use_ssl when the store "
-            "is on the broker URL."),
+            "ssl_certfile, ssl_keyfile, ...), or true for redis-py's defaults; false or \"\" "
+            "for none beyond what the URL asks (rediss://). Default: broker_use_ssl when the "
+            "store is on the broker URL."),
     Setting("redis_transport_options", {}, dict,
             "Options of a sentinel:// store, as broker_transport_options: master_name "
             "(required), sentinel_kwargs (options of the Sentinel connections, e.g. their "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from celery import Celery
 
@@ -52,6 +54,10 @@ def test_non_redis_broker_without_store_url_says_how_to_fix():
                                                 ("redis_retries", 1000),
                                                 # read as 0, the journal off
                                                 ("journal_maxlen", -1),
+                                                # "never trim": Lua wrote 9.2233720368547758e+18
+                                                # to XADD, refused after the script's writes
+                                                ("journal_maxlen", sys.maxsize),
+                                                ("journal_maxlen", 10**17),
                                                 # a typo read as False, 2 as True
                                                 ("worker_events", "enabled"),
                                                 ("worker_events", 2),
@@ -191,3 +197,39 @@ def test_a_mapping_setting_given_as_text_is_refused_without_echoing_it(name):
         DelayQConfig.from_app(make_app(celery={"broker": "redis://h"}, **{
             f"delayq_{name}": '{"ssl_password": "pw-tls", "password": "pw-sentinel"}'}))
     assert "pw-" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("raw", "tls"), [
+    (None, None), ("", None), (False, None), ("false", None), (" Off ", None), (0, None),
+    (True, {}), ("true", {}), ("yes", {}), (1, {}),
+    ({"ssl_cert_reqs": "none"}, {"ssl_cert_reqs": "none"})])
+def test_tls_is_on_only_when_the_setting_says_so(raw, tls):
+    """An unset environment variable read as "" turned TLS on against a plain server."""
+    config = DelayQConfig.from_app(make_app(celery={"broker": "redis://h"},
+                                            delayq_redis_ssl=raw))
+    assert config.redis_ssl == tls
+
+
+@pytest.mark.parametrize("raw", ["maybe", [], ["ssl_ca_certs"], 2])
+def test_a_tls_setting_that_is_neither_a_switch_nor_options_is_refused(raw):
+    with pytest.raises(ConfigurationError, match="delayq_redis_ssl must be true or false, or "
+                                                 "a mapping of redis-py's ssl_"):
+        DelayQConfig.from_app(make_app(celery={"broker": "redis://h"}, delayq_redis_ssl=raw))
+
+
+@pytest.mark.parametrize("prefix", ["{}", "app{}", "{}app", "my{}{app}"])
+def test_a_prefix_with_an_empty_hash_tag_is_refused_on_a_cluster(prefix):
+    """Its keys hashed whole: one shard's keys fell in different slots, every script failed
+    ("all keys must map to the same key slot")."""
+    with pytest.raises(ConfigurationError, match=r"delayq_prefix .* empty hash tag"):
+        DelayQConfig.from_app(make_app(celery={"broker": "redis://h"}, delayq_prefix=prefix,
+                                       delayq_redis_url="redis+cluster://h:7000"))
+
+
+@pytest.mark.parametrize(("prefix", "url"), [
+    ("{}", "redis://h"), ("{app}", "redis+cluster://h:7000"), ("my{app", "redis+cluster://h"),
+    ("app}{", "redis+cluster://h")])
+def test_a_prefix_with_braces_that_leaves_each_shard_one_slot_is_accepted(prefix, url):
+    config = DelayQConfig.from_app(make_app(celery={"broker": "redis://h"}, delayq_prefix=prefix,
+                                            delayq_redis_url=url))
+    assert config.prefix == prefix
