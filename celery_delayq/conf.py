@@ -332,6 +332,8 @@ def _coerce(setting: Setting, raw: Any) -> Any:
     if setting.type is int and (isinstance(raw, bool) or (
             isinstance(raw, float) and not raw.is_integer())):
         raise ConfigurationError(f"delayq_{setting.name} must be a whole number, got {raw!r}")
+    if setting.type is float and isinstance(raw, bool):
+        raise ConfigurationError(f"delayq_{setting.name} must be a number, got {raw!r}")
     try:
         return setting.type(raw)
     except (TypeError, ValueError) as exc:

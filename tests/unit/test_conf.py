@@ -40,6 +40,9 @@ def test_non_redis_broker_without_store_url_says_how_to_fix():
                                                 ("lease_seconds", float("inf")),
                                                 ("shard_lease_seconds", 0.0001),
                                                 ("idle_timeout", 1e300),
+                                                # True read as 1 s, as whole numbers refuse it
+                                                ("lease_seconds", True),
+                                                ("handoff_lead", False),
                                                 ("shards", 2.5), ("shards", True),
                                                 ("countdown_threshold", float("nan")),
                                                 ("countdown_threshold", -1),
