@@ -117,7 +117,10 @@ class DelayedTask(Task):
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None,
                     link_error=None, shadow=None, **options):
-        delay = DelayQ.of(self.app).store_delay(options.get("countdown"), options.get("eta"))
+        countdown, eta = options.get("countdown"), options.get("eta")
+        # an undelayed call leaves an app that never opted in as it was (do no harm)
+        delay = None if countdown is None and eta is None else DelayQ.of(
+            self.app).store_delay(countdown, eta)
         if delay is None:
             return super().apply_async(args, kwargs, task_id=task_id, producer=producer,
                                        link=link, link_error=link_error, shadow=shadow,

@@ -98,3 +98,21 @@ def test_the_module_level_http_callback_is_the_current_apps_task():
     with app:  # the current app while inside
         assert http.http_callback.name == TASK_NAME
         assert http.http_callback.app is app
+
+
+def test_a_delayedtask_called_without_a_delay_leaves_its_app_as_it_was():
+    """A shared DelayedTask that Celery binds to another app (a test app, say) must not
+    opt that app in by a call that is not delayed: its Celery countdowns stay Celery's."""
+    app = memory_app("not-opted-in")
+
+    @app.task(base=DelayedTask, name="not_opted_in.delayed", shared=False)
+    def delayed():
+        return "delayed"
+
+    control_cls = app.control_cls
+    assert delayed.delay().id
+    assert delayed.apply_async(countdown=None, eta=None).id
+
+    assert DelayQ.lookup(app) is None
+    assert "send_task" not in vars(app) and app.control_cls == control_cls
+    assert app.send_task("not_opted_in.plain", countdown=5).id  # Celery's own countdown
