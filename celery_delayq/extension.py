@@ -343,7 +343,8 @@ class DelayQ(Holding):
     def cancel(self, job_id: str, key: str | None = None) -> bool:
         """True if the job was pending and is now cancelled; False if promoted or unknown.
 
-        A cancelled job's result is REVOKED, as a revoked task's.
+        It cancels the job of that id whichever call it holds (a call that replaced an
+        earlier one too). A cancelled job's result is REVOKED, as a revoked task's.
         """
         return self.cancel_outcome(job_id, key) is CancelOutcome.CANCELLED
 
@@ -352,43 +353,64 @@ class DelayQ(Holding):
         """Like :meth:`cancel`, telling "too late" apart from "unknown"; ``by`` is journaled.
         ``key``, when given, is checked as a key (the job is looked for on every shard).
 
-        The cancelled job's task id is marked REVOKED (``task_id``, when the caller knows
-        it, else the one the store answers) in ``backend``, else its task's.
+        With ``task_id`` (a call's own result cancels it), only a job holding that Celery
+        task id is cancelled: a later call that replaced it under the same job id is left
+        alone, and the outcome is UNKNOWN (that call is no longer pending).
+
+        The cancelled job's task id is marked REVOKED in ``backend``, else its task's. A
+        backend that cannot take it (away) does not undo the cancel: the outcome stands,
+        and a WARNING says the job is cancelled but its result not marked.
         """
         validation.looked_up(job_id, key)
-        outcome, cancelled_task, task = self.store.cancel(job_id, by)
+        outcome, cancelled_task, task = self.store.cancel(job_id, by, task_id=task_id or "")
         revoked = task_id or cancelled_task
         if outcome is CancelOutcome.CANCELLED and revoked is not None:
-            revoke.mark_revoked(self.app, revoked, task, backend)
+            marking = revoke.Marking(self.app)
+            marking.mark(revoked, task, backend)
+            marking.report()
         return outcome
 
     def revoke(self, task_ids: str | Iterable[str]) -> int:
         """Cancel the stored jobs of this Celery task id or these, as ``app.control.revoke``
-        does (see :mod:`celery_delayq.revoke`); returns how many were cancelled."""
-        cancelled = 0
+        does (see :mod:`celery_delayq.revoke`); returns how many were cancelled.
+
+        Every id is cancelled first, then the results of those cancelled are marked
+        REVOKED: a result backend that cannot take that stops no cancel (a WARNING names
+        the jobs cancelled but not marked)."""
+        cancelled = []
         for task_id in validation.task_ids(task_ids):
             outcome, _, task = self.store.cancel_task(task_id, by="revoke")
             if outcome is CancelOutcome.CANCELLED:
-                revoke.mark_revoked(self.app, task_id, task)
-                cancelled += 1
-        return cancelled
+                cancelled.append((task_id, task))
+        marking = revoke.Marking(self.app)
+        try:
+            for task_id, task in cancelled:
+                marking.mark(task_id, task)
+        finally:
+            marking.report()
+        return len(cancelled)
 
     def cancel_key(self, key: str, by: str = "",
                    progress: Callable[[int], object] | None = None) -> int:
         """Cancel every pending job with this business key (their results REVOKED);
         returns how many. It goes chunk by chunk, each chunk's results marked as it is
         cancelled, ``progress`` told the running count after each: stopped part way, what
-        it cancelled is REVOKED and a second call cancels the rest."""
+        it cancelled is REVOKED and a second call cancels the rest. A result backend that
+        cannot take the marks stops no cancel (a WARNING names the jobs not marked)."""
         validation.looked_up_key(key)
         done = 0
-        for chunk in self.store.cancel_key_chunks(key, by):
-            try:
-                for task_id, task in chunk:
-                    revoke.mark_revoked(self.app, task_id, task)
-            finally:  # told when Ctrl-C stops it too: the count stays exact
-                done += len(chunk)
-                if progress is not None:
-                    progress(done)
+        marking = revoke.Marking(self.app)
+        try:
+            for chunk in self.store.cancel_key_chunks(key, by):
+                try:
+                    for task_id, task in chunk:
+                        marking.mark(task_id, task)
+                finally:  # told when Ctrl-C stops it too: the count stays exact
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done)
+        finally:
+            marking.report()
         return done
 
     def get(self, job_id: str, key: str | None = None) -> Job | None:

@@ -9,17 +9,25 @@ opts in (``DelayQ(app)``) and acting only for such apps, cancel it in the store 
 - in a worker, the ``revoke`` control command cancels too, for a revoke sent by a process
   that did not opt in (``celery control revoke``, Flower).
 
-Both still broadcast / keep Celery's in-memory revoke, which stops a task already promoted.
+Both still broadcast / keep Celery's in-memory revoke, which stops a task already promoted:
+the producer broadcasts even when the store cancel failed (that error is raised after), and
+the worker answers at once, its store cancel made by a thread of its own
+(:class:`_Canceller`), as a worker's event loop must never wait for the store's Redis.
 A task id is looked up as a job id (the job id of a call is its task id), then in the task
 id index the store keeps beside a job scheduled with ``job_id=`` of its own
 (``Store.cancel_task``); that index lives until a day past the job's due time. A cancelled
-job's result is REVOKED, so ``AsyncResult.get()`` raises ``TaskRevokedError`` at once.
+job's result is REVOKED, so ``AsyncResult.get()`` raises ``TaskRevokedError`` at once;
+when the result backend cannot take that, the job stays cancelled (:class:`Marking` says so
+in a WARNING). In eager mode (``task_always_eager``) a revoke leaves the store alone when
+this process never opened it: its delayed calls ran at once, none was stored.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +50,52 @@ def mark_revoked(app, task_id: str, task: str | None, backend: Any = None) -> No
     """Store the REVOKED state of a cancelled task, as a worker does for a revoked one, in
     ``backend`` (the one its result reads), else the backend of the task registered here
     as ``task`` (a task may have its own), else the app's."""
+    _backend_of(app, task, backend).mark_as_revoked(task_id, REASON)
+
+
+def _backend_of(app, task: str | None, backend: Any = None) -> Any:
+    """``backend``, else that of the task registered here as ``task``, else the app's."""
     if backend is None:  # (the registry as it is: looking must not finalize the app)
         backend = getattr(app._tasks.get(task or ""), "backend", None) or app.backend
-    backend.mark_as_revoked(task_id, REASON)
+    return backend
+
+
+class Marking:
+    """Marks the results of cancelled jobs REVOKED, never failing the cancel: a backend that
+    cannot take a mark (away) is not asked again for the others of the same cancel, and
+    :meth:`report` logs one WARNING naming the jobs left unmarked, which ARE cancelled."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.unmarked: list[str] = []
+        self._failed: dict[int, BaseException] = {}  # id(backend) -> its error
+
+    def mark(self, task_id: str, task: str | None, backend: Any = None) -> None:
+        backend = _backend_of(self.app, task, backend)
+        if id(backend) not in self._failed:
+            try:
+                mark_revoked(self.app, task_id, task, backend)
+                return
+            except Exception as exc:  # each backend raises errors of its own
+                self._failed[id(backend)] = exc
+        self.unmarked.append(task_id)
+
+    def report(self) -> None:
+        """Log the jobs whose results could not be marked, if any (once per cancel)."""
+        if not self.unmarked:
+            return
+        shown = ", ".join(self.unmarked[:20])
+        if len(self.unmarked) > 20:
+            shown += f", ... ({len(self.unmarked) - 20} more)"
+        errors = "; ".join(sorted({f"{type(e).__name__}: {e}" for e in self._failed.values()}))
+        many = len(self.unmarked) > 1
+        logger.warning(
+            "%d job%s %s cancelled in the delay store, but %s could not be marked "
+            "REVOKED in the result backend (%s): AsyncResult.get() of %s waits instead of "
+            "raising TaskRevokedError. Task ids: %s",
+            len(self.unmarked), "s" if many else "", "ARE" if many else "IS",
+            "their results" if many else "its result",
+            errors, "them" if many else "it", shown)
 
 
 def install(delayq: DelayQ) -> None:
@@ -67,11 +118,31 @@ class _RevokingControl:
 
         delayq = DelayQ.lookup(self.app)  # type: ignore[attr-defined]
         try:
-            if delayq is not None:
+            if delayq is not None and not skipped_when_eager(delayq):
                 delayq.revoke(task_id)
         finally:  # workers hear it even when the store could not be reached (that raises)
-            reply = super().revoke(task_id, *args, **kwargs)  # type: ignore[misc]
+            reply = self.broadcast_revoke(task_id, *args, **kwargs)
         return reply
+
+    def broadcast_revoke(self, task_id, *args: Any, **kwargs: Any):
+        """Celery's own revoke, without the store cancel (made already by the caller)."""
+        return super().revoke(task_id, *args, **kwargs)  # type: ignore[misc]
+
+
+def skipped_when_eager(delayq: DelayQ) -> bool:
+    """Whether a revoke leaves the store alone: in eager mode (``task_always_eager``, as
+    ``DelayQ._eager_task`` reads it), when this process never opened the store (each of its
+    delayed calls ran at once), so a revoke needs no Redis, as eager calls need none."""
+    return bool(delayq.app.conf.task_always_eager) and "store" not in vars(delayq)
+
+
+def broadcast_revoke(app, task_id: str, **kwargs: Any) -> Any:
+    """Celery's revoke broadcast of ``task_id``, without the store cancel of an app that
+    opted in (its caller made that already)."""
+    control = app.control
+    if isinstance(control, _RevokingControl):
+        return control.broadcast_revoke(task_id, **kwargs)
+    return control.revoke(task_id, **kwargs)
 
 
 class Control(_RevokingControl, CeleryControl):
@@ -104,12 +175,55 @@ def _wrap_worker_command() -> None:
             from .extension import DelayQ
 
             delayq = DelayQ.lookup(state.app)
-            if delayq is not None:
-                try:
-                    delayq.revoke(task_id)
-                except DelayQError as exc:  # the worker's own revoke stands
-                    logger.warning("could not cancel revoked tasks in the store: %s", exc)
+            if delayq is not None and not skipped_when_eager(delayq):
+                _canceller().put(delayq, task_id)  # the event loop never waits for Redis
             return reply
 
         Panel.data["revoke"] = revoke
         _command_wrapped = True
+
+
+#: Revoke commands a worker process keeps for its canceller thread; past that, one is
+#: dropped with a WARNING (the worker's own in-memory revoke of it stands).
+CANCEL_QUEUE_SIZE = 10_000
+
+
+class _Canceller:
+    """The store cancels of a worker process's revoke commands, made one command at a time
+    by a daemon thread of the process, in the order they came; errors are logged."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[DelayQ, Any]] = queue.Queue(CANCEL_QUEUE_SIZE)
+        self.pid = os.getpid()
+        threading.Thread(target=self._run, name="delayq-revoke", daemon=True).start()
+
+    def put(self, delayq: DelayQ, task_ids: Any) -> None:
+        try:
+            self._queue.put_nowait((delayq, task_ids))
+        except queue.Full:
+            logger.warning("%d revoke commands wait for the delay store already: the store "
+                           "keeps the jobs of this one (%s); this worker's own revoke of "
+                           "them stands until it restarts", CANCEL_QUEUE_SIZE, task_ids)
+
+    def _run(self) -> None:
+        while True:
+            delayq, task_ids = self._queue.get()
+            try:
+                delayq.revoke(task_ids)
+            except DelayQError as exc:  # the worker's own revoke stands
+                logger.warning("could not cancel revoked tasks in the store: %s", exc)
+            except Exception:  # the thread goes on with the next command
+                logger.exception("could not cancel revoked tasks in the store")
+
+
+_canceller_lock = threading.Lock()
+_the_canceller: _Canceller | None = None
+
+
+def _canceller() -> _Canceller:
+    """This process's canceller (a forked child starts its own: threads do not fork)."""
+    global _the_canceller
+    with _canceller_lock:
+        if _the_canceller is None or _the_canceller.pid != os.getpid():
+            _the_canceller = _Canceller()
+        return _the_canceller

@@ -47,7 +47,8 @@ def test_revoke_cancels_in_the_store_so_a_task_never_runs_after_every_worker_res
     proj.app.control.revoke(by_control.id)
     cli = spawn("control", "revoke", by_cli.id)  # a broadcast only the worker hears
     assert "flagged as revoked" in finish(cli)
-    assert [job.task_id for job in delayq.pending()] == [kept.id]
+    wait_for(lambda: [job.task_id for job in delayq.pending()] == [kept.id],  # the worker
+             what="the worker to cancel the revoked jobs in the store")  # cancels off its loop
 
     first.kill()  # every worker forgets its revoked set
     first.wait(10)
@@ -204,7 +205,7 @@ def eager_app():
                     delayq_redis_retries=0, delayq_redis_socket_timeout=0.5)
     DelayQ(app)
 
-    @app.task(base=DelayedTask, name="eager.add")
+    @app.task(base=DelayedTask, name="eager.add", shared=False)
     def add(a, b):
         return a + b
 
@@ -220,6 +221,15 @@ def test_eager_mode_runs_delayed_calls_at_once_without_redis(eager_app):
     assert add.apply_async((3, 4), countdown=3600).get() == 7
     with pytest.warns(AlwaysEagerIgnored):  # as Celery's send_task: to the broker
         eager_app.send_task("eager.add", (1, 1), countdown=3600)
+
+
+def test_revoke_in_eager_mode_needs_no_redis(eager_app):
+    """Eager calls run at once: nothing was stored, and no Redis serves the store's URL."""
+    result = eager_app.tasks["eager.add"].apply_delayed(args=(1, 2), delay=3600)
+    assert result.get() == 3
+    eager_app.control.revoke(result.id)
+    AsyncResult(result.id, app=eager_app).revoke()
+    result.revoke()
 
 
 PRODUCE_TRACED = """

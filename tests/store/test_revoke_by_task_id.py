@@ -245,3 +245,49 @@ def test_a_uuid_object_revokes_its_task_as_its_text_does(proj, delayq):
     proj.app.control.revoke(uuid.UUID(result.id))
 
     assert delayq.pending() == []
+
+
+@pytest.mark.parametrize("how", ["cancel", "revoke"])
+@pytest.mark.parametrize("own_id", [True, False], ids=["own job id", "drawn job id"])
+def test_the_result_of_a_replaced_call_cancels_nothing_and_leaves_its_replacement_pending(
+        proj, delayq, how, own_id):
+    """A handle names its own call: the job of its id that replaced it is another call,
+    which its own result (PENDING) waits for."""
+    first = proj.record.apply_delayed(args=(1,), delay=3600,
+                                      **({"job_id": "order:1:close"} if own_id else {}))
+    second = proj.record.apply_delayed(args=(2,), delay=3600, job_id=first.job_id,
+                                       if_exists="replace")
+    assert first.id != second.id and first.job_id == second.job_id
+
+    if how == "cancel":
+        assert first.cancel() is False  # its call is no longer pending
+    else:
+        first.revoke()
+
+    assert [(job.task_id, job.args) for job in delayq.pending()] == [(second.id, [2])]
+    assert AsyncResult(second.id, app=proj.app).state == states.PENDING
+    if how == "cancel":  # (a revoke broadcasts too: a worker may mark it)
+        assert AsyncResult(first.id, app=proj.app).state == states.PENDING
+    assert second.cancel() is True
+    assert delayq.pending() == []
+    assert AsyncResult(second.id, app=proj.app).state == states.REVOKED
+
+
+def test_the_result_of_a_call_stored_again_under_its_task_id_still_cancels_it(proj, delayq):
+    """A retry stores its call again under the same job id and task id: the same call."""
+    first = proj.record.apply_delayed(args=(1,), delay=3600, job_id="order:1:close")
+    proj.record.apply_delayed(args=(2,), delay=3600, job_id="order:1:close",
+                              task_id=first.id, if_exists="replace")
+    assert first.cancel() is True
+    assert delayq.pending() == []
+
+
+def test_cancel_by_job_id_cancels_the_job_of_that_id_whichever_call_it_is(proj, delayq):
+    first = proj.record.apply_delayed(args=(1,), delay=3600, job_id="order:1:close")
+    second = proj.record.apply_delayed(args=(2,), delay=3600, job_id="order:1:close",
+                                       if_exists="replace")
+    assert delayq.cancel("order:1:close") is True
+    assert delayq.pending() == []
+    assert AsyncResult(second.id, app=proj.app).state == states.REVOKED
+    assert AsyncResult(first.id, app=proj.app).state == states.PENDING
+
