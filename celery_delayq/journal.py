@@ -10,7 +10,12 @@ milliseconds). The thread writes whatever has gathered by then in one pipeline: 
 burst of short tasks, the events of several tasks in one round trip. A task that writes its
 own job to the store (a retry) first writes that job's waiting events (:func:`settle`), so
 the journal keeps their order. Events a write failed for (the store's Redis away) or Redis
-refused for memory (full) are kept for the next one, up to :data:`_HOLD_AT_MOST`.
+refused while a condition lasts (full; a read-only replica, a failed RDB save: what
+``Store.unavailable`` calls ``StoreUnavailable``) are kept for the next one, up to
+:data:`_HOLD_AT_MOST`; one Redis refuses for good (a damaged journal key, the ACL) or that
+no command can carry goes, said in the log, and the others of its flush are written. Headers
+come from a message anyone may publish: an event is journaled without a key, due time or
+retry count of the wrong type, and not at all for a job id that is not text.
 
 Outcomes come from ``task_postrun``, but for those Celery reports with ``task_failure``
 only, from the worker's main process after the run (a hard time limit, a lost worker
@@ -24,14 +29,16 @@ process, ``Reject(requeue=False)``): those are ``failed``, the job's headers rea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import reprlib
 import threading
 import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import signals
@@ -45,9 +52,8 @@ from .envelope import (
     HEADER_KEY,
     HEADER_SHARD,
 )
-from .errors import DelayQError
+from .errors import DelayQError, StoreFull, StoreUnavailable
 from .events import Event
-from .memory import refused_for_memory
 from .reading import counted, shown
 from .store.streams import JournalEntry
 
@@ -72,9 +78,12 @@ _received: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 #: Marks on a run's request (its ``Context``): postrun journals its outcome; its job went
 #: to a replacement.
 _RUNNING, _HANDED_OVER = "_delayq_running", "_delayq_handed_over"
+#: Mark on a run's request: its job id header is no text, which was said once.
+_UNREADABLE = "_delayq_unreadable_job"
 #: Why events are held, now and once written.
 _AWAY = ("does not answer", "did not answer")
 _FULL = ("is full", "was full")
+_REFUSING = ("refuses writes", "refused writes")  # (a read-only replica, a failed save...)
 
 
 class _Outbox:
@@ -158,17 +167,32 @@ class _Outbox:
         for delayq, entries in by_delayq.items():
             try:
                 refused = delayq.store.journal_many(entries)
-            except Exception as exc:  # Redis away, or a client fault: none of them written
+            except StoreUnavailable as exc:  # Redis away: none of them written
                 unwritten += [(delayq, entry) for entry in entries]
-                failure = exc
+                failure, why = exc, _why(exc)
                 continue
+            except DelayQError as exc:  # a refusal for good (the store's record...): they go
+                logger.warning("could not journal %s: %s",
+                               counted(len(entries), "worker event"), exc)
+                continue
+            except Exception:  # not Redis's doing (a fault of the client, or of one entry)
+                refused, held = _one_by_one(delayq, entries)
+                if held:
+                    unwritten += [(delayq, entry) for entry in held[1]]
+                    failure, why = held[0], _why(held[0])
             damaged = []
             for entry, error in refused:
-                if refused_for_memory(error):  # passes: promotion drains a full Redis
+                if isinstance(error, StoreUnavailable):  # passes: full, read-only for now...
                     unwritten.append((delayq, entry))
-                    failure, why = error, _FULL
-                else:  # e.g. a damaged journal key: writing them again would not help
-                    damaged.append(error)
+                    failure, why = error, _why(error)
+                elif isinstance(error, (DelayQError, redis.ResponseError)):
+                    damaged.append(error)  # e.g. a damaged journal key: writing them again
+                    # would not help
+                else:  # this one event cannot be written: it goes, said once
+                    _, event, fields = entry
+                    logger.warning("could not journal the %s event of task %s (job %s): %s",
+                                   event, _plain(fields.get("task_id")),
+                                   reprlib.repr(fields.get("job")), error)
             if damaged:
                 logger.warning("could not journal %s: %s",
                                counted(len(damaged), "worker event"), damaged[0])
@@ -202,6 +226,32 @@ class _Outbox:
                                  "for the store's Redis", _HOLD_AT_MOST)
                 self._dropped += excess
             self._held = len(self._events)
+
+
+def _why(error: Exception) -> tuple[str, str]:
+    """Why events a write failed for with ``error`` (a ``StoreUnavailable``) are held."""
+    if isinstance(error, StoreFull):
+        return _FULL
+    if isinstance(error.__cause__, redis.ResponseError):  # Redis answered: "no, for now"
+        return _REFUSING
+    return _AWAY
+
+
+def _one_by_one(delayq, entries: list[JournalEntry]
+                ) -> tuple[list[tuple[JournalEntry, Exception]],
+                           tuple[Exception, list[JournalEntry]] | None]:
+    """Write ``entries`` one at a time, after a write of them all failed for a reason not
+    Redis's: those not written, each with why, and (the error, the entries from the first
+    one on) when Redis stopped answering meanwhile."""
+    refused: list[tuple[JournalEntry, Exception]] = []
+    for n, entry in enumerate(entries):
+        try:
+            refused += delayq.store.journal_many([entry])
+        except StoreUnavailable as exc:
+            return refused, (exc, entries[n:])
+        except Exception as exc:
+            refused.append((entry, exc))
+    return refused, None
 
 
 _outbox = _Outbox()
@@ -300,24 +350,56 @@ def _on_failure(sender=None, task_id=None, **_) -> None:
 
 def _record(task, task_id: str | None, event: Event, request) -> bool:
     """Queue ``event`` for the job whose headers ``request`` holds (a task's request or a
-    worker request's dict, read with ``get``); whether it was queued."""
+    worker request's dict, read with ``get``); whether it was queued. Headers come from a
+    message anyone may publish: a job id that is not text skips the event (said once a
+    run), a key, due time or retry count of the wrong type is left out."""
     job_id = request.get(HEADER_JOB) if request is not None else None
     if job_id is None:
         return False
     delayq = _delayq_of(task.app) if _delayq_of is not None else None
     if delayq is None or not delayq.config.worker_events:
         return False
+    if not _text(job_id):
+        if not request.get(_UNREADABLE):  # once a run: its outcome would say it again
+            logger.warning("task %s has a %s header that is no job id (of type %s); %s not "
+                           "journaled", _plain(task_id), HEADER_JOB, type(job_id).__name__,
+                           event)
+            with contextlib.suppress(AttributeError):  # (a worker request's dict: once)
+                setattr(request, _UNREADABLE, True)
+        return False
     shard = _shard_number(request.get(HEADER_SHARD), delayq.store.keys.shards)
     if shard is None:  # (a message of another store, or made by hand)
         logger.warning("delayed job %s has no valid %s header; %s not journaled",
                        shown(job_id), HEADER_SHARD, event)
         return False
+    retries = request.get("retries")
     record_event(delayq, shard, event, {
-        "job": job_id, "task": task.name, "key": request.get(HEADER_KEY) or "",
-        "task_id": task_id or "", "retries": request.get("retries") or 0,
-        "due": request.get(HEADER_DUE) or "",
+        "job": job_id, "task": task.name, "key": _plain(request.get(HEADER_KEY)),
+        "task_id": _plain(task_id),
+        "retries": retries if type(retries) is int else 0,  # (not a bool)
+        "due": _plain(request.get(HEADER_DUE)),
     })
     return True
+
+
+def _text(value: Any) -> bool:
+    """Whether ``value`` is text Redis takes (a str that is UTF-8: no lone surrogate)."""
+    if not isinstance(value, str):
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _plain(value: Any) -> str | int | float:
+    """A header's value as a journal field: text or a number as it is, else ""."""
+    if type(value) in (int, float) or _text(value):
+        return cast("str | int | float", value)
+    return ""
 
 
 def _shard_number(header: Any, shards: int) -> int | None:

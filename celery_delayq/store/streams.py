@@ -4,6 +4,7 @@ positions (the ``<prefix>:export`` hash)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import redis
@@ -26,23 +27,46 @@ class Streams(StoreBase):
         self.journal_many([(shard, event, fields)])
 
     def journal_many(self, entries: list[JournalEntry]
-                     ) -> list[tuple[JournalEntry, redis.ResponseError]]:
+                     ) -> list[tuple[JournalEntry, Exception]]:
         """Append ``(shard, event, fields)`` entries to the journals in one round trip; those
-        Redis refused (a damaged journal key, a full Redis) with its error, the others
-        written. Raises when the round trip failed (``StoreUnavailable``)."""
+        not written, each with why, the others written. Why: an entry no Redis command can
+        carry (a job id that is not text, a field neither text nor a number, text that is
+        not UTF-8) is not sent (``redis.DataError``); a refusal of Redis is worded as
+        :meth:`~celery_delayq.store.base.StoreBase.unavailable` words it:
+        ``StoreUnavailable`` for one that lasts a while (a read-only replica, a failed RDB
+        save, a slot moving...), ``StoreFull`` for memory, ``DamagedShard`` for a journal
+        key of another type, else a ``DelayQError`` or Redis's own ``ResponseError``.
+        Raises when the round trip failed (``StoreUnavailable``)."""
         if self._maxlen <= 0 or not entries:
             return []
+        unsent: list[tuple[JournalEntry, Exception]] = []
+        sent: list[JournalEntry] = []
+        encode = self.client.get_encoder().encode
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
-            for shard, event, fields in entries:
-                if "job" in fields:
-                    fields = {**fields, "job": pack_id(fields["job"])}
-                stored: dict[Any, Any] = {"event": event, **fields}  # xadd's Dict is invariant
+            for entry in entries:
+                shard, event, fields = entry
+                try:
+                    stored = _stored(encode, event, fields)
+                except redis.DataError as exc:
+                    unsent.append((entry, exc))
+                    continue
                 pipe.xadd(self.keys.shard(shard).journal, stored, maxlen=self._maxlen,
                           approximate=True)
-            replies = pipe.execute(raise_on_error=False)
-        return [(entry, reply) for entry, reply in zip(entries, replies, strict=True)
-                if isinstance(reply, redis.ResponseError)]
+                sent.append(entry)
+            replies = pipe.execute(raise_on_error=False) if sent else []
+        return unsent + [(entry, self._refusal(reply))
+                         for entry, reply in zip(sent, replies, strict=True)
+                         if isinstance(reply, redis.ResponseError)]
+
+    def _refusal(self, error: redis.ResponseError) -> Exception:
+        """A refusal of Redis as :meth:`unavailable` words it (one classification of what
+        passes and what does not), or ``error`` itself when it does not word it."""
+        try:
+            with self.unavailable():
+                raise error
+        except Exception as exc:  # given back, not raised
+            return exc
 
     def read_journal(self, shard: ShardKeys, after: str | None = None, until: str = "+",
                      count: int | None = None) -> Entries:
@@ -107,6 +131,25 @@ class Streams(StoreBase):
         """Remember that a shard's stream is exported up to ``entry_id``."""
         with self.unavailable():
             self.client.hset(self.keys.export_position, str(shard.shard), entry_id)
+
+
+def _stored(encode: Callable[[Any], Any], event: str, fields: dict[str, Any]
+            ) -> dict[Any, Any]:  # (xadd's Dict is invariant)
+    """The fields of a journal entry as Redis gets them (its job id packed), encoded by the
+    client's ``encode``; ``redis.DataError`` naming the field that no command can carry."""
+    job = fields.get("job")
+    if "job" in fields:
+        if not isinstance(job, str):
+            raise redis.DataError(f"its job id is a {type(job).__name__}, not text")
+        fields = {**fields, "job": pack_id(job)}
+    stored: dict[Any, Any] = {}
+    for name, value in (("event", event), *fields.items()):
+        try:
+            stored[encode(name)] = encode(value)
+        except (redis.DataError, UnicodeError, TypeError, ValueError) as exc:
+            raise redis.DataError(f"its field {name!r} cannot be sent to Redis ({exc})"
+                                  ) from exc
+    return stored
 
 
 def id_order(entry_id: str) -> tuple[int, int]:
