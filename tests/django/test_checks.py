@@ -48,3 +48,20 @@ def test_the_deployment_check_warns_when_the_store_url_holds_a_password(shop_app
     (shown,) = [message for message in found if message.id == "delayq.W003"]
     assert "hunter2" not in " ".join(f"{m.msg} {m.hint}" for m in found)
     assert "CELERY_DELAYQ_REDIS_PASSWORD" in shown.hint
+
+
+@pytest.mark.parametrize(("path", "wrong"), [
+    ("demo_project.celry:app", "No module named 'demo_project.celry'"),
+    ("demo_project.settings:app", "has no attribute 'app'"),
+    ("demo_project.settings:SECRET_KEY", "is a str, not a Celery app"),
+], ids=["module-misspelt", "no-such-attribute", "not-an-app"])
+def test_a_wrong_celery_app_setting_is_named_with_what_is_wrong(settings, path, wrong):
+    """Every manage.py command reads it at start (the app's ready()): a bare traceback there
+    never named the setting."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from celery_delayq.contrib.django.runtime import celery_app
+
+    settings.DELAYQ_CELERY_APP = path
+    with pytest.raises(ImproperlyConfigured, match=rf"DELAYQ_CELERY_APP = {path!r}.*{wrong}"):
+        celery_app()

@@ -11,19 +11,30 @@ from __future__ import annotations
 import shlex
 from importlib import import_module
 
-from celery import current_app
+from celery import Celery, current_app
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from celery_delayq import DelayQ
 
 
-def celery_app():
-    """The project's Celery app."""
+def celery_app() -> Celery:
+    """The project's Celery app; ``ImproperlyConfigured`` naming ``DELAYQ_CELERY_APP`` when
+    it names none (every ``manage.py`` command reads it as it starts)."""
     path = getattr(settings, "DELAYQ_CELERY_APP", None)
     if not path:
         return current_app._get_current_object()
-    module, _, attr = path.partition(":")
-    return getattr(import_module(module), attr or "app")
+    module, _, attr = str(path).partition(":")
+    try:
+        app = getattr(import_module(module), attr or "app")
+    except (ImportError, AttributeError) as exc:
+        raise ImproperlyConfigured(f"settings.DELAYQ_CELERY_APP = {path!r} names no Celery "
+                                   f"app: {exc}. Give it as 'package.module:app'") from exc
+    if not isinstance(app, Celery):
+        raise ImproperlyConfigured(f"settings.DELAYQ_CELERY_APP = {path!r} is a "
+                                   f"{type(app).__name__}, not a Celery app. Give it as "
+                                   "'package.module:app'")
+    return app
 
 
 def delayq() -> DelayQ:
