@@ -129,6 +129,38 @@ def test_a_store_refusing_writes_at_commit_leaves_every_row_unstored_never_raise
     admin.close()
 
 
+@pytest.fixture
+def rows_refusing_stored():
+    """The database refuses to mark a row stored (a trigger raises, as a locked or failing
+    database would): a real DatabaseError from the row update after the Redis write."""
+    from django.db import connection
+
+    table = Row._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE TRIGGER refuse_stored BEFORE UPDATE ON "{table}" '
+                       "WHEN NEW.stored = 1 BEGIN SELECT RAISE(ABORT, 'database is locked'); "
+                       "END")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER refuse_stored")
+
+
+def test_a_database_error_after_the_redis_write_at_commit_is_logged_not_raised(
+        shop_delayq, fast_shop, rows_refusing_stored, caplog):
+    """Raised, it reached the view after its commit and the later on-commit callbacks (the
+    confirmation e-mail) never ran."""
+    from shop.tasks import close_unpaid_order
+
+    later = []
+    with caplog.at_level(logging.WARNING, logger="celery_delayq"), transaction.atomic():
+        close_unpaid_order.apply_delayed(args=(7,), delay=600, job_id="order:7:close")
+        transaction.on_commit(lambda: later.append("e-mail"))
+
+    assert later == ["e-mail"]
+    assert shop_delayq.get("order:7:close") is not None  # in Redis
+    assert "database is locked" in caplog.text and "order:7:close" in caplog.text
+
+
 def test_reconcile_missing_restores_pending_jobs_after_redis_lost_its_data(lone_store):
     _server, delayq, remind = lone_store
     for n in range(3):

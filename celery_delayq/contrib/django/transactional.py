@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 
 import redis
 from django.conf import settings
-from django.db import router, transaction
+from django.db import DatabaseError, router, transaction
 from django.db.models import Q
 from django.utils import timezone as dj_timezone
 
@@ -98,8 +98,21 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
 
 def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str,
             claimed_at: datetime) -> None:
-    """The on-commit Redis write; a failure is recorded on the row, never raised. After a
-    long transaction, its claim is renewed first, unless another writer took it over."""
+    """The on-commit Redis write; never raised (raised, it would skip the later on-commit
+    callbacks and fail the request after its commit): a failure of Redis is recorded on the
+    row, one of the database logged (the row keeps its claim, which reconcile takes over)."""
+    try:
+        _write_committed(delayq, pk, call, due, if_exists, claimed_at)
+    except DatabaseError as exc:
+        logger.warning("delayed job %s: its row could not be updated after the commit (%s); "
+                       "manage.py delayq_reconcile writes the job to Redis, or keeps the one "
+                       "Redis has, once the row's claim ends", call.job_id, exc)
+
+
+def _write_committed(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str,
+                     claimed_at: datetime) -> None:
+    """:func:`_submit`'s work. After a long transaction, its claim is renewed first, unless
+    another writer took it over."""
     rows = DelayedTask.objects.filter(pk=pk)
     now = dj_timezone.now()
     if now - claimed_at > CLAIM_LEASE / 2 and not rows.filter(
