@@ -15,6 +15,7 @@ from django.db import transaction
 from celery_delayq.contrib.django.models import DelayedTask as Row
 from celery_delayq.contrib.django.reconcile import mark_missing, reconcile
 from celery_delayq.contrib.django.sync import JournalSync
+from celery_delayq.errors import JobExists
 from celery_delayq.store.claims import Promoted
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -268,3 +269,38 @@ def test_retry_raised_inside_atomic_is_still_scheduled(shop_delayq):
         close_unpaid_order.apply_async((10,), countdown=60, task_id="retry-10", retries=1)
         raise RuntimeError("what self.retry() raises rolls the block back")
     assert shop_delayq.get("retry-10") is not None
+
+
+def _schedule_in_a_transaction(task, n: int, **options):
+    with transaction.atomic():
+        return task.apply_delayed(args=(n,), delay=600, key="order:42",
+                                  job_id="order:42:close", **options)
+
+
+def test_in_a_transaction_a_job_redis_holds_is_kept_or_refused_as_outside(shop_delayq):
+    from shop.tasks import close_unpaid_order
+
+    first = _schedule_in_a_transaction(close_unpaid_order, 1)
+    kept = _schedule_in_a_transaction(close_unpaid_order, 2)
+    with pytest.raises(JobExists):
+        _schedule_in_a_transaction(close_unpaid_order, 3, if_exists="error")
+
+    assert kept.id == first.id
+    assert shop_delayq.get("order:42:close").args == [1]
+
+
+@pytest.mark.parametrize("if_exists", ["keep", "error"])
+def test_in_a_transaction_a_job_gone_from_redis_is_scheduled_though_the_mirror_lags(
+        shop_delayq, if_exists):
+    """Cancelled in Redis (an order paid) before delayq_sync applied it: the row still says
+    scheduled, and the call, trusting it, wrote nothing (or raised JobExists)."""
+    from shop.tasks import close_unpaid_order
+
+    _schedule_in_a_transaction(close_unpaid_order, 1)
+    shop_delayq.cancel_key("order:42", by="order paid")
+    assert Row.objects.get(job_id="order:42:close").state == "scheduled"  # not synced yet
+
+    again = _schedule_in_a_transaction(close_unpaid_order, 2, if_exists=if_exists)
+
+    job = shop_delayq.get("order:42:close")
+    assert (job.args, job.task_id) == ([2], again.id)

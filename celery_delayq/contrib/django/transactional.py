@@ -79,6 +79,8 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
         return None
     rows = DelayedTask.objects.using(using)
     existing = rows.filter(job_id=call.job_id, state=State.SCHEDULED).first()
+    if existing is not None and existing.stored and not _in_store(delayq, call):
+        existing = None  # cancelled or run since: the mirror lags the store (delayq_sync)
     if existing is not None and if_exists == "keep":
         return DelayedResult(existing.task_id or existing.job_id, existing.job_id,
                              from_db(existing.due), delayq)
@@ -94,6 +96,17 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
     transaction.on_commit(lambda: _submit(delayq, row.pk, call, due, if_exists, now),
                           using=using)
     return DelayedResult(call.task_id, call.job_id, from_db(eta), delayq)
+
+
+def _in_store(delayq: DelayQ, call: Call) -> bool:
+    """Whether the store holds ``call``'s job id (pending or being promoted), as a write
+    outside a transaction would find it; True when its Redis cannot say (the row, which
+    says so, is trusted then)."""
+    try:
+        job = delayq.store.get(call.job_id, call.key)
+    except DelayQError:
+        return True
+    return job is not None and job.state != "dead"
 
 
 def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str,
