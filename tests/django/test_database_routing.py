@@ -45,3 +45,31 @@ def test_sync_writes_each_batch_in_one_transaction_of_the_routed_database(
     assert DelayedTask.objects.using("mirror").filter(state="scheduled").count() == 2
     assert not DelayedTask.objects.using("default").exists()
     assert not JournalCursor.objects.using("default").exists()
+
+
+class LaggingReplicaRouter:
+    """Reads from ``mirror``, a replica that lags for good (writes go to ``default``), as
+    the primary/replica router of Django's multiple-databases guide routes them."""
+
+    def db_for_read(self, model, **hints):
+        return "mirror"
+
+    def db_for_write(self, model, **hints):
+        return "default"
+
+
+def test_a_cancel_of_a_row_a_lagging_replica_shows_unwritten_ends(settings, shop_delayq):
+    """The replica says "not in Redis yet", the primary says written, and Redis holds no
+    such job (it ran): the cancel asked again after reading the row from the replica again,
+    until RecursionError (an admin 500 after ~1,000 Redis calls)."""
+    from celery_delayq.contrib.django import operations
+
+    fields = {"pk": 4242, "job_id": "order:1:close", "task": "shop.tasks.close_unpaid_order",
+              "state": "scheduled"}  # (a replica's row has its primary's pk)
+    DelayedTask.objects.using("mirror").create(**fields, stored=False)
+    DelayedTask.objects.using("default").create(**fields, stored=True)
+    settings.DATABASE_ROUTERS = [LaggingReplicaRouter()]
+    row = DelayedTask.objects.get(job_id="order:1:close")
+    assert row.stored is False  # read from the replica
+
+    assert operations.cancel(row, by="admin") == (False, operations._GONE)

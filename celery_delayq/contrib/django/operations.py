@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.db import router
 from django.utils import timezone
 
 from celery_delayq.errors import JobExists
@@ -35,23 +36,26 @@ _NOT_DEAD = "not among the dead letters any more (replayed or dropped; delayq_sy
 
 def cancel(row: DelayedTask, by: str) -> tuple[bool, str]:
     """Cancel the row's job in the store; one not in Redis yet is cancelled on the row, which
-    its writer (on commit, or ``delayq_reconcile``) checks after writing it."""
-    if row.state != State.SCHEDULED:
-        return False, _NOT_PENDING[row.state]
-    outcome = project_delayq().cancel_outcome(row.job_id, row.key or None, by=by)
-    if outcome is CancelOutcome.TOO_LATE:
-        return False, outcome.value
-    rows = DelayedTask.objects.filter(pk=row.pk)
-    if outcome is CancelOutcome.UNKNOWN:
-        if row.stored:
-            return False, _GONE
-        rows = rows.filter(state=State.SCHEDULED, stored=False)  # still not written
-    cancelled = rows.update(state=State.CANCELLED, cancelled_at=timezone.now(),
-                            cancelled_by=by[:255])
-    if cancelled or outcome is CancelOutcome.CANCELLED:
-        return True, "cancelled"
-    row.refresh_from_db()  # written to Redis meanwhile (or moved on): ask Redis again
-    return cancel(row, by)
+    its writer (on commit, or ``delayq_reconcile``) checks after writing it. A row written
+    to Redis meanwhile is read again from the database written to (a replica may lag) and
+    the store asked again, once."""
+    for _ in range(2):
+        if row.state != State.SCHEDULED:
+            return False, _NOT_PENDING[row.state]
+        outcome = project_delayq().cancel_outcome(row.job_id, row.key or None, by=by)
+        if outcome is CancelOutcome.TOO_LATE:
+            return False, outcome.value
+        rows = DelayedTask.objects.filter(pk=row.pk)
+        if outcome is CancelOutcome.UNKNOWN:
+            if row.stored:
+                return False, _GONE
+            rows = rows.filter(state=State.SCHEDULED, stored=False)  # still not written
+        cancelled = rows.update(state=State.CANCELLED, cancelled_at=timezone.now(),
+                                cancelled_by=by[:255])
+        if cancelled or outcome is CancelOutcome.CANCELLED:
+            return True, "cancelled"
+        row.refresh_from_db(using=router.db_for_write(DelayedTask))  # written meanwhile
+    return False, "changed while it was cancelled: try again"
 
 
 def run_now(row: DelayedTask) -> tuple[bool, str]:
