@@ -73,3 +73,22 @@ def test_a_cancel_of_a_row_a_lagging_replica_shows_unwritten_ends(settings, shop
     assert row.stored is False  # read from the replica
 
     assert operations.cancel(row, by="admin") == (False, operations._GONE)
+
+
+def test_reconcile_pushes_the_call_the_primary_holds_not_a_lagging_replicas(
+        settings, shop_delayq):
+    """The row was replaced (a new call) before the replica caught up: the push read the
+    replica's older call."""
+    from celery_delayq import envelope
+    from celery_delayq.contrib.django.reconcile import reconcile
+
+    fields = {"pk": 4242, "job_id": "order:1:close", "task": "shop.tasks.close_unpaid_order",
+              "state": "scheduled", "stored": False}
+    for database, n in (("mirror", 1), ("default", 2)):
+        DelayedTask.objects.using(database).create(
+            **fields, envelope=envelope.encode({"t": fields["task"], "a": [n], "k": {}}))
+    settings.DATABASE_ROUTERS = [LaggingReplicaRouter()]
+
+    assert reconcile(shop_delayq).pushed == ["order:1:close"]
+
+    assert shop_delayq.get("order:1:close").args == [2]
