@@ -39,6 +39,9 @@ def test_arguments_kombu_decodes_to_objects_are_mirrored_as_their_text(
     ("--interval", "0", "--interval must be more than 0 seconds"),
     ("--interval", "-1", "--interval must be more than 0 seconds"),
     ("--interval", "nan", "--interval must be more than 0 seconds"),
+    # a Redis ResponseError traceback; a sync that stopped polling after its first idle pass
+    ("--batch", "99999999999999999999", "--batch must be at most 100,000"),
+    ("--interval", "inf", "--interval must be .* at most 3,600"),
 ])
 def test_delayq_sync_refuses_a_batch_or_interval_that_is_not_positive(
         shop_delayq, option, value, says):

@@ -54,12 +54,20 @@ class Command(BaseCommand):
         self.stdout.write("delayq_sync: stopped")
 
 
+#: The largest ``--batch`` (events per shard and database transaction) and ``--interval``.
+MAX_BATCH, MAX_INTERVAL = 100_000, 3600.0
+
+
 def _check(interval: float, batch: int) -> None:
     """Refuse a batch or a poll interval that is not positive (a batch of 0 is no read, an
-    interval of 0 polls without pause)."""
+    interval of 0 polls without pause) or is past its bound (Redis refuses a count past
+    64 bits; an infinite interval stops polling)."""
     if batch < 1:
         raise CommandError(f"--batch must be at least 1 (events per shard and transaction), "
                            f"got {batch}; the default is 500")
-    if not interval > 0:  # NaN too
-        raise CommandError(f"--interval must be more than 0 seconds, got {interval:g}; the "
-                           "default is 0.5")
+    if batch > MAX_BATCH:
+        raise CommandError(f"--batch must be at most {MAX_BATCH:,} (events per shard and "
+                           f"transaction), got {batch:,}; the default is 500")
+    if not 0 < interval <= MAX_INTERVAL:  # NaN too
+        raise CommandError(f"--interval must be more than 0 seconds and at most "
+                           f"{MAX_INTERVAL:,.0f}, got {interval:g}; the default is 0.5")
