@@ -22,6 +22,9 @@ class Event(str, Enum):
     FAILED = "failed"
     RETRIED = "retried"
     IGNORED = "ignored"  # the task raised Ignore: acknowledged, no outcome (Celery's IGNORED)
+    #: a worker discarded or stopped the run (Celery's REVOKED, journal.py); ``reason``:
+    #: "revoked", "expired" or "terminated"
+    REVOKED = "revoked"
     CANCELLED = "cancelled"  # cancel
     MOVED = "moved"  # taken off its old shard by a replace that moved it (cancel)
     DEAD = "dead"  # dead-lettered (dead, repair, Store.bury)

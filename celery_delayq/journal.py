@@ -1,4 +1,5 @@
-"""Worker-side journal events: started, succeeded, failed, retried, ignored for delayed tasks.
+"""Worker-side journal events: started, succeeded, failed, retried, ignored, revoked for
+delayed tasks.
 
 The store's scripts journal scheduled / rescheduled / cancelled / promoted / dead
 themselves; a worker adds what happens to a promoted task through Celery's signals,
@@ -24,7 +25,10 @@ process, ``Reject(requeue=False)``): those are ``failed``, the job's headers rea
 (a ``Reject``) first writes its own waiting events, so its ``started`` precedes that
 ``failed``. ``Ignore`` is ``ignored``; a
 ``DelayedTask`` that calls ``replace`` hands its job to the replacement instead
-(:func:`hand_over`), whose outcome ends it.
+(:func:`hand_over`), whose outcome ends it. A run the worker's main process discards or
+stops (revoked while it waited, expired, terminated: Celery's ``task_revoked``) is
+``revoked``, with the ``reason``; a ``task_failure`` Celery may send after it for the same
+run (a process lost to the terminating signal) journals nothing more.
 """
 
 from __future__ import annotations
@@ -267,6 +271,7 @@ def connect(delayq_of: Callable[[Any], Any]) -> None:
         signals.task_prerun.connect(_on_prerun, weak=False)
         signals.task_postrun.connect(_on_postrun, weak=False)
         signals.task_failure.connect(_on_failure, weak=False)
+        signals.task_revoked.connect(_on_revoked, weak=False)
         signals.worker_process_shutdown.connect(_outbox.flush, weak=False)
         signals.worker_shutdown.connect(_outbox.flush, weak=False)
         _connected.set()
@@ -348,11 +353,23 @@ def _on_failure(sender=None, task_id=None, **_) -> None:
         _record(sender, task_id, Event.FAILED, request.request_dict)
 
 
-def _record(task, task_id: str | None, event: Event, request) -> bool:
+def _on_revoked(sender=None, request=None, terminated=False, expired=False, **_) -> None:
+    """A run the worker's main process discarded (revoked or expired before it ran) or
+    stopped (terminated): ``request`` is its ``Context``. Its request is forgotten, so a
+    ``task_failure`` of the same run (the terminated process reported lost) adds none."""
+    task_id = request.get("id") if request is not None else None
+    if isinstance(task_id, str):  # (a message's header: anyone may publish one)
+        _received.pop(task_id, None)
+    reason = "terminated" if terminated else "expired" if expired else "revoked"
+    _record(sender, task_id, Event.REVOKED, request, reason=reason)
+
+
+def _record(task, task_id: str | None, event: Event, request, **more: str) -> bool:
     """Queue ``event`` for the job whose headers ``request`` holds (a task's request or a
     worker request's dict, read with ``get``); whether it was queued. Headers come from a
     message anyone may publish: a job id that is not text skips the event (said once a
-    run), a key, due time or retry count of the wrong type is left out."""
+    run), a key, due time or retry count of the wrong type is left out. ``more``: fields
+    of this event (a revoke's ``reason``)."""
     job_id = request.get(HEADER_JOB) if request is not None else None
     if job_id is None:
         return False
@@ -377,7 +394,7 @@ def _record(task, task_id: str | None, event: Event, request) -> bool:
         "job": job_id, "task": task.name, "key": _plain(request.get(HEADER_KEY)),
         "task_id": _plain(task_id),
         "retries": retries if type(retries) is int else 0,  # (not a bool)
-        "due": _plain(request.get(HEADER_DUE)),
+        "due": _plain(request.get(HEADER_DUE)), **more,
     })
     return True
 

@@ -34,13 +34,13 @@ td:first-child{position:sticky;left:0;background:#fff}
 _TEXT = frozenset({"task", "reason", "job", "event"})  # left-aligned, wrapping columns
 #: Columns of the report's tables, counts of one journal event each (but cancel_rate).
 _COUNTS = [*(e.value for e in (Event.SCHEDULED, Event.PROMOTED, Event.STARTED, Event.SUCCEEDED,
-                                Event.FAILED, Event.IGNORED, Event.RETRIED, Event.CANCELLED,
-                                Event.DEAD)),
+                                Event.FAILED, Event.IGNORED, Event.RETRIED, Event.REVOKED,
+                                Event.CANCELLED, Event.DEAD)),
            "cancel_rate"]
 _LATENESS = [f"{kind}_late_{q}_ms" for kind in ("promote", "start")
              for q in ("p50", "p95", "p99", "max")]
 _OUTCOMES = tuple(e.value for e in (Event.SUCCEEDED, Event.FAILED, Event.IGNORED,
-                                     Event.RETRIED, Event.CANCELLED, Event.DEAD))
+                                     Event.RETRIED, Event.REVOKED, Event.CANCELLED, Event.DEAD))
 _VOLUME = tuple(e.value for e in (Event.SCHEDULED, Event.PROMOTED, Event.SUCCEEDED,
                                    Event.FAILED, Event.RETRIED, Event.DEAD))
 

@@ -1,5 +1,5 @@
 """The lateness report: outcomes and lateness per task over time, dead letters, jobs promoted
-and never started, and the backlog, from the exported journal.
+and never started (nor revoked by a worker), and the backlog, from the exported journal.
 
 Input is what ``celery -A proj delayq export`` writes (Parquet or JSON lines, partitioned by
 ``date=``, with backlog snapshots in ``_backlog/``), on any Hadoop filesystem (``file://``,
@@ -31,8 +31,8 @@ from . import hadoopfs, page
 logger = logging.getLogger(__name__)
 
 PERCENTILES = (0.5, 0.95, 0.99)
-OUTCOMES = (Event.SUCCEEDED, Event.FAILED, Event.IGNORED, Event.RETRIED, Event.CANCELLED,
-            Event.DEAD)
+OUTCOMES = (Event.SUCCEEDED, Event.FAILED, Event.IGNORED, Event.RETRIED, Event.REVOKED,
+            Event.CANCELLED, Event.DEAD)
 _COUNTED = (Event.SCHEDULED, Event.RESCHEDULED, Event.PROMOTED, Event.STARTED, *OUTCOMES)
 BUCKETS = ("minute", "hour")
 MINUTES_BELOW_MS = 3 * 3_600_000  #: events spanning less than this are bucketed by minute
@@ -228,7 +228,8 @@ def dead_letters(df):
 def never_started(df, before_ms: int):
     """Jobs whose latest promotion, at ``before_ms`` or earlier, no start answered: none
     for its due time or a later one (a start's ``due``, else its time). A fast worker's
-    start may be journaled before the carrier's promotion."""
+    start may be journaled before the carrier's promotion. A worker's ``revoked`` (the run
+    discarded before it started: revoked in the broker, expired) answers it too."""
     from pyspark.sql import functions as F
 
     cycle = F.coalesce("due_ms", "ts_ms")  # the due time an event answers
@@ -236,7 +237,8 @@ def never_started(df, before_ms: int):
     jobs = (df.where(F.col("job").isNotNull()).groupBy("shard", "job")
             .agg(F.first("task", ignorenulls=True).alias("task"),
                  F.max(promoted).alias("_promoted"),
-                 F.max(F.when(F.col("event") == Event.STARTED, cycle)).alias("_started")))
+                 F.max(F.when(F.col("event").isin(Event.STARTED, Event.REVOKED), cycle))
+                 .alias("_started")))
     return (jobs.withColumn("promoted_ms", F.col("_promoted.ts_ms"))
             .where(F.col("promoted_ms") <= before_ms)
             .where(F.col("_started").isNull() | (F.col("_started") < F.col("_promoted.due")))

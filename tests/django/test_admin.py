@@ -606,6 +606,27 @@ def test_cancelled_rows_show_the_due_time_the_list_sorts_them_by(admin_client, p
     assert listed[0].job_id == "refund:3:check:0", "due first, cancelled or not"
 
 
+def test_runs_a_worker_revoked_show_cancelled_by_it_and_a_terminated_one_as_stopped(
+        admin_client, pending, sync):
+    """The journal's ``revoked`` (a worker discarded or stopped the run) mirrored."""
+    for job_id, events in (("order:1:close", ("promoted", "revoked")),
+                           ("order:2:close", ("promoted", "started", "revoked"))):
+        row = pending[job_id]
+        shard = sync.delayq.store.keys.shard_for(job_id).shard
+        for event in events:
+            reason = "expired" if job_id == "order:1:close" else "terminated"
+            sync.delayq.store.journal(shard, event, {
+                "job": job_id, "task_id": row.task_id, "reason": reason,
+                "due": round(row.due.timestamp() * 1000)})
+    sync.run_once()
+    html = _page(admin_client).replace("\xa0", " ")
+    dues = dict(zip(_cells(html, "key_link"), _cells(html, "due_in"), strict=True))
+    assert re.fullmatch(r"in (29|30) minutes, not run", dues["order:1"]), dues
+    assert re.fullmatch(r"in (29|30) minutes, stopped while running", dues["order:2"]), dues
+    detail = _page(admin_client, "admin:delayq_delayedtask_change", pending["order:2:close"].pk)
+    assert "worker: terminated" in detail and "reason: terminated" in detail
+
+
 def test_task_names_read_the_same_in_the_table_and_in_the_filter(admin_client, pending):
     html = _page(admin_client)
     assert set(_cells(html, "task_name")) == {ORDER_TIMEOUT, REFUND_CHECK}

@@ -251,3 +251,57 @@ def test_delayq_sync_backfill_command_says_what_it_mirrored(shop_delayq, capsys)
     call_command("delayq_sync", "--once", "--backfill")
     assert "backfilled 1 rows from the store" in capsys.readouterr().out
     assert DelayedTask.objects.get(job_id="order:1:close").args == [1]
+
+
+def journal_run(delayq, job_id: str, *events: tuple[str, dict]) -> None:
+    """Journal ``events`` (name, fields) of the run of ``job_id``, stored and due now, as a
+    carrier and a worker would: each with the job id, its task id and due time."""
+    job = delayq.get(job_id)
+    shard = delayq.store.keys.shard_for(job_id).shard
+    run = {"job": job_id, "task": job.task, "task_id": job.task_id, "retries": 0,
+           "due": round(job.due.timestamp() * 1000)}
+    for event, fields in events:
+        delayq.store.journal(shard, event, {**run, **fields})
+
+
+@pytest.mark.parametrize(("run", "reason"), [
+    (["promoted"], "revoked"),  # revoked while it waited in the broker
+    ([], "expired"),  # discarded at receipt, before the carrier's ack was journaled
+    (["promoted", "started"], "terminated"),
+])
+def test_a_run_a_worker_revoked_ends_its_row_cancelled_by_the_worker(
+        shop_delayq, sync, run, reason):
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(7,), delay=0,
+                         job_id="order:7:close")
+    events = [(event, {}) for event in run] + [("revoked", {"reason": reason})]
+    if not run:  # the ack comes after the discard
+        events.append(("promoted", {}))
+    journal_run(shop_delayq, "order:7:close", *events)
+    sync.run_once()
+    row = DelayedTask.objects.get(job_id="order:7:close")
+    assert (row.state, row.cancelled_by) == ("cancelled", f"worker: {reason}")
+    assert row.cancelled_at is not None and row.finished_at is None
+    assert list(row.events.filter(event="revoked").values_list("detail", flat=True)) == [
+        f"reason: {reason}; task_id: {row.task_id}; retries: 0"]
+
+
+def test_a_revoked_event_leaves_a_row_whose_run_had_ended_or_that_is_due_again_as_it_is(
+        shop_delayq, sync):
+    """A copy of a run that succeeded (a duplicate) revoked afterwards, and a revoke of a
+    run whose job was scheduled again since for another due time, move nothing."""
+    for n in (8, 9):
+        shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(n,), delay=0,
+                             job_id=f"order:{n}:close")
+    journal_run(shop_delayq, "order:8:close", ("promoted", {}), ("started", {}),
+                ("succeeded", {}), ("revoked", {"reason": "revoked"}))
+    journal_run(shop_delayq, "order:9:close", ("promoted", {}))
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(9,), delay=600,
+                         job_id="order:9:close", if_exists="replace")
+    shard = shop_delayq.store.keys.shard_for("order:9:close").shard
+    shop_delayq.store.journal(shard, "revoked", {"job": "order:9:close", "reason": "revoked",
+                                                 "due": int(time.time() * 1000)})
+    sync.run_once()
+    rows = {row.job_id: row for row in DelayedTask.objects.all()}
+    assert rows["order:8:close"].state == "succeeded"
+    assert (rows["order:9:close"].state, rows["order:9:close"].cancelled_at) == (
+        "scheduled", None)

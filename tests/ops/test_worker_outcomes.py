@@ -1,13 +1,21 @@
 """Every run of a delayed task ends in the journal, also when Celery reports its end outside
 ``task_postrun``: a hard time limit, a lost worker process and ``Reject(requeue=False)``
 are ``failed`` (Celery's ``task_failure``, sent by the worker's main process), ``Ignore``
-is ``ignored``, and a ``replace`` hands the job to its replacement, whose outcome ends it."""
+is ``ignored``, and a ``replace`` hands the job to its replacement, whose outcome ends it.
+A run the worker discards or stops (revoked, expired, terminated: Celery's
+``task_revoked``) is ``revoked``, with the reason, and nothing else."""
 
 from __future__ import annotations
 
+import socket
+import time
+from datetime import datetime, timedelta, timezone
+
 import celery
 import pytest
+from celery import states
 
+from tests.conftest import wait_for
 from tests.ops.test_worker_events import journal_of
 
 FINAL = "succeeded failed ignored"
@@ -91,3 +99,77 @@ def test_a_reject_is_journaled_after_the_started_event_its_process_had_not_writt
 def test_a_worker_without_child_processes_journals_how_every_run_ended(
         proj, delayq, carrier, spawn, pool):
     journaled_by(spawn, proj, delayq, f"outcomes-{pool}", ON_EVERY_POOL, pool)
+
+
+def after_promotion(delayq, job_id: str, ended_by: str) -> list[dict[str, str]]:
+    """The job's journal entries after ``scheduled`` / ``promoted`` once one is in
+    ``ended_by``, read again a moment later: a second outcome (Celery's ``task_failure``
+    for a run it also reported revoked) would be written within that moment."""
+    journal_of(delayq, [job_id], ended_by)
+    time.sleep(1.5)
+    return [e for e in journal_of(delayq, [job_id], ended_by)[job_id]
+            if e["event"] not in ("scheduled", "promoted")]
+
+
+def revoking_worker(spawn, queue: str, *pool: str):
+    """A worker named after ``queue`` consuming it, with the pool ``pool``."""
+    return spawn("worker", "-Q", queue, "-n", f"{queue}@%h", "-P", *pool,
+                 "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO")
+
+
+def test_a_job_that_expires_before_it_is_due_is_journaled_revoked_as_expired(
+        proj, delayq, carrier, spawn):
+    queue = "outcomes-expired"
+    worker = revoking_worker(spawn, queue, "threads")
+    result = proj.record.apply_delayed(
+        ("expired",), delay=1, queue=queue,
+        expires=datetime.now(timezone.utc) + timedelta(seconds=0.3))
+    try:
+        ended = after_promotion(delayq, result.job_id, "revoked started")
+        assert [(e["event"], e.get("reason")) for e in ended] == [("revoked", "expired")]
+        assert (ended[0]["task"], ended[0]["task_id"]) == ("tests.proj.record", result.id)
+    except BaseException:
+        print(worker.log.read_text()[-4000:])
+        raise
+    assert result.state == states.REVOKED
+
+
+def test_a_promoted_job_revoked_while_it_waits_in_the_broker_is_journaled_revoked(
+        proj, delayq, carrier, spawn):
+    queue = "outcomes-revoked"
+    name = f"{queue}@{socket.gethostname()}"
+    worker = revoking_worker(spawn, "outcomes-idle", "threads")
+    idle = f"outcomes-idle@{socket.gethostname()}"
+    result = proj.record.apply_delayed(("revoked",), delay=0.05, queue=queue)
+    try:
+        journal_of(delayq, [result.job_id], "promoted")  # too late for the store's cancel
+        wait_for(lambda: proj.app.control.ping(destination=[idle], timeout=0.5), timeout=30,
+                 what=f"worker {name} to answer")
+        result.revoke()
+        # The worker handles its control messages in order: it knows the job revoked when
+        # it begins to consume the job's queue.
+        assert proj.app.control.add_consumer(queue, destination=[idle], reply=True)
+        ended = after_promotion(delayq, result.job_id, "revoked started")
+        assert [(e["event"], e.get("reason")) for e in ended] == [("revoked", "revoked")]
+    except BaseException:
+        print(worker.log.read_text()[-4000:])
+        raise
+    assert result.state == states.REVOKED
+
+
+def test_a_prefork_run_terminated_by_revoke_is_journaled_revoked_once_not_failed(
+        proj, delayq, carrier, spawn):
+    queue = "outcomes-terminated"
+    worker = revoking_worker(spawn, queue, "prefork", "-c", "1")
+    result = proj.slow.apply_delayed(("terminated",), {"seconds": 30}, delay=0.05,
+                                     queue=queue)
+    try:
+        journal_of(delayq, [result.job_id], "started", timeout=30)
+        result.revoke(terminate=True)
+        ended = after_promotion(delayq, result.job_id, "revoked failed succeeded")
+        assert [(e["event"], e.get("reason")) for e in ended] == [
+            ("started", None), ("revoked", "terminated")]
+    except BaseException:
+        print(worker.log.read_text()[-4000:])
+        raise
+    assert result.state == states.REVOKED

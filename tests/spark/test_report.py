@@ -214,3 +214,31 @@ def test_a_folder_of_both_parquet_and_json_lines_exports_is_refused(spark, delay
 
     with pytest.raises(InvalidOption, match=r"both \.parquet and \.jsonl"):
         build_report(spark, tmp_path / "events", tmp_path / "report")
+
+
+def test_a_run_a_worker_revoked_is_an_outcome_and_no_job_never_started(
+        spark, delayq, redis_client, tmp_path):
+    """A promoted job a worker discarded (revoked in the broker, expired: no ``started``)
+    or stopped (terminated): ``revoked`` ends it, whatever its reason."""
+    mail = {"task": "shop.mail", "key": ""}
+    events = [*job_events("shop.mail", "ok", T0, 5, 8, "succeeded")]
+    for n, reason in enumerate(("revoked", "expired")):
+        due = T0 - 200_000 + n * 1000
+        events += [
+            (due, {"event": "promoted", "job": reason, **mail, "due": str(due)}),
+            (due + 5, {"event": "revoked", "job": reason, **mail, "task_id": reason,
+                       "due": str(due), "reason": reason})]
+    due = T0 - 100_000
+    events += [e for e in job_events("shop.mail", "terminated", due, 2, 4, "revoked")]
+    events[-1][1].update(reason="terminated", due=str(due))
+    events.append((T0 - 90_000, {"event": "promoted", "job": "lost", **mail,
+                                 "due": str(T0 - 90_000)}))
+    plant(delayq.store.client, delayq.store.keys.shard(0).journal, events)
+    export_journal(delayq.store, tmp_path / "events")
+
+    report = build_report(spark, tmp_path / "events", tmp_path / "report")
+
+    (row,) = report.by_task
+    assert (row["promoted"], row["started"], row["succeeded"], row["revoked"]) == (5, 2, 1, 3)
+    assert [j["job"] for j in report.never_started] == ["lost"]
+    assert "<th>revoked</th>" in Path(report.html).read_text()  # the page's tables too

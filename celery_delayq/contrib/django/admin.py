@@ -32,6 +32,7 @@ from .chart import pending_chart
 from .models import DelayedTask, State
 from .runtime import delayq as project_delayq
 from .runtime import key_models, resume_command
+from .sync import revoked_by
 from .times import from_db
 
 logger = logging.getLogger("celery_delayq.contrib.django.admin")
@@ -409,7 +410,8 @@ def when(moment: datetime) -> str:
 
 
 def _relative_due(row) -> str:
-    """"in 12 minutes", "3 s ago"; ", held by a pause" or ", not run" where so."""
+    """"in 12 minutes", "3 s ago"; ", held by a pause", ", not run" or ", stopped while
+    running" (a run a worker terminated) where so."""
     # both in UTC: timesince counts wall-clock fields, which a clock change shifts
     now, due = times.utc_now(), from_db(row.due).astimezone(dt_timezone.utc)
     seconds = (due - now).total_seconds()
@@ -419,6 +421,8 @@ def _relative_due(row) -> str:
         text = f"in {timeuntil(due, now, depth=1)}"
     else:
         text = f"{timesince(due, now, depth=1)} ago"
+    if row.state == State.CANCELLED and row.cancelled_by == revoked_by("terminated"):
+        return f"{text}, stopped while running"
     if row.state in (State.CANCELLED, State.DEAD):
         return f"{text}, not run"
     if getattr(row, "delayq_held", False):

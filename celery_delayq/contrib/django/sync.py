@@ -370,8 +370,7 @@ def apply_event(row: DelayedTask, fields: dict[str, str], stream_id: str,
         row.promoted_at = at
         # A carrier acks after publishing, so "promoted" may follow "started"; and a
         # retry scheduled meanwhile has another due time: neither is moved back.
-        if row.state == State.SCHEDULED and (due is None or row.due is None
-                                             or abs((row.due - due).total_seconds()) < 0.002):
+        if row.state == State.SCHEDULED and _same_due(row.due, due):
             row.state = State.PROMOTED
     elif event == Event.STARTED:
         row.state, row.started_at = State.STARTED, at
@@ -384,8 +383,27 @@ def apply_event(row: DelayedTask, fields: dict[str, str], stream_id: str,
     elif event == Event.CANCELLED:
         row.state, row.cancelled_at = State.CANCELLED, at
         row.cancelled_by = fields.get("by", "")[:255]
+    elif event == Event.REVOKED:
+        # A worker discarded or stopped the run (its result is REVOKED, as a cancel's): a
+        # row still waiting for it ends cancelled. The carrier's ack may come after a
+        # discard at receipt, so a row still scheduled for that due time is waiting too.
+        if row.state in (State.PROMOTED, State.STARTED) or (
+                row.state == State.SCHEDULED and _same_due(row.due, due)):
+            row.state, row.cancelled_at = State.CANCELLED, at
+            row.cancelled_by = revoked_by(fields.get("reason") or "revoked")[:255]
     elif event == Event.DEAD:
         row.state, row.dead_at, row.reason = State.DEAD, at, fields.get("reason", "")
+
+
+def revoked_by(reason: str) -> str:
+    """A row's ``cancelled_by`` when a worker discarded or stopped its run for ``reason``
+    ("revoked", "expired", "terminated")."""
+    return f"worker: {reason}"
+
+
+def _same_due(stored: datetime | None, due: datetime | None) -> bool:
+    """Whether an event's ``due`` is the row's (either unknown: taken as the same)."""
+    return due is None or stored is None or abs((stored - due).total_seconds()) < 0.002
 
 
 def _fill_from_envelope(row: DelayedTask, envelope: _Mirrored) -> None:
