@@ -92,3 +92,20 @@ def test_reconcile_pushes_the_call_the_primary_holds_not_a_lagging_replicas(
     assert reconcile(shop_delayq).pushed == ["order:1:close"]
 
     assert shop_delayq.get("order:1:close").args == [2]
+
+
+def test_the_sync_reads_the_rows_it_updates_from_the_database_written_to(
+        settings, shop_delayq, sync):
+    """A row the lagging replica did not have yet was made again: the batch failed on the
+    job id's unique constraint, and the shard stopped being mirrored."""
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(1,), delay=600,
+                         job_id="order:1:close")
+    sync.run_once()  # the row, in the one database there is for now
+    settings.DATABASE_ROUTERS = [LaggingReplicaRouter()]  # the replica has no row yet
+    shop_delayq.cancel("order:1:close")
+
+    assert sync.run_once() == 1
+
+    row = DelayedTask.objects.using("default").get(job_id="order:1:close")
+    assert row.state == "cancelled"
+    assert sync.backfill() == 0  # nothing pending: read where it is written, not re-made

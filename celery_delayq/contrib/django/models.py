@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import models
+from django.db import models, router
 from django.utils import timezone
 
 
@@ -25,6 +25,11 @@ class DelayedTaskQuerySet(models.QuerySet):
     def unstored(self):
         """Pending jobs committed in the database whose Redis write has not happened."""
         return self.pending().filter(stored=False)
+
+    def where_written(self):
+        """These rows as the database written to holds them: what decides a write is read
+        there, not from a replica that may lag (a primary/replica router reads from one)."""
+        return self.using(router.db_for_write(self.model))
 
 
 class DelayedTask(models.Model):

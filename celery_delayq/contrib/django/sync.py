@@ -200,7 +200,7 @@ class JournalSync:
             if locked.last_id != cursor.last_id:  # another sync moved it meanwhile
                 return 0
             job_ids = {f["job"] for _, f in readable}
-            rows = DelayedTask.objects.in_bulk(job_ids, field_name="job_id")
+            rows = DelayedTask.objects.where_written().in_bulk(job_ids, field_name="job_id")
             known = set(rows)
             events = []
             for stream_id, fields in readable:
@@ -236,7 +236,7 @@ class JournalSync:
         skipped = Unreadable("delayq_sync --backfill", logger)
         for shard, jobs in self.store.every_pending():
             envelopes = self._readable(shard, [job.job_id for job in jobs], skipped)
-            rows = {row.job_id: row for row in DelayedTask.objects.filter(
+            rows = {row.job_id: row for row in DelayedTask.objects.where_written().filter(
                 job_id__in=list(envelopes)).annotate(seen=Max("events__at"))}
             new, changed = [], []
             for job in jobs:

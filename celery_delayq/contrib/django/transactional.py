@@ -98,12 +98,6 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
     return DelayedResult(call.task_id, call.job_id, from_db(eta), delayq)
 
 
-def _written_to():
-    """The rows as the database written to holds them: what decides a write is read there,
-    not from a replica that may lag (a primary/replica router reads from one)."""
-    return DelayedTask.objects.using(router.db_for_write(DelayedTask))
-
-
 def _in_store(delayq: DelayQ, call: Call) -> bool:
     """Whether the store holds ``call``'s job id (pending or being promoted), as a write
     outside a transaction would find it; True when its Redis cannot say (the row, which
@@ -178,7 +172,7 @@ def push_unstored(delayq: DelayQ | None = None, queryset=None,
     by = f"{_WRITING} by delayq_reconcile (pid {os.getpid()} on {socket.gethostname()})"
     down: StoreUnavailable | None = None  # then the rest are not tried: each would wait
     for start in range(0, len(pks), _CHUNK):
-        chunk = _written_to().in_bulk(pks[start:start + _CHUNK])
+        chunk = DelayedTask.objects.where_written().in_bulk(pks[start:start + _CHUNK])
         for row in (chunk[pk] for pk in pks[start:start + _CHUNK] if pk in chunk):
             if down is not None:
                 report.failed[row.job_id] = f"not tried: {down}"
@@ -199,7 +193,7 @@ def _push(delayq: DelayQ, row: DelayedTask, by: str,
     is unavailable (the rest are then not tried)."""
     now = dj_timezone.now()
     claimable = ~Q(store_error__startswith=_WRITING) | Q(updated_at__lt=now - CLAIM_LEASE)
-    rows = _written_to().filter(pk=row.pk)
+    rows = DelayedTask.objects.where_written().filter(pk=row.pk)
     if not rows.unstored().filter(claimable).update(store_error=by, updated_at=now):
         if rows.unstored().exists():  # else written, cancelled or run since it was listed
             report.busy.append(row.job_id)
@@ -228,7 +222,7 @@ def _written(delayq: DelayQ, pk: int, call: Call, **changes) -> bool:
     """Mark the row stored after its job's Redis write; if the row was cancelled meanwhile,
     cancel the job just written (False). When that cancel fails, the row is scheduled again
     with a "cancel failed" event saying why (the error is not raised)."""
-    rows = _written_to().filter(pk=pk)
+    rows = DelayedTask.objects.where_written().filter(pk=pk)
     if rows.filter(state=State.SCHEDULED).update(stored=True, store_error="", **changes):
         return True
     row = rows.filter(state=State.CANCELLED).first()
