@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
@@ -56,6 +57,16 @@ _SEND_TASK_MERGES = inspect.signature(Celery.send_task).parameters["time_limit"]
     is not None
 
 
+@dataclass(frozen=True)
+class _OptedIn:
+    """What ``DelayQ(app)`` changed on the app, for :meth:`DelayQ._opt_out` to put back."""
+
+    send_task: Callable[..., Any] | None  # the app's own, set on it before it opted in
+    routed: Callable[..., Any]  # the one opting in set (DelayQ._route_send_task)
+    control: revoke.Installed
+    http_task: bool  # opting in registers celery_delayq.http_callback (not there before)
+
+
 class DelayQ(Holding):
     """The delay store of a Celery app: schedule, inspect, cancel and re-time jobs.
 
@@ -66,6 +77,7 @@ class DelayQ(Holding):
     app: Celery
     _interceptors: list[Interceptor]
     _clock: Callable[[Due], Due] | None
+    _opted_in: _OptedIn
 
     def __new__(cls, app: Celery) -> DelayQ:
         with _create_lock:
@@ -76,13 +88,16 @@ class DelayQ(Holding):
                 existing._interceptors = []
                 existing._clock = None
                 setattr(app, _ATTR, existing)
-                existing._route_send_task()
+                own = vars(app).get("send_task")
+                routed = existing._route_send_task()
                 journal.connect(cls.lookup)
                 signals.worker_ready.connect(_check_at_worker_start, weak=False,
                                              dispatch_uid=_check_at_worker_start.__qualname__)
-                revoke.install(existing)
+                control = revoke.install(existing)
                 from . import http  # imports this module: here, not at the top
 
+                existing._opted_in = _OptedIn(own, routed, control,
+                                              http_task=http.TASK_NAME not in app._tasks)
                 http.register(app)  # opted in: the app gets the HTTP callback task
             return existing
 
@@ -101,6 +116,33 @@ class DelayQ(Holding):
     def lookup(cls, app: Celery) -> DelayQ | None:
         """The app's DelayQ if one was created, without creating it."""
         return getattr(app, _ATTR, None)
+
+    @classmethod
+    def _opt_out(cls, app: Celery) -> None:
+        """Undo ``DelayQ(app)``: the app's DelayQ is dropped and what opting in changed on
+        the app is put back, for a test that opted an app in only while it ran
+        (``DelayQTester``). The ``send_task`` set on the app before is back (none: the
+        class's again, unless another wrapper was set over ours since), so is its control
+        class (:func:`revoke.uninstall`), and the HTTP callback task goes if opting in
+        registered it. The process-wide hooks stay: journal's signal handlers, the worker's
+        revoke command wrapper and the ``worker_ready`` check serve every app and act only
+        for apps that opted in. The dropped DelayQ's store is left open to its caller."""
+        with _create_lock:
+            delayq = getattr(app, _ATTR, None)
+            if delayq is None:
+                return
+            done = delayq._opted_in
+            if vars(app).get("send_task") is done.routed:
+                if done.send_task is None:
+                    del app.send_task
+                else:
+                    app.send_task = done.send_task
+            revoke.uninstall(app, done.control)
+            if done.http_task:
+                from . import http
+
+                http.unregister(app)
+            delattr(app, _ATTR)
 
     @cached_property
     def config(self) -> DelayQConfig:
@@ -297,7 +339,7 @@ class DelayQ(Holding):
             return {"eta": at} if seconds > threshold else None
         return None
 
-    def _route_send_task(self) -> None:
+    def _route_send_task(self) -> Callable[..., Any]:
         """Send ``app.send_task(..., countdown=|eta=)`` through the store too.
 
         This covers plain tasks, tasks not registered in this process and signatures,
@@ -329,6 +371,7 @@ class DelayQ(Holding):
             return self.schedule(name, args, kwargs, if_exists="replace", **delay, **options)
 
         app.send_task = send_task_via_store
+        return send_task_via_store
 
     def _registered_options(self, name: str) -> dict[str, Any]:
         """The options of the task registered here as ``name`` that Celery's ``send_task``

@@ -344,6 +344,13 @@ def register(app: Celery) -> None:
              lazy=False, max_retries=None, serializer="json")
 
 
+def unregister(app: Celery) -> None:
+    """Undo :func:`register` (``DelayQ._opt_out`` does it): the task leaves the app, and
+    an app finalized later does not get it."""
+    app.on_after_finalize.disconnect(_on_finalized, dispatch_uid=TASK_NAME)
+    app._tasks.pop(TASK_NAME, None)
+
+
 def _on_finalized(sender: Celery, **_: Any) -> None:
     register(sender)
 

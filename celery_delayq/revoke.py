@@ -29,7 +29,7 @@ import logging
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery.app.control import Control as CeleryControl
 from kombu.utils.imports import symbol_by_name
@@ -98,16 +98,39 @@ class Marking:
             errors, "them" if many else "it", shown)
 
 
-def install(delayq: DelayQ) -> None:
+class Installed(NamedTuple):
+    """What :func:`install` changed on an app, for :func:`uninstall` to put back."""
+
+    control_cls: Any  # app.control_cls before (a class or its name)
+    control_class: type | None  # the class of app.control, when it was created already
+
+
+def install(delayq: DelayQ) -> Installed:
     """Hook revoke for this app (producer side) and in workers (once per process)."""
     app = delayq.app
-    if "control" in vars(app):  # already created: give it the revoking class
+    control = vars(app).get("control")
+    installed = Installed(app.control_cls, None if control is None else type(control))
+    if control is not None:  # already created: give it the revoking class
         app.control.__class__ = _revoking(app.control.__class__)
     elif symbol_by_name(app.control_cls) is CeleryControl:
         app.control_cls = f"{__name__}:Control"  # by name: the app still pickles
     else:
         app.control_cls = _revoking(symbol_by_name(app.control_cls))
     _wrap_worker_command()
+    return installed
+
+
+def uninstall(app, installed: Installed) -> None:
+    """Undo :func:`install` on ``app``: its control class is back, and so is the class of
+    an ``app.control`` created since, unless another class was set over ours. The
+    worker's command wrapper stays: it serves every app, and acts only for opted-in ones."""
+    app.control_cls = installed.control_cls
+    control = vars(app).get("control")
+    if control is None:
+        return
+    own = installed.control_class or symbol_by_name(installed.control_cls)
+    if type(control) is _revoking(own) is not own:
+        control.__class__ = own
 
 
 class _RevokingControl:

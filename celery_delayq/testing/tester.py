@@ -7,7 +7,7 @@ of its own may also use it as a context manager. See ``docs/testing.md``.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
@@ -53,6 +53,9 @@ class DelayQTester:
     Delays given while it is active (``apply_delayed(delay=...)``, ``countdown=``,
     ``self.retry(countdown=...)``) count from the test clock, :meth:`now`. Absolute
     ``eta=`` times and ``DelayQ.reschedule`` keep the real clock.
+
+    An app that had not opted in (``DelayQ(app)``) is opted in only while it is active:
+    on exit its DelayQ is dropped and the app is as it was (``DelayQ._opt_out``).
     """
 
     def __init__(self, app: Celery, redis_url: str) -> None:
@@ -62,6 +65,7 @@ class DelayQTester:
         self.runs: list[Run] = []
         self._offset_ms = 0
         self._saved: dict[str, Any] = {}
+        self._opts_in = False  # __enter__ opts the app in (it had not)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -70,6 +74,7 @@ class DelayQTester:
         for name in _OVERRIDDEN:
             self._saved[name] = conf.get(f"delayq_{name}")
         conf.update(delayq_redis_url=self.redis_url, delayq_prefix=self.prefix)
+        self._opts_in = DelayQ.lookup(self.app) is None  # then only while it is active
         self.delayq = DelayQ.of(self.app)
         _reload(self.delayq)
         self.delayq.set_clock(self._on_test_clock)
@@ -86,6 +91,8 @@ class DelayQTester:
         finally:
             self.app.conf.update({f"delayq_{n}": v for n, v in self._saved.items()})
             _reload(self.delayq)
+            if self._opts_in:  # the app is as it was: not opted in (DelayQ._opt_out)
+                DelayQ._opt_out(self.app)
 
     # -- looking -----------------------------------------------------------------------
 
@@ -174,7 +181,11 @@ class DelayQTester:
         return self.delayq.store.now_ms() + self._offset_ms
 
     def _promote(self, job_id: str | None) -> list[Run]:
-        """Make ``job_id`` (if given) due on Redis's clock; claim, ack and run what is due."""
+        """Make ``job_id`` (if given) due on Redis's clock; claim, ack and run what is due.
+
+        A job whose task is not registered here is not run: it and the jobs after it are
+        given back to the store (due as they were) before anything is acked, the jobs
+        before it run, and a DelayQError naming the task is raised."""
         store = self.delayq.store
         if job_id is not None:  # journaled as rescheduled: the test clock pulled it in
             store.reschedule(job_id, Due(at_ms=None, delay_ms=0))
@@ -183,18 +194,33 @@ class DelayQTester:
             if claim.error:
                 raise claim.error
         taken = self._publisher.take(claims, send=lambda message: None)
-        store.ack(taken.acks)  # promoted, as the carrier would before a worker runs them
         jobs = sorted(taken.sent, key=lambda item: item[0].due_ms)
-        return [self._run(job, message) for job, message in jobs]
+        unknown = next((n for n, (_, message) in enumerate(jobs)
+                        if message.task not in self.app.tasks), None)
+        if unknown is not None:  # it and the jobs after it go back to the store, unrun
+            given_back = {job.stored_id for job, _ in jobs[unknown:]}
+            store.release([replace(claim, jobs=[job for job in claim.jobs
+                                                 if job.stored_id in given_back])
+                           for claim in claims])
+            for job, _ in jobs[unknown:]:  # released as due now: due as they were again
+                store.reschedule(job.job_id, Due(at_ms=job.due_ms, delay_ms=None), job.key)
+            taken.acks = {shard: [job for job in promoted if job.stored_id not in given_back]
+                          for shard, promoted in taken.acks.items()}
+            stuck, stuck_message = jobs[unknown]
+            jobs = jobs[:unknown]
+        store.ack(taken.acks)  # promoted, as the carrier would before a worker runs them
+        runs = [self._run(job, message) for job, message in jobs]
+        if unknown is not None:
+            self.runs.extend(runs)  # they ran; the error below stops advance
+            raise DelayQError(f"delayed job {stuck.job_id} calls {stuck_message.task!r}, which "
+                              f"is not registered on {self.app.main or 'the app'}; import the "
+                              "module that defines it (the job, and those due after it in its "
+                              "batch, stay pending)")
+        return runs
 
     def _run(self, job: Promoted, message: Message) -> Run:
         """Run one promoted job in this process, as a worker runs the published message."""
-        try:
-            task = self.app.tasks[message.task]
-        except KeyError:
-            raise DelayQError(f"delayed job {job.job_id} calls {message.task!r}, which is not "
-                              f"registered on {self.app.main or 'the app'}; import the module "
-                              "that defines it") from None
+        task = self.app.tasks[message.task]  # registered: _promote gave back any other
         args, kwargs, embed = loads(message.body)
         request = {
             **message.headers, **(embed or {}), "is_eager": False,

@@ -296,3 +296,171 @@ def test_http_callback_retries_follow_the_default_schedule_on_the_test_clock(sho
             assert "HTTP 500: 'down'" in dead["reason"]
     """)
     result.assert_outcomes(passed=1)
+
+
+def test_jobs_of_a_batch_with_a_task_not_registered_here_stay_pending(shop):
+    """A job calling another service's task stops ``run_due`` with an error saying how to
+    fix it: the jobs due before it run, it and the rest of its batch stay in the store."""
+    result = run(shop, """
+        import time
+
+        import pytest
+        from celery_delayq import DelayQ
+        from celery_delayq.errors import DelayQError
+        from shop import ORDERS, app, close_unpaid_order
+
+        def test_nothing_is_lost(delayq):
+            for n in range(6):
+                ORDERS[n] = "unpaid"
+                if n == 2:
+                    DelayQ.of(app).schedule("other.service.task", [n],
+                                            delay=0.001 * (n + 1), job_id=f"j{n}")
+                else:
+                    close_unpaid_order.apply_delayed([n], delay=0.001 * (n + 1),
+                                                     job_id=f"j{n}")
+            time.sleep(0.05)  # all six due on Redis's clock: one claimed batch
+
+            with pytest.raises(DelayQError, match="'other.service.task'.*import the module"):
+                delayq.run_due()
+            assert [run.job_id for run in delayq.runs] == ["j0", "j1"]
+            assert [job.job_id for job in delayq.pending()] == ["j2", "j3", "j4", "j5"]
+            assert delayq.dead() == []
+            assert [n for n, state in ORDERS.items() if state == "closed"] == [0, 1]
+
+            @app.task(name="other.service.task")  # the fix the error names
+            def other(n):
+                return n
+
+            assert sorted(run.job_id for run in delayq.run_due()) == ["j2", "j3", "j4", "j5"]
+            assert delayq.pending() == []
+            assert all(state == "closed" for n, state in ORDERS.items() if n != 2)
+    """)
+    result.assert_outcomes(passed=1)
+
+
+PLAIN = '''
+"""Tasks of the user's project that are not delayed tasks."""
+from shop import app
+
+
+@app.task(name="shop.plain")
+def plain(x):
+    return x
+'''
+
+
+def test_after_the_fixture_an_app_that_had_not_opted_in_is_as_before(shop):
+    """A later test without the fixture sees the app as it was: a countdown and a revoke
+    on memory:// work without a Redis URL, and nothing of celery-delayq is left on it."""
+    shop.makepyfile(plain=PLAIN)
+    result = run(shop, """
+        from celery import Celery
+        from celery.app.control import Control
+        from celery_delayq import DelayQ
+        from plain import plain
+        from shop import app, place_order
+
+        def test_a_uses_the_fixture(delayq):
+            place_order(1)  # opts in too (the same DelayQ)
+            app.send_task("shop.plain", (1,), countdown=600)  # parked in the test store
+            app.control.revoke("4b7c0a3e-0000-0000-0000-000000000000")
+            assert len(delayq.pending()) == 2
+            assert "celery_delayq.http_callback" in app.tasks  # the app is finalized
+
+        def test_b_countdown_without_the_fixture():
+            assert DelayQ.lookup(app) is None
+            assert "send_task" not in vars(app)
+            assert app.send_task("shop.plain", (1,), countdown=600).id
+            assert plain.apply_async((1,), countdown=600).id
+            assert DelayQ.lookup(app) is None
+
+        def test_c_revoke_without_the_fixture():
+            assert type(app.control) is Control
+            app.control.revoke("4b7c0a3e-0000-0000-0000-000000000000")
+            assert "celery_delayq.http_callback" not in app.tasks
+            assert DelayQ.lookup(app) is None
+    """)
+    result.assert_outcomes(passed=3)
+
+
+def test_after_the_fixture_the_apps_own_send_task_and_control_class_are_back(shop):
+    """What the user had set on the app before the test is theirs again afterwards."""
+    shop.makepyfile(plain=PLAIN)
+    shop.makeconftest("""
+        import pytest
+        from celery.app.control import Control
+        import shop
+
+        SENT = []
+
+        class AuditedControl(Control):
+            pass
+
+        def own_send_task(name, *args, **kwargs):
+            SENT.append(name)
+            return type(shop.app).send_task(shop.app, name, *args, **kwargs)
+
+        @pytest.fixture
+        def delayq_app():
+            shop.app.send_task = own_send_task
+            shop.app.control_cls = AuditedControl
+            return shop.app
+    """)
+    result = run(shop, """
+        from conftest import SENT, AuditedControl, own_send_task
+        from celery_delayq import DelayQ
+        from shop import app
+
+        def test_a_uses_the_fixture(delayq):
+            app.send_task("shop.plain", (1,), countdown=600)
+            assert [job.task for job in delayq.pending()] == ["shop.plain"]
+            assert type(app.control) is not AuditedControl
+
+        def test_b_without_the_fixture():
+            assert DelayQ.lookup(app) is None
+            assert vars(app)["send_task"] is own_send_task
+            assert app.control_cls is AuditedControl and type(app.control) is AuditedControl
+            app.send_task("shop.plain", (1,), countdown=600)
+            assert SENT == ["shop.plain"]
+    """)
+    result.assert_outcomes(passed=2)
+
+
+def test_after_the_fixture_an_already_created_control_is_celerys_again(shop):
+    shop.makepyfile(plain=PLAIN)
+    result = run(shop, """
+        from celery.app.control import Control
+        from shop import app
+
+        CONTROL = app.control  # created before any test
+
+        def test_a_uses_the_fixture(delayq):
+            assert app.control is CONTROL and type(CONTROL) is not Control
+
+        def test_b_without_the_fixture():
+            assert app.control is CONTROL and type(CONTROL) is Control
+            CONTROL.revoke("4b7c0a3e-0000-0000-0000-000000000000")
+            assert not app.finalized
+            assert "celery_delayq.http_callback" not in app.tasks  # finalized only now
+    """)
+    result.assert_outcomes(passed=2)
+
+
+def test_an_app_that_opted_in_before_the_test_stays_opted_in(shop):
+    result = run(shop, """
+        from celery_delayq import DelayQ
+        from shop import app
+
+        OPTED_IN = DelayQ(app)
+        app.conf.delayq_redis_url = "redis://127.0.0.1:1/0"  # the app's own store
+
+        def test_a_uses_the_fixture(delayq):
+            assert delayq.delayq is OPTED_IN
+
+        def test_b_without_the_fixture():
+            assert DelayQ.lookup(app) is OPTED_IN
+            assert "send_task" in vars(app)
+            assert "celery_delayq.http_callback" in app.tasks
+            assert OPTED_IN.config.redis_url == "redis://127.0.0.1:1/0"
+    """)
+    result.assert_outcomes(passed=2)
