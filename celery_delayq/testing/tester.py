@@ -246,15 +246,17 @@ def _reload(delayq: DelayQ) -> None:
 
 
 def _duration(delta: timedelta | float | None, **parts: float) -> timedelta:
-    if isinstance(delta, timedelta):
-        step = delta
-    elif delta is None:
-        step = timedelta()
-    elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
-        step = timedelta(seconds=delta)
-    else:
+    """``advance``'s step: ``delta`` (a timedelta or seconds) plus ``parts``."""
+    if delta is None:
+        delta = 0
+    if isinstance(delta, bool) or not isinstance(delta, (timedelta, int, float)):
         raise TypeError(f"advance() takes a timedelta or seconds, got {delta!r}")
-    step += timedelta(**parts)
+    try:
+        step = (delta if isinstance(delta, timedelta) else timedelta(seconds=delta)
+                ) + timedelta(**parts)
+    except (OverflowError, ValueError):  # (NaN, infinity, past 999,999,999 days)
+        raise ValueError(f"advance() takes a finite time, at most {timedelta.max.days:,} "
+                         f"days; got {delta!r} and {parts}") from None
     if step < timedelta():
         raise ValueError("the test clock only moves forward; advance() by a positive time")
     return step
