@@ -49,8 +49,8 @@ def _session_store(redis_server) -> str:
     return os.environ.get("DELAYQ_TEST_STORE_URL") or f"{redis_server.url}/0"
 
 
-def _revoked_by_workers(app) -> set[str]:
-    replies = app.control.inspect(timeout=2).revoked() or {}
+def _revoked_by_workers(app, name: str) -> set[str]:
+    replies = app.control.inspect([name], timeout=2).revoked() or {}
     return {task_id for ids in replies.values() for task_id in ids}
 
 
@@ -60,8 +60,10 @@ def _revoked_by_workers(app) -> set[str]:
 def test_a_delayed_results_revoke_reaches_the_workers_when_the_store_is_down(
         proj, redis_server, redis_client, spawn):
     """A job already promoted waits in the broker: only the broadcast stops it there."""
-    spawn(*WORKER)
-    wait_for(lambda: proj.app.control.ping(timeout=0.5), timeout=30, what="a worker")
+    name = f"store-down@{socket.gethostname()}"  # not a worker of an earlier test
+    spawn(*WORKER, "-n", name)
+    wait_for(lambda: proj.app.control.ping(destination=[name], timeout=0.5), timeout=30,
+             what="the worker")
     store = RedisServer().start()
     try:
         app = _app("store-down", f"{redis_server.url}/0", f"{store.url}/0")
@@ -72,7 +74,7 @@ def test_a_delayed_results_revoke_reaches_the_workers_when_the_store_is_down(
         with pytest.raises(StoreUnavailable):  # the store cancel could not be made
             result.revoke()
 
-        assert result.id in _revoked_by_workers(proj.app)
+        assert result.id in _revoked_by_workers(proj.app, name)
     finally:
         store.close()
 
@@ -150,8 +152,10 @@ def test_a_worker_answers_a_ping_while_its_revoke_waits_for_a_stalled_store(
     store = RedisServer().start()
     try:
         monkeypatch.setenv("DELAYQ_TEST_STORE_URL", f"{store.url}/0")
-        spawn(*WORKER)
-        wait_for(lambda: proj.app.control.ping(timeout=0.5), timeout=30, what="a worker")
+        name = f"stalled-store@{socket.gethostname()}"  # not a worker of an earlier test
+        spawn(*WORKER, "-n", name)
+        wait_for(lambda: proj.app.control.ping(destination=[name], timeout=0.5), timeout=30,
+                 what="the worker on the stalled store")
         app = _app("store-stalled", f"{redis_server.url}/0", f"{store.url}/0")
         delayq = DelayQ.of(app)
         result = app.tasks["store-stalled.noop"].apply_delayed(args=("x",), delay=3600,
@@ -161,7 +165,8 @@ def test_a_worker_answers_a_ping_while_its_revoke_waits_for_a_stalled_store(
         try:
             # the worker's command, as `celery control revoke` sends it (no store cancel here)
             proj.app.control.broadcast("revoke", arguments={"task_id": result.id})
-            assert proj.app.control.ping(timeout=3), "the worker did not answer a ping"
+            assert proj.app.control.ping(destination=[name], timeout=3), \
+                "the worker did not answer a ping"
         finally:
             paused.execute_command("CLIENT", "UNPAUSE")
             paused.close()
