@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -82,7 +83,10 @@ def test_an_event_whose_shard_header_names_no_shard_is_skipped_and_the_others_wr
     assert caplog.text.count("has no valid delayq_shard header; started not journaled") == 5
 
 
-def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(caplog):
+@contextlib.contextmanager
+def store_of_its_own(caplog):
+    """A DelayQ on a redis-server of its own, which the test may stop and start (no
+    retries, a 0.5 s socket timeout), with journal.py's log at INFO."""
     from celery import Celery
 
     from celery_delayq import DelayQ
@@ -90,9 +94,18 @@ def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(c
 
     caplog.set_level(logging.INFO, logger="celery_delayq.journal")
     with RedisServer() as server:
-        app = Celery("away", broker=f"{server.url}/0", set_as_current=False)
+        app = Celery("own-store", broker=f"{server.url}/0", set_as_current=False)
         app.conf.update(delayq_redis_retries=0, delayq_redis_socket_timeout=0.5)
         delayq = DelayQ(app)
+        try:
+            yield delayq, server
+        finally:
+            journal.flush()  # nothing of this server's left in the outbox
+            delayq.store.close()
+
+
+def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(caplog):
+    with store_of_its_own(caplog) as (delayq, server):
         journal_key = delayq.store.keys.shard(0).journal
         server.stop()
         for n in range(3):
@@ -107,24 +120,14 @@ def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(c
             "started"] * 3
         assert "wrote 3 worker events held while the store's Redis did not answer" in \
             caplog.text
-        delayq.store.close()
 
 
 def test_events_dropped_while_redis_is_away_are_logged_once_then_counted(caplog,
                                                                           monkeypatch):
     """Past the events a worker holds, the oldest go: said once per outage (it was said at
     every flush, 10 lines a second for a prefork worker), and counted once Redis answers."""
-    from celery import Celery
-
-    from celery_delayq import DelayQ
-    from celery_delayq.testing.redis_server import RedisServer
-
     monkeypatch.setattr(journal, "_HOLD_AT_MOST", 2)
-    caplog.set_level(logging.INFO, logger="celery_delayq.journal")
-    with RedisServer() as server:
-        app = Celery("away", broker=f"{server.url}/0", set_as_current=False)
-        app.conf.update(delayq_redis_retries=0, delayq_redis_socket_timeout=0.5)
-        delayq = DelayQ(app)
+    with store_of_its_own(caplog) as (delayq, server):
         server.stop()
         for n in range(6):
             journal.record_event(delayq, 0, "started", {"job": f"order:{n}:close",
@@ -137,7 +140,6 @@ def test_events_dropped_while_redis_is_away_are_logged_once_then_counted(caplog,
         assert "dropped 4 worker events while the store's Redis did not answer" in \
             caplog.text
         assert delayq.store.client.xlen(delayq.store.keys.shard(0).journal) == 2
-        delayq.store.close()
 
 
 @pytest.mark.parametrize("task", ["flaky", "plain_flaky"])

@@ -10,12 +10,12 @@ import logging
 import os
 
 import redis
-from celery import Celery
 
-from celery_delayq import DelayQ, journal
+from celery_delayq import journal
 from celery_delayq.keys import pack_id
-from celery_delayq.testing.redis_server import RedisServer, free_port
+from celery_delayq.testing.redis_server import free_port
 from tests.conftest import wait_for
+from tests.ops.test_worker_events import store_of_its_own
 
 
 def test_a_message_with_delayq_headers_of_the_wrong_type_leaves_the_workers_journal_working(
@@ -126,19 +126,10 @@ def test_a_write_failing_for_a_reason_not_redis_drops_only_the_events_it_fails_f
 
 @contextlib.contextmanager
 def _own_store(caplog):
-    caplog.set_level(logging.INFO, logger="celery_delayq.journal")
-    with RedisServer() as server:
-        app = Celery("refusing", broker=f"{server.url}/0", set_as_current=False)
-        app.conf.update(delayq_redis_retries=0, delayq_redis_socket_timeout=0.5)
-        delayq = DelayQ(app)
-        client = redis.Redis(port=server.port)
+    with store_of_its_own(caplog) as (delayq, server), \
+            contextlib.closing(redis.Redis(port=server.port)) as client:
         delayq.store.client.ping()  # the store's record written while it takes writes
-        try:
-            yield delayq, client, server
-        finally:
-            journal.flush()  # nothing of this server's left in the outbox
-            delayq.store.close()
-            client.close()
+        yield delayq, client, server
 
 
 def _refused_then_written(delayq, client, refusing, taking, caplog) -> None:

@@ -7,6 +7,7 @@ A run the worker discards or stops (revoked, expired, terminated: Celery's
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from datetime import datetime, timedelta, timezone
@@ -69,6 +70,16 @@ def assert_journaled(delayq, jobs: dict[str, str], outcomes: dict[str, list[str]
             ("tests.proj.record", journaled[replaced][-3]["task_id"])] * 2
 
 
+@contextlib.contextmanager
+def log_shown_on_failure(worker):
+    """Print the end of ``worker``'s log if the block fails."""
+    try:
+        yield
+    except BaseException:
+        print(worker.log.read_text()[-4000:])
+        raise
+
+
 def journaled_by(spawn, proj, delayq, queue: str, outcomes: dict[str, list[str]],
                  *pool: str) -> None:
     """A worker of ``pool`` on ``queue`` runs one job of each task of ``outcomes``: assert
@@ -76,11 +87,8 @@ def journaled_by(spawn, proj, delayq, queue: str, outcomes: dict[str, list[str]]
     worker = spawn("worker", "-Q", queue, "-P", *pool, "--without-heartbeat",
                    "--without-gossip", "--without-mingle", "-l", "INFO")
     jobs = schedule(proj, outcomes, queue)
-    try:
+    with log_shown_on_failure(worker):
         assert_journaled(delayq, jobs, outcomes)
-    except BaseException:
-        print(worker.log.read_text()[-4000:])
-        raise
 
 
 def test_a_prefork_worker_journals_how_every_run_ended(proj, delayq, carrier, spawn):
@@ -124,36 +132,29 @@ def test_a_job_that_expires_before_it_is_due_is_journaled_revoked_as_expired(
     result = proj.record.apply_delayed(
         ("expired",), delay=1, queue=queue,
         expires=datetime.now(timezone.utc) + timedelta(seconds=0.3))
-    try:
+    with log_shown_on_failure(worker):
         ended = after_promotion(delayq, result.job_id, "revoked started")
         assert [(e["event"], e.get("reason")) for e in ended] == [("revoked", "expired")]
         assert (ended[0]["task"], ended[0]["task_id"]) == ("tests.proj.record", result.id)
-    except BaseException:
-        print(worker.log.read_text()[-4000:])
-        raise
     assert result.state == states.REVOKED
 
 
 def test_a_promoted_job_revoked_while_it_waits_in_the_broker_is_journaled_revoked(
         proj, delayq, carrier, spawn):
     queue = "outcomes-revoked"
-    name = f"{queue}@{socket.gethostname()}"
     worker = revoking_worker(spawn, "outcomes-idle", "threads")
     idle = f"outcomes-idle@{socket.gethostname()}"
     result = proj.record.apply_delayed(("revoked",), delay=0.05, queue=queue)
-    try:
+    with log_shown_on_failure(worker):
         journal_of(delayq, [result.job_id], "promoted")  # too late for the store's cancel
         wait_for(lambda: proj.app.control.ping(destination=[idle], timeout=0.5), timeout=30,
-                 what=f"worker {name} to answer")
+                 what=f"worker {idle} to answer")
         result.revoke()
         # The worker handles its control messages in order: it knows the job revoked when
         # it begins to consume the job's queue.
         assert proj.app.control.add_consumer(queue, destination=[idle], reply=True)
         ended = after_promotion(delayq, result.job_id, "revoked started")
         assert [(e["event"], e.get("reason")) for e in ended] == [("revoked", "revoked")]
-    except BaseException:
-        print(worker.log.read_text()[-4000:])
-        raise
     assert result.state == states.REVOKED
 
 
@@ -163,13 +164,10 @@ def test_a_prefork_run_terminated_by_revoke_is_journaled_revoked_once_not_failed
     worker = revoking_worker(spawn, queue, "prefork", "-c", "1")
     result = proj.slow.apply_delayed(("terminated",), {"seconds": 30}, delay=0.05,
                                      queue=queue)
-    try:
+    with log_shown_on_failure(worker):
         journal_of(delayq, [result.job_id], "started", timeout=30)
         result.revoke(terminate=True)
         ended = after_promotion(delayq, result.job_id, "revoked failed succeeded")
         assert [(e["event"], e.get("reason")) for e in ended] == [
             ("started", None), ("revoked", "terminated")]
-    except BaseException:
-        print(worker.log.read_text()[-4000:])
-        raise
     assert result.state == states.REVOKED
