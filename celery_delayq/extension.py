@@ -396,20 +396,18 @@ class DelayQ(Holding):
         """Like :meth:`cancel`, telling "too late" apart from "unknown"; ``by`` is journaled.
         ``key``, when given, is checked as a key (the job is looked for on every shard).
 
-        With ``task_id`` (a call's own result cancels it), only a job holding that Celery
-        task id is cancelled: a later call that replaced it under the same job id is left
-        alone, and the outcome is UNKNOWN (that call is no longer pending).
-
-        The cancelled job's task id is marked REVOKED in ``backend``, else its task's. A
-        backend that cannot take it (away) does not undo the cancel: the outcome stands,
-        and a WARNING says the job is cancelled but its result not marked.
+        The task id of the call the cancelled job held is marked REVOKED in ``backend``,
+        else its task's; so is ``task_id`` (the caller's call, e.g. a result's) when it is
+        another: a call replaced under the same job id. A backend that cannot take it
+        (away) does not undo the cancel: the outcome stands, and a WARNING says the job is
+        cancelled but its result not marked.
         """
         validation.looked_up(job_id, key)
-        outcome, cancelled_task, task = self.store.cancel(job_id, by, task_id=task_id or "")
-        revoked = task_id or cancelled_task
-        if outcome is CancelOutcome.CANCELLED and revoked is not None:
+        outcome, cancelled_task, task = self.store.cancel(job_id, by)
+        if outcome is CancelOutcome.CANCELLED:
             marking = revoke.Marking(self.app)
-            marking.mark(revoked, task, backend)
+            for revoked in dict.fromkeys(filter(None, (cancelled_task, task_id))):
+                marking.mark(revoked, task, backend)
             marking.report()
         return outcome
 

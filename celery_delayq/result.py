@@ -47,20 +47,19 @@ class DelayedResult(AsyncResult):
         return DelayedResult(*self.__reduce_args__())
 
     def cancel(self) -> bool:
-        """True if this call was still pending and is now cancelled (its result REVOKED);
-        False if too late, or if a later call replaced it under the same job id (that one
-        is left pending: this call is no longer pending). A result backend that cannot
-        take the REVOKED state does not make it raise (a WARNING says so)."""
+        """True if the job was still pending and is now cancelled; False if too late. The
+        job is the one of this job id, also when a later call replaced this one under it:
+        the results of both calls are REVOKED. A result backend that cannot take the
+        REVOKED state does not make it raise (a WARNING says so)."""
         outcome = self._delayq.cancel_outcome(self.job_id, self.key, task_id=self.id,
                                               backend=self.backend)
         return outcome is CancelOutcome.CANCELLED
 
     def revoke(self, connection=None, terminate: bool = False, signal=None,
                wait: bool = False, timeout: float | None = None) -> None:
-        """Cancel this call's job if it is still stored (as :meth:`cancel`: a later call
-        that replaced it is left alone), then revoke it as Celery does (which stops it if
-        it was promoted already). The revoke is broadcast even when the store cannot be
-        reached; that error is raised after it."""
+        """Cancel the job if it is still stored (as :meth:`cancel`), then revoke this
+        call as Celery does (which stops it if it was promoted already). The revoke is
+        broadcast even when the store cannot be reached; that error is raised after it."""
         from .revoke import broadcast_revoke
 
         try:

@@ -19,11 +19,8 @@ ARGV[4] who cancelled / why (journal), may be ""
 ARGV[5] for "id": the Celery task id the job must have, or "" for any. A job of that id
         with another task id (a later call replaced it) is left alone: answered -1.
         For "key": the key's index member to go on after ("" to start at the first)
-ARGV[6] for "id" (optional): "1" when the task id of ARGV[5] is the job id itself: the job
-        must then have no task id of its own (its envelope's "i"), else it is left alone
-        as above. For "key": the most index members to look at in this call, so that a key
-        with very many jobs is cancelled in many short calls, not one that blocks Redis for
-        seconds
+ARGV[6] for "key": the most index members to look at in this call, so that a key with very
+        many jobs is cancelled in many short calls, not one that blocks Redis for seconds
 
 A pending copy cancelled while a carrier holds an earlier one gives its place in jobs back
 to the envelope kept for that copy, so ack, recover and dead see the call the carrier holds.
@@ -63,10 +60,7 @@ else
   ids = {value}
   if ARGV[5] ~= '' then
     local fields = first_line(redis.call('HGET', KEYS[2], value))
-    local its = fields and fields['i']
-    if ARGV[6] == '1' then
-      if not fields or its ~= nil then return {-1, 0, '', ''} end
-    elseif not (fields and its == ARGV[5]) then return {-1, 0, '', ''} end
+    if not (fields and fields['i'] == ARGV[5]) then return {-1, 0, '', ''} end
   end
 end
 local cancelled = 0

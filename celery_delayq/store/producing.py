@@ -301,16 +301,13 @@ class Producing(StoreBase):
         and a copy stored under another key (two producers racing before reservations) is
         cancelled as well. The id's reservation is held from that look to the cancel
         (:meth:`_shards_holding`). With ``task_id``, only a job of that Celery task id is
-        cancelled (its job id itself: a job with no task id of its own); a job of that id
-        holding another call (one that replaced it) is left alone, as if unknown.
+        cancelled.
         """
-        own = "1" if task_id and task_id == job_id else ""  # the job has no task id of its own
         with self._reserving_id(job_id) as reservation:
             shards = self._shards_holding(reservation, job_id, in_flight=True)
             with self.unavailable():  # the release rides along on one server
                 replies = raised(reservation.release_after(
-                    [self._cancel_call(shard, "id", job_id, by, task_id, own)
-                     for shard in shards]))
+                    [self._cancel_call(shard, "id", job_id, by, task_id) for shard in shards]))
         for shard, reply in zip(shards, replies, strict=True):
             if reply[1]:
                 self._forget_task_indexes(shard, [(pack_id(job_id), reply[2])])

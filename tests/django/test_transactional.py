@@ -304,3 +304,15 @@ def test_in_a_transaction_a_job_gone_from_redis_is_scheduled_though_the_mirror_l
 
     job = shop_delayq.get("order:42:close")
     assert (job.args, job.task_id) == ([2], again.id)
+
+
+def test_the_result_of_a_call_kept_at_commit_cancels_the_job_redis_kept(shop_delayq):
+    """The store kept an earlier call (another task id) at commit: the handle the call
+    returned still cancels the job."""
+    from shop.tasks import close_unpaid_order
+
+    close_unpaid_order.apply_delayed(args=(1,), delay=600, job_id="order:42:close")
+    result = _schedule_in_a_transaction(close_unpaid_order, 2)  # no row yet: not synced
+
+    assert result.cancel() is True
+    assert shop_delayq.get("order:42:close") is None
