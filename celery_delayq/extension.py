@@ -78,11 +78,15 @@ class DelayQ(Holding):
     _interceptors: list[Interceptor]
     _clock: Callable[[Due], Due] | None
     _opted_in: _OptedIn
+    #: ``DelayQ(app)`` calls so far (``of`` makes one only when there is none yet)
+    _calls: int = 0
 
     def __new__(cls, app: Celery) -> DelayQ:
         with _create_lock:
             existing = getattr(app, _ATTR, None)
-            if existing is None:
+            if existing is not None:
+                existing._calls += 1
+            else:
                 existing = super().__new__(cls)
                 existing.app = app
                 existing._interceptors = []
@@ -98,6 +102,7 @@ class DelayQ(Holding):
 
                 existing._opted_in = _OptedIn(own, routed, control,
                                               http_task=http.TASK_NAME not in app._tasks)
+                existing._calls = 1
                 http.register(app)  # opted in: the app gets the HTTP callback task
             return existing
 

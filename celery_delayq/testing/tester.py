@@ -55,7 +55,8 @@ class DelayQTester:
     ``eta=`` times and ``DelayQ.reschedule`` keep the real clock.
 
     An app that had not opted in (``DelayQ(app)``) is opted in only while it is active:
-    on exit its DelayQ is dropped and the app is as it was (``DelayQ._opt_out``).
+    on exit its DelayQ is dropped and the app is as it was (``DelayQ._opt_out``), unless
+    the project's own ``DelayQ(app)`` ran meanwhile (a module imported during the test).
     """
 
     def __init__(self, app: Celery, redis_url: str) -> None:
@@ -91,7 +92,9 @@ class DelayQTester:
         finally:
             self.app.conf.update({f"delayq_{n}": v for n, v in self._saved.items()})
             _reload(self.delayq)
-            if self._opts_in:  # the app is as it was: not opted in (DelayQ._opt_out)
+            # the app is as it was: not opted in (DelayQ._opt_out), unless the project's
+            # own DelayQ(app) ran meanwhile (a module imported during the test)
+            if self._opts_in and self.delayq._calls == 1:
                 DelayQ._opt_out(self.app)
 
     # -- looking -----------------------------------------------------------------------
@@ -153,7 +156,7 @@ class DelayQTester:
             due_ms, job_id, _ = head
             redis_ms = self.delayq.store.now_ms()
             self._offset_ms = max(self._offset_ms, due_ms - redis_ms)
-            batch = self._promote(job_id if due_ms > redis_ms else None)
+            batch = self._promote((job_id, due_ms) if due_ms > redis_ms else None)
             ran.extend(batch)
             self.runs.extend(batch)
             failed = [run for run in batch if run.state == "FAILURE"]
@@ -180,15 +183,17 @@ class DelayQTester:
     def _now_ms(self) -> int:
         return self.delayq.store.now_ms() + self._offset_ms
 
-    def _promote(self, job_id: str | None) -> list[Run]:
-        """Make ``job_id`` (if given) due on Redis's clock; claim, ack and run what is due.
+    def _promote(self, pulled: tuple[str, float] | None) -> list[Run]:
+        """Make the job of ``pulled`` (its id and due time, if given) due on Redis's clock;
+        claim, ack and run what is due.
 
         A job whose task is not registered here is not run: it and the jobs after it are
         given back to the store (due as they were) before anything is acked, the jobs
         before it run, and a DelayQError naming the task is raised."""
         store = self.delayq.store
-        if job_id is not None:  # journaled as rescheduled: the test clock pulled it in
-            store.reschedule(job_id, Due(at_ms=None, delay_ms=0))
+        if pulled is not None:  # journaled as rescheduled: the test clock pulled it in
+            store.reschedule(pulled[0], Due(at_ms=None, delay_ms=0))
+        was_due = dict([pulled]) if pulled is not None else {}
         claims = store.claim(list(store.keys), store.config.claim_batch, _LEASE_MS)
         for claim in claims:
             if claim.error:
@@ -203,7 +208,8 @@ class DelayQTester:
                                                  if job.stored_id in given_back])
                            for claim in claims])
             for job, _ in jobs[unknown:]:  # released as due now: due as they were again
-                store.reschedule(job.job_id, Due(at_ms=job.due_ms, delay_ms=None), job.key)
+                due_ms = round(was_due.get(job.job_id, job.due_ms))
+                store.reschedule(job.job_id, Due(at_ms=due_ms, delay_ms=None), job.key)
             taken.acks = {shard: [job for job in promoted if job.stored_id not in given_back]
                           for shard, promoted in taken.acks.items()}
             stuck, stuck_message = jobs[unknown]

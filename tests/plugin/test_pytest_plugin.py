@@ -338,6 +338,27 @@ def test_jobs_of_a_batch_with_a_task_not_registered_here_stay_pending(shop):
     result.assert_outcomes(passed=1)
 
 
+def test_a_job_advance_pulled_in_that_cannot_run_keeps_its_due_time(shop):
+    """``advance`` makes a job due on Redis's clock to run it: one given back kept that
+    moved time (35 s early in the review's run)."""
+    result = run(shop, """
+        import pytest
+        from celery_delayq import DelayQ
+        from celery_delayq.errors import DelayQError
+        from shop import app
+
+        def test_kept(delayq):
+            DelayQ.of(app).schedule("other.service.task", [1], delay=3600, job_id="j")
+            due = delayq.get("j").due
+
+            with pytest.raises(DelayQError, match="'other.service.task'"):
+                delayq.advance(hours=2)
+
+            assert [(job.job_id, job.due) for job in delayq.pending()] == [("j", due)]
+    """)
+    result.assert_outcomes(passed=1)
+
+
 PLAIN = '''
 """Tasks of the user's project that are not delayed tasks."""
 from shop import app
@@ -381,6 +402,29 @@ def test_after_the_fixture_an_app_that_had_not_opted_in_is_as_before(shop):
             assert DelayQ.lookup(app) is None
     """)
     result.assert_outcomes(passed=3)
+
+
+def test_an_app_the_project_opted_in_during_the_test_stays_opted_in(shop):
+    """A module doing ``DelayQ(app)`` imported while the test ran (lazily, or by Celery's
+    autodiscovery at finalize): the project opted in, not only the fixture."""
+    shop.makepyfile(opting_in="""
+        from celery_delayq import DelayQ
+        from shop import app
+
+        DelayQ(app)
+    """)
+    result = run(shop, """
+        from celery_delayq import DelayQ
+        from shop import app
+
+        def test_a_imports_the_module_that_opts_in(delayq):
+            import opting_in  # noqa: F401
+
+        def test_b_the_app_is_still_opted_in():
+            assert DelayQ.lookup(app) is not None
+            assert "send_task" in vars(app)
+    """)
+    result.assert_outcomes(passed=2)
 
 
 def test_after_the_fixture_the_apps_own_send_task_and_control_class_are_back(shop):
