@@ -27,9 +27,9 @@ def celery_app() -> Celery:
     module, _, attr = str(path).partition(":")
     try:
         app = getattr(import_module(module), attr or "app")
-    except (ImportError, AttributeError) as exc:
-        raise ImproperlyConfigured(f"settings.DELAYQ_CELERY_APP = {path!r} names no Celery "
-                                   f"app: {exc}. Give it as 'package.module:app'") from exc
+    except (ImportError, AttributeError) as exc:  # (also one raised inside that module)
+        raise ImproperlyConfigured(f"settings.DELAYQ_CELERY_APP = {path!r} could not be "
+                                   f"loaded: {exc}. Give it as 'package.module:app'") from exc
     if not isinstance(app, Celery):
         raise ImproperlyConfigured(f"settings.DELAYQ_CELERY_APP = {path!r} is a "
                                    f"{type(app).__name__}, not a Celery app. Give it as "
