@@ -29,12 +29,15 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from celery import signals
 from celery.app.control import Control as CeleryControl
 from kombu.utils.imports import symbol_by_name
 
 from .errors import DelayQError
+from .reading import counted
 
 if TYPE_CHECKING:
     from .extension import DelayQ
@@ -203,6 +206,7 @@ def _wrap_worker_command() -> None:
             return reply
 
         Panel.data["revoke"] = revoke
+        signals.worker_shutdown.connect(_drain, weak=False)
         _command_wrapped = True
 
 
@@ -237,6 +241,34 @@ class _Canceller:
                 logger.warning("could not cancel revoked tasks in the store: %s", exc)
             except Exception:  # the thread goes on with the next command
                 logger.exception("could not cancel revoked tasks in the store")
+            finally:
+                self._queue.task_done()
+
+    def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the commands not applied yet; say how many
+        are left (they go with the process: the store keeps their jobs)."""
+        deadline = time.monotonic() + timeout
+        done = self._queue.all_tasks_done
+        with done:
+            while self._queue.unfinished_tasks and time.monotonic() < deadline:
+                done.wait(deadline - time.monotonic())
+            left = self._queue.unfinished_tasks
+        if left:
+            logger.warning("%s not applied to the delay store as this worker stops (its "
+                           "Redis did not answer within %gs): the store keeps their jobs; "
+                           "revoke them again once it answers",
+                           counted(left, "revoke command"), timeout)
+
+
+#: How long a stopping worker waits for the revoke commands its canceller has not applied.
+DRAIN_SECONDS = 5.0
+
+
+def _drain(**_: Any) -> None:
+    """At a worker's shutdown: let this process's canceller finish, for a moment."""
+    canceller = _the_canceller
+    if canceller is not None and canceller.pid == os.getpid():
+        canceller.drain(DRAIN_SECONDS)
 
 
 _canceller_lock = threading.Lock()

@@ -14,7 +14,7 @@ from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
 from celery_delayq.testing.redis_server import RedisServer
-from tests.conftest import wait_for
+from tests.conftest import finish, wait_for
 
 QUEUE = "revoke-faults"  # no job of these tests is promoted: the spawned worker takes none
 WORKER = ("worker", "-Q", QUEUE, "-P", "threads", "-c", "2", "--without-heartbeat",
@@ -172,5 +172,35 @@ def test_a_worker_answers_a_ping_while_its_revoke_waits_for_a_stalled_store(
             paused.close()
         wait_for(lambda: delayq.pending() == [], timeout=30,
                  what="the worker to cancel the revoked job in the store")
+    finally:
+        store.close()
+
+
+def test_revoke_commands_left_at_a_workers_shutdown_are_said_not_dropped_silently(
+        proj, redis_server, redis_client, spawn, monkeypatch):
+    """A worker stopped while its canceller waits for a stalled store: the commands still
+    queued went with the process, and nothing said so."""
+    store = RedisServer().start()
+    try:
+        monkeypatch.setenv("DELAYQ_TEST_STORE_URL", f"{store.url}/0")
+        name = f"stopped-stalled@{socket.gethostname()}"
+        worker = spawn(*WORKER, "-n", name)
+        wait_for(lambda: proj.app.control.ping(destination=[name], timeout=0.5), timeout=30,
+                 what="the worker on the stalled store")
+        app = _app("stopped-stalled", f"{redis_server.url}/0", f"{store.url}/0")
+        results = [app.tasks["stopped-stalled.noop"].apply_delayed(args=(n,), delay=3600)
+                   for n in range(2)]
+        paused = redis.Redis(port=store.port)
+        paused.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+        try:
+            for result in results:
+                proj.app.control.broadcast("revoke", arguments={"task_id": result.id})
+            assert proj.app.control.ping(destination=[name], timeout=3)
+            worker.terminate()
+            log = finish(worker, timeout=60)
+        finally:
+            paused.execute_command("CLIENT", "UNPAUSE")
+            paused.close()
+        assert "revoke commands not applied to the delay store" in log, log[-3000:]
     finally:
         store.close()
