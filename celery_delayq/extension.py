@@ -211,7 +211,7 @@ class DelayQ(Holding):
         shared = None if routes_depend_on_arguments(self.app) else template(
             self.app, name, options, task_type=task_type)  # resolved once for the batch
         prepared = []
-        for n, item in enumerate(items):
+        for n, item in enumerate(validation.batch(items)):
             item = validation.batch_item(n, item)
             shadow = item.get("shadow")  # a template of its own (cached per name)
             prepared.append(self._prepare(
@@ -411,8 +411,7 @@ class DelayQ(Holding):
         outcome, cancelled_task, task = self.store.cancel(job_id, by)
         if outcome is CancelOutcome.CANCELLED:
             marking = revoke.Marking(self.app)
-            for revoked in dict.fromkeys(filter(None, (cancelled_task, task_id))):
-                marking.mark(revoked, task, backend)
+            marking.mark_calls((cancelled_task, task_id), task, backend)
             marking.report()
         return outcome
 
@@ -421,17 +420,18 @@ class DelayQ(Holding):
         does (see :mod:`celery_delayq.revoke`); returns how many were cancelled.
 
         Every id is cancelled first, then the results of those cancelled are marked
-        REVOKED: a result backend that cannot take that stops no cancel (a WARNING names
-        the jobs cancelled but not marked)."""
+        REVOKED (also that of the call a job held when it is another: one that replaced
+        the revoked call under its job id): a result backend that cannot take that stops
+        no cancel (a WARNING names the jobs cancelled but not marked)."""
         cancelled = []
         for task_id in validation.task_ids(task_ids):
-            outcome, _, task = self.store.cancel_task(task_id, by="revoke")
+            outcome, held, task = self.store.cancel_task(task_id, by="revoke")
             if outcome is CancelOutcome.CANCELLED:
-                cancelled.append((task_id, task))
+                cancelled.append(((held, task_id), task))
         marking = revoke.Marking(self.app)
         try:
-            for task_id, task in cancelled:
-                marking.mark(task_id, task)
+            for calls, task in cancelled:
+                marking.mark_calls(calls, task)
         finally:
             marking.report()
         return len(cancelled)

@@ -30,6 +30,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery import signals
@@ -72,6 +73,13 @@ class Marking:
         self.app = app
         self.unmarked: list[str] = []
         self._failed: dict[int, BaseException] = {}  # id(backend) -> its error
+
+    def mark_calls(self, task_ids: Iterable[str | None], task: str | None,
+                   backend: Any = None) -> None:
+        """Mark each of ``task_ids`` once (a cancel's: the call its job held, and the one
+        the caller named, when it is another; None and "" left out)."""
+        for task_id in dict.fromkeys(filter(None, task_ids)):
+            self.mark(task_id, task, backend)
 
     def mark(self, task_id: str, task: str | None, backend: Any = None) -> None:
         backend = _backend_of(self.app, task, backend)

@@ -79,7 +79,7 @@ class DelayedTask(Task):
         shadowed = "shadow" not in options and type(self).shadow_name is not Task.shadow_name
         if dump or shadowed:
             items = [self._as_called(validation.batch_item(n, item), options, dump, shadowed)
-                     for n, item in enumerate(items)]
+                     for n, item in enumerate(validation.batch(items))]
         return DelayQ.of(self.app).schedule_many(
             self.name, items, if_exists=if_exists, task_type=self, **options)
 

@@ -156,6 +156,15 @@ def arguments(task: Any, args: Any, kwargs: Any) -> None:
 ITEM_FIELDS = frozenset({"args", "kwargs", "delay", "eta", "key", "job_id", "shadow"})
 
 
+def batch(items: object) -> Iterable[Any]:
+    """``items`` of ``schedule_many`` / ``apply_delayed_many`` if they are a collection of
+    calls (a mapping is one call, not a batch)."""
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise InvalidOption(f"the items of a batch must be a list of mappings, one per call, "
+                            f"got a {type(items).__name__}")
+    return items
+
+
 def batch_item(n: int, item: object) -> Mapping[str, Any]:
     """``item``, the ``n``-th of a batch, if it is a mapping of known fields."""
     if not isinstance(item, Mapping):

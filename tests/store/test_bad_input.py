@@ -157,6 +157,16 @@ def test_an_item_that_is_not_a_mapping_is_refused_by_position(proj, redis_client
     assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
 
 
+@pytest.mark.parametrize("items", [None, 5, {"args": (1,), "delay": 5}, "args"],
+                         ids=["None", "a number", "one mapping", "a string"])
+def test_items_that_are_not_a_collection_of_calls_are_refused(proj, redis_client, items):
+    for call in (proj.record.apply_delayed_many,
+                 lambda items: proj.delayq.schedule_many(proj.record.name, items)):
+        with pytest.raises(InvalidOption, match="must be a list of mappings, one per call"):
+            call(items)
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
+
+
 def test_a_shadowed_tasks_item_that_is_not_a_mapping_is_refused_by_position(redis_server):
     """Its items are given their shadow names before the batch is validated."""
     from celery_delayq import DelayedTask, DelayQ

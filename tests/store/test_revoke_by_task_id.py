@@ -288,3 +288,18 @@ def test_cancel_by_job_id_cancels_the_job_of_that_id_whichever_call_it_is(proj, 
     assert AsyncResult(second.id, app=proj.app).state == states.REVOKED
     assert AsyncResult(first.id, app=proj.app).state == states.PENDING
 
+
+
+def test_a_revoke_by_the_task_id_that_is_a_replaced_jobs_id_marks_both_calls_revoked(
+        proj, delayq):
+    """The job id of a call without one of its own is its task id: a revoke of that id
+    cancels the job, whichever call it holds, and its result is REVOKED too."""
+    first = proj.record.apply_delayed(args=(1,), delay=3600)
+    second = proj.record.apply_delayed(args=(2,), delay=3600, job_id=first.job_id,
+                                       if_exists="replace")
+
+    assert delayq.revoke(first.id) == 1
+
+    assert delayq.pending() == []
+    assert AsyncResult(second.id, app=proj.app).state == states.REVOKED
+    assert AsyncResult(first.id, app=proj.app).state == states.REVOKED
