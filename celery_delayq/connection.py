@@ -325,6 +325,7 @@ def check_settings(config: DelayQConfig) -> None:
                 "a sentinel:// store needs the name of its master: set "
                 "delayq_redis_transport_options = {'master_name': 'mymaster'} (a store on the "
                 "broker URL takes it from broker_transport_options)")
+        _check_sentinel_options(config.redis_transport_options)
         sentinel_nodes(config.redis_url)
     elif scheme.removesuffix(CLUSTER_SUFFIX) not in ("redis", "rediss", "unix") or (
             scheme == "unix" + CLUSTER_SUFFIX):
@@ -339,6 +340,21 @@ def check_settings(config: DelayQConfig) -> None:
             "holds a password too (the URL's would win): keep it in delayq_redis_password "
             "only")
     ssl_options(config.redis_ssl)
+
+
+def _check_sentinel_options(transport: Mapping[str, Any]) -> None:
+    """Refuse ``min_other_sentinels`` that is no whole number >= 0 and ``sentinel_kwargs``
+    that are no mapping (they failed at the store's first call)."""
+    others = transport.get("min_other_sentinels", 0)
+    if isinstance(others, bool) or not str(others).isdigit():
+        raise ConfigurationError(
+            "min_other_sentinels of delayq_redis_transport_options must be a whole number "
+            f">= 0 (how many other Sentinels must agree on the master), got {others!r}")
+    if not isinstance(transport.get("sentinel_kwargs", {}), Mapping):
+        raise ConfigurationError(  # (its text may hold a password: not shown)
+            "sentinel_kwargs of delayq_redis_transport_options must be a mapping of options "
+            "of the Sentinel connections (e.g. {'password': ...}), got a "
+            f"{type(transport['sentinel_kwargs']).__name__}")
 
 
 def ssl_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -236,3 +236,17 @@ def test_a_prefix_with_braces_that_leaves_each_shard_one_slot_is_accepted(prefix
     config = DelayQConfig.from_app(make_app(celery={"broker": "redis://h"}, delayq_prefix=prefix,
                                             delayq_redis_url=url))
     assert config.prefix == prefix
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"min_other_sentinels": "two"}, "min_other_sentinels .* a whole number"),
+    ({"min_other_sentinels": -1}, "min_other_sentinels .* a whole number"),
+    ({"sentinel_kwargs": "password=pw-sentinel"}, "sentinel_kwargs .* a mapping"),
+], ids=["others-text", "others-negative", "kwargs-text"])
+def test_sentinel_options_of_the_wrong_type_are_refused_when_read(options, says):
+    """They raised a bare ValueError or TypeError at the store's first call."""
+    with pytest.raises(ConfigurationError, match=says) as refused:
+        DelayQConfig.from_app(make_app(
+            celery={"broker": "redis://h"}, delayq_redis_url="sentinel://s1:26379",
+            delayq_redis_transport_options={"master_name": "m", **options}))
+    assert "pw-sentinel" not in str(refused.value)
