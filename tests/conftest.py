@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
 
 from celery_delayq.testing.redis_server import RedisClusterServer, RedisServer
@@ -223,6 +224,15 @@ def worker(proj, redis_server):
     with running_worker(proj.app, queues=[proj.app.conf.task_default_queue], concurrency=4,
                         shutdown_timeout=30) as worker:
         yield worker
+
+
+def answers(app, name: str) -> bool:
+    """Whether the worker ``name`` answers a ping; False when the broker connection the app
+    kept was closed meanwhile (an earlier test's CLIENT KILL): the next try opens one."""
+    try:
+        return bool(app.control.ping(destination=[name], timeout=0.5))
+    except redis.ConnectionError:
+        return False
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 15.0,

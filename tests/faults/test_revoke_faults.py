@@ -14,7 +14,7 @@ from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
 from celery_delayq.testing.redis_server import RedisServer
-from tests.conftest import finish, wait_for
+from tests.conftest import answers, finish, wait_for
 
 QUEUE = "revoke-faults"  # no job of these tests is promoted: the spawned worker takes none
 WORKER = ("worker", "-Q", QUEUE, "-P", "threads", "-c", "2", "--without-heartbeat",
@@ -62,7 +62,7 @@ def test_a_delayed_results_revoke_reaches_the_workers_when_the_store_is_down(
     """A job already promoted waits in the broker: only the broadcast stops it there."""
     name = f"store-down@{socket.gethostname()}"  # not a worker of an earlier test
     spawn(*WORKER, "-n", name)
-    wait_for(lambda: proj.app.control.ping(destination=[name], timeout=0.5), timeout=30,
+    wait_for(lambda: answers(proj.app, name), timeout=30,
              what="the worker")
     store = RedisServer().start()
     try:
@@ -154,7 +154,7 @@ def test_a_worker_answers_a_ping_while_its_revoke_waits_for_a_stalled_store(
         monkeypatch.setenv("DELAYQ_TEST_STORE_URL", f"{store.url}/0")
         name = f"stalled-store@{socket.gethostname()}"  # not a worker of an earlier test
         spawn(*WORKER, "-n", name)
-        wait_for(lambda: proj.app.control.ping(destination=[name], timeout=0.5), timeout=30,
+        wait_for(lambda: answers(proj.app, name), timeout=30,
                  what="the worker on the stalled store")
         app = _app("store-stalled", f"{redis_server.url}/0", f"{store.url}/0")
         delayq = DelayQ.of(app)
@@ -185,7 +185,7 @@ def test_revoke_commands_left_at_a_workers_shutdown_are_said_not_dropped_silentl
         monkeypatch.setenv("DELAYQ_TEST_STORE_URL", f"{store.url}/0")
         name = f"stopped-stalled@{socket.gethostname()}"
         worker = spawn(*WORKER, "-n", name)
-        wait_for(lambda: proj.app.control.ping(destination=[name], timeout=0.5), timeout=30,
+        wait_for(lambda: answers(proj.app, name), timeout=30,
                  what="the worker on the stalled store")
         app = _app("stopped-stalled", f"{redis_server.url}/0", f"{store.url}/0")
         results = [app.tasks["stopped-stalled.noop"].apply_delayed(args=(n,), delay=3600)

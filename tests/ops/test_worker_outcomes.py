@@ -16,7 +16,7 @@ import celery
 import pytest
 from celery import states
 
-from tests.conftest import wait_for
+from tests.conftest import answers, wait_for
 from tests.ops.test_worker_events import journal_of
 
 FINAL = "succeeded failed ignored"
@@ -147,7 +147,7 @@ def test_a_promoted_job_revoked_while_it_waits_in_the_broker_is_journaled_revoke
     result = proj.record.apply_delayed(("revoked",), delay=0.05, queue=queue)
     with log_shown_on_failure(worker):
         journal_of(delayq, [result.job_id], "promoted")  # too late for the store's cancel
-        wait_for(lambda: proj.app.control.ping(destination=[idle], timeout=0.5), timeout=30,
+        wait_for(lambda: answers(proj.app, idle), timeout=30,
                  what=f"worker {idle} to answer")
         result.revoke()
         # The worker handles its control messages in order: it knows the job revoked when
