@@ -93,7 +93,7 @@ class DelayQ(Holding):
                 existing._clock = None
                 setattr(app, _ATTR, existing)
                 own = vars(app).get("send_task")
-                routed = existing._route_send_task()
+                routed = existing._route_send_task(own)
                 journal.connect(cls.lookup)
                 signals.worker_ready.connect(_check_at_worker_start, weak=False,
                                              dispatch_uid=_check_at_worker_start.__qualname__)
@@ -344,16 +344,16 @@ class DelayQ(Holding):
             return {"eta": at} if seconds > threshold else None
         return None
 
-    def _route_send_task(self) -> Callable[..., Any]:
+    def _route_send_task(self, own: Callable[..., Any] | None) -> Callable[..., Any]:
         """Send ``app.send_task(..., countdown=|eta=)`` through the store too.
 
         This covers plain tasks, tasks not registered in this process and signatures,
         which never reach ``DelayedTask.apply_async`` (``delayq_route_send_task``). Other
         calls go on unchanged to a ``send_task`` set on the app before it opted in, else to
         its class's as it is at the call (``sentry_sdk.init`` may patch ``Celery``'s later).
+        ``own``: the app's own ``send_task``, None when it has none; returns the wrapper.
         """
         app = self.app
-        own = vars(app).get("send_task")
         named = _SEND_TASK_AFTER_ETA
 
         def send_task_via_store(name, args=None, kwargs=None, countdown=None, eta=None,
