@@ -28,6 +28,7 @@ the API lists it.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -254,10 +255,7 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
     for stamp in message.get("stamped_headers") or ():
         message[stamp] = routed.pop(stamp, None)
     properties = {k: v for k, v in routed.items() if k not in _ROUTING and v is not None}
-    mode = properties.get("delivery_mode")
-    if type(mode) is not int and mode not in _DELIVERY_MODES:  # (bool is no mode)
-        raise InvalidOption(f"delivery_mode must be 1, 2, 'transient' or 'persistent' (kombu's "
-                            f"delivery modes); got {mode!r}")
+    check_properties(properties)
 
     fixed: dict[str, Any] = {}
     if exchange or routing_key != queue:
@@ -269,6 +267,24 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
             fixed[short] = value
     return Template(name=name, task_id=task_id, job_id=job_id, key=key, fixed=fixed,
                     ignored=ignored, parent=parent if adds_to_parent else None)
+
+
+def check_properties(properties: Mapping[str, Any]) -> None:
+    """Refuse message properties kombu cannot publish: natively ``apply_async`` fails on
+    them at the call; stored, the carrier could never publish the job."""
+    mode = properties.get("delivery_mode")
+    if type(mode) is not int and mode not in _DELIVERY_MODES:  # (bool is no mode)
+        raise InvalidOption(f"delivery_mode must be 1, 2, 'transient' or 'persistent' (kombu's "
+                            f"delivery modes); got {mode!r}")
+    expiration = properties.get("expiration")
+    if expiration is not None and (type(expiration) not in (int, float)
+                                   or not math.isfinite(expiration * 1000)):
+        raise InvalidOption(f"expiration must be a finite number of seconds (the message's "
+                            f"time to live in the broker); got {expiration!r}")
+    info = properties.get("delivery_info")
+    if info is not None and not isinstance(info, Mapping):
+        raise InvalidOption(f"delivery_info must be a mapping (kombu adds the exchange and "
+                            f"routing key to it); got {type(info).__name__}")
 
 
 def _own_ignore_result(app, name: str, task_type) -> bool | None:
@@ -394,17 +410,29 @@ def encode(env: dict[str, Any]) -> str:
     return _join(fields, env.get("a"), env.get("k"), name)
 
 
-def with_headers(call: Call, headers: dict[str, Any], max_payload_bytes: int) -> Call:
-    """``call`` with more custom headers (delivered with its message); raises
-    :class:`PayloadError` when they are not JSON or make the call too large."""
+def as_published(call: Call, *, headers: dict[str, Any], properties: dict[str, Any],
+                 arguments: tuple[Any, Any] | None, max_payload_bytes: int,
+                 max_nesting: int) -> Call:
+    """``call`` with what publish signal handlers changed in its message: the headers and
+    properties they added or changed, and its args and kwargs when ``arguments`` are given.
+    Raises as a call made with them would (not JSON, too large, too deep, bad properties)."""
     line, args, kwargs = call.envelope.split("\n", 2)
     fields = decode_fields(line)
-    fields["h"] = {**fields.get("h", {}), **headers}
-    encoded = f"{_encode_fields(fields, call.task)}\n{args}\n{kwargs}"
+    if headers:
+        fields["h"] = {**fields.get("h", {}), **headers}
+    if properties:
+        fields["p"] = {**fields.get("p", {}), **properties}
+        check_properties(fields["p"])
+    first = _encode_fields(fields, call.task)
+    if arguments is None:
+        encoded = f"{first}\n{args}\n{kwargs}"
+    else:
+        encoded = _join(first, _check_args(*arguments), arguments[1], call.task)
     if len(encoded) > max_payload_bytes:
-        raise PayloadError(f"{call.task} call with the headers publish signal handlers added "
-                           f"is {len(encoded)} bytes, over delayq_max_payload_bytes="
+        raise PayloadError(f"{call.task} call as publish signal handlers changed it is "
+                           f"{len(encoded)} bytes, over delayq_max_payload_bytes="
                            f"{max_payload_bytes}")
+    _check_readable(encoded, call.task, max_nesting)
     return replace(call, envelope=encoded)
 
 

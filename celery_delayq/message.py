@@ -27,6 +27,7 @@ from .envelope import (
     HEADER_SHARD,
     ORIGIN,
     REPRS,
+    check_properties,
     encode_json,
 )
 from .errors import PayloadError
@@ -121,7 +122,7 @@ class MessageBuilder:
         else:  # as Celery shortens them (it stops at a depth: never too deep)
             headers["argsrepr"] = saferepr(shown, self._repr_max, **self._repr_levels)
             headers["kwargsrepr"] = saferepr(kwargs, self._repr_max, **self._repr_levels)
-        headers.update(shape.reprs)  # the call's own (its arguments may hold secrets)
+        headers.update(shape.reprs)
         headers[HEADER_JOB], headers[HEADER_SHARD], headers[HEADER_DUE] = job_id, shard, due_ms
         headers["eta"] = eta_header(due_ms)
         if key:
@@ -162,10 +163,11 @@ class MessageBuilder:
                 _TASK_ID, fields["t"], [], {}, **options)
             expires_at = iso_time(expires).timestamp() if expires else None
             embed = encode_json(body[2])
+            headers.update(fields.get("h", {}))
+            properties.update(fields.get("p", {}))
+            check_properties(properties)  # (InvalidOption is a ValueError)
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
             raise PayloadError(f"envelope options are unusable: {exc!r}") from exc
-        headers.update(fields.get("h", {}))
-        properties.update(fields.get("p", {}))
         queue = fields.get("q") or self._default_queue
         return _Shape(
             task=fields["t"], headers=headers, properties=properties,
@@ -173,6 +175,8 @@ class MessageBuilder:
             id_properties=tuple(name for name, value in properties.items()
                                 if value == _TASK_ID),
             embed=embed,
-            reprs={name: headers[name] for name in REPRS if name in given},
+            # the call's own (as an option or a header): its arguments may hold secrets
+            reprs={name: headers[name] for name in REPRS
+                   if name in given or name in fields.get("h", {})},
             expires_at=expires_at,
             queue=queue, exchange=fields.get("x", ""), routing_key=fields.get("r", queue))

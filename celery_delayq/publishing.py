@@ -29,7 +29,7 @@ from celery import signals
 from kombu.utils.json import loads
 
 from .decoding import decode_fields
-from .envelope import Call, with_headers
+from .envelope import REPRS, Call, as_published
 from .message import Message, MessageBuilder
 from .validation import Due
 
@@ -52,6 +52,7 @@ class Publishing:
         self.app = delayq.app
         self._keys = delayq.store.keys
         self._max_payload = delayq.config.max_payload_bytes
+        self._max_nesting = delayq.config.max_nesting
         self._messages = MessageBuilder(self.app)
         self._events = self.app.events.Dispatcher(enabled=False)  # as Celery's publisher
 
@@ -68,21 +69,29 @@ class Publishing:
         due_ms = round(due.absolute_ms(time.time() * 1000))
         message = self._messages.build(call.job_id, call.envelope, due_ms=due_ms,
                                        shard=self._keys.shard_for(call.job_id, call.key).shard)
-        headers = message.headers
-        original = dict(headers)
+        headers, properties = message.headers, message.properties
+        original, original_properties = dict(headers), dict(properties)
         add_sentry_trace(headers)
-        body = tuple(loads(message.body))
+        body, arguments = tuple(loads(message.body)), loads(message.body)[:2]
         signals.before_task_publish.send(
             sender=call.task, body=body, exchange=message.exchange,
             routing_key=message.routing_key, declare=self._declare(message.queue),
-            headers=headers, properties=message.properties,
+            headers=headers, properties=properties,
             retry_policy=dict(self.app.conf.task_publish_retry_policy))
         custom = decode_fields(call.envelope.split("\n", 1)[0]).get("h", {})
-        own = original.keys() - custom.keys()  # set per message at promotion: not stored
-        added = {name: value for name, value in headers.items()
-                 if name not in own and (name not in original or original[name] != value)}
-        if added:
-            call = with_headers(call, added, self._max_payload)
+        # set per message at promotion, so not stored: the ids, eta, delayq_* headers; but
+        # argsrepr / kwargsrepr a handler changes are (it hides arguments from logs)
+        own = original.keys() - custom.keys() - set(REPRS)
+        added = _changed(original, headers, leave_out=own)
+        per_message = {name for name, value in original_properties.items()
+                       if value == call.task_id} | {"expiration"}
+        changed = _changed(original_properties, properties, leave_out=per_message)
+        edited = list(body[:2]) != arguments
+        if added or changed or edited:
+            call = as_published(call, headers=added, properties=changed,
+                                arguments=(body[0], body[1]) if edited else None,
+                                max_payload_bytes=self._max_payload,
+                                max_nesting=self._max_nesting)
         return call, Sent(message, body)
 
     def after(self, call: Call, sent: Sent) -> None:
@@ -113,6 +122,13 @@ class Publishing:
             return [self.app.amqp.queues[queue]]
         except KeyError:
             return []
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any], *, leave_out: set[str]
+             ) -> dict[str, Any]:
+    """What ``after`` adds to ``before`` or holds changed, but the names left out."""
+    return {name: value for name, value in after.items()
+            if name not in leave_out and (name not in before or before[name] != value)}
 
 
 def add_sentry_trace(headers: dict[str, Any]) -> None:

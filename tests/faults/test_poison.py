@@ -46,6 +46,12 @@ POISON = {
                          "envelope holds a 'datetime' object kombu cannot decode"),
     "bad-options": ('{"t":"tests.proj.record","o":{"expires":"soon"}}\n[1]\n', 0,
                     "envelope options are unusable"),
+    # message properties kombu cannot publish (refused at every call now)
+    "bad-expiration": (f'{{"t":"tests.proj.record","q":"{PARKED}","p":{{"expiration":"abc"}}}}'
+                       '\n[1]\n', 0, "envelope options are unusable"),
+    "bad-delivery-info": (f'{{"t":"tests.proj.record","q":"{PARKED}",'
+                          '"p":{"delivery_info":"x"}}\n[1]\n', 0,
+                          "envelope options are unusable"),
     "\x1b]0;owned\x07\x1b[2J-id-with-escapes": (  # planted: refused at every call now
         '{"t":"tests.proj.record","o":{"expires":"soon"}}\n[1]\n', 0,
         "envelope options are unusable"),
