@@ -305,3 +305,18 @@ def test_a_revoked_event_leaves_a_row_whose_run_had_ended_or_that_is_due_again_a
     assert rows["order:8:close"].state == "succeeded"
     assert (rows["order:9:close"].state, rows["order:9:close"].cancelled_at) == (
         "scheduled", None)
+
+
+def test_a_job_scheduled_again_under_the_id_of_a_finished_one_shows_none_of_its_ending(
+        shop_delayq, sync):
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(7,), delay=600,
+                         job_id="order:7:close")
+    shop_delayq.cancel_outcome("order:7:close", by="support: customer called")
+    sync.run_once()
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(8,), delay=600,
+                         job_id="order:7:close")
+    sync.run_once()
+    row = DelayedTask.objects.get(job_id="order:7:close")
+    assert (row.state, row.args) == ("scheduled", [8])
+    assert (row.cancelled_at, row.cancelled_by, row.finished_at, row.reason) == (
+        None, "", None, "")

@@ -316,3 +316,19 @@ def test_the_result_of_a_call_kept_at_commit_cancels_the_job_redis_kept(shop_del
 
     assert result.cancel() is True
     assert shop_delayq.get("order:42:close") is None
+
+
+def test_a_call_in_a_transaction_over_a_cancelled_row_shows_none_of_that_cancel(
+        shop_delayq, sync):
+    from shop.tasks import close_unpaid_order
+
+    _schedule_in_a_transaction(close_unpaid_order, 1)
+    shop_delayq.cancel_key("order:42", by="order paid")
+    sync.run_once()
+    assert Row.objects.get(job_id="order:42:close").state == "cancelled"
+
+    _schedule_in_a_transaction(close_unpaid_order, 2)  # before the sync sees it
+
+    row = Row.objects.get(job_id="order:42:close")
+    assert (row.state, row.args, row.cancelled_at, row.cancelled_by) == (
+        "scheduled", [2], None, "")

@@ -17,6 +17,12 @@ class State(models.TextChoices):
     DEAD = "dead", "dead"
 
 
+#: A row's ending (finished, cancelled, given up) as a pending row has it: what a job
+#: scheduled again under the id of one that ended must not show.
+NOT_ENDED = {"finished_at": None, "cancelled_at": None, "cancelled_by": "", "dead_at": None,
+             "reason": ""}
+
+
 class DelayedTaskQuerySet(models.QuerySet):
     def pending(self):
         """Jobs still waiting in the store for their due time."""

@@ -37,7 +37,7 @@ from celery_delayq.stopping import StopFlag
 from celery_delayq.store.streams import id_order
 
 from .columns import column_json
-from .models import DelayedTask, DelayedTaskEvent, JournalCursor, State
+from .models import NOT_ENDED, DelayedTask, DelayedTaskEvent, JournalCursor, State
 from .runtime import delayq as project_delayq
 from .times import db_time_of_ms, to_db
 
@@ -362,6 +362,8 @@ def apply_event(row: DelayedTask, fields: dict[str, str], stream_id: str,
         if envelope and event in _ENVELOPE_EVENTS:
             _fill_from_envelope(row, envelope)
         row.state = State.SCHEDULED
+        for name, value in NOT_ENDED.items():
+            setattr(row, name, value)
         row.due = due or row.due
         row.stored, row.store_error = True, ""
         if event != Event.RECOVERED:

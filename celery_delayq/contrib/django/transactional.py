@@ -42,7 +42,7 @@ from celery_delayq.validation import Due
 
 from . import times
 from .columns import column_json
-from .models import DelayedTask, DelayedTaskEvent, State
+from .models import NOT_ENDED, DelayedTask, DelayedTaskEvent, State
 from .runtime import delayq as project_delayq
 from .times import from_db, to_db
 
@@ -92,6 +92,7 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
         **fields, "task_id": call.task_id, "task": call.task,
         "key": call.key or "", "due": eta, "state": State.SCHEDULED, "stored": False,
         "store_error": _ON_COMMIT, "envelope": call.envelope, "scheduled_at": now,
+        **NOT_ENDED,
     })
     transaction.on_commit(lambda: _submit(delayq, row.pk, call, due, if_exists, now),
                           using=using)
@@ -240,8 +241,7 @@ def _written(delayq: DelayQ, pk: int, call: Call, **changes) -> bool:
     logger.error("delayed job %s was cancelled while it was written to Redis, but %s",
                  call.job_id, why)
     rows.filter(state=State.CANCELLED).update(
-        state=State.SCHEDULED, stored=True, store_error="", cancelled_at=None,
-        cancelled_by="", **changes)
+        state=State.SCHEDULED, stored=True, store_error="", **NOT_ENDED, **changes)
     _local_event(pk, "cancel failed", f"cancelled while it was written to Redis, but {why}")
     return True
 
