@@ -16,7 +16,9 @@ here). An evicting Redis, a hand-edited key or a bug breaks them; this finds:
   resume or a limit's removal still under way (``store/releasing.py``).
 
 Each finding is checked again by ``repair-7.lua``, atomically, before it is reported, so a
-job that changed under the scan (a store in use) is neither reported nor repaired. Repair
+job that changed under the scan (a store in use) is neither reported nor repaired; a
+stranded job's, in one transaction with a WATCH of the shard's ``paused`` hash (read for
+the finding), so the jobs of a pause made during the check are not stranded. Repair
 (one call per finding): orphaned envelopes are dead-lettered with the reason
 ``orphaned: ...`` (listed by ``delayq ls --dead``, replayable), never deleted; dangling
 ``due``/``inflight``/``bykey`` members and kept envelopes are removed; counts get the
@@ -41,6 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
+from redis.client import Pipeline
+from redis.exceptions import NoScriptError, WatchError
 
 from .decoding import first_line
 from .errors import DamagedShard
@@ -168,9 +172,8 @@ class _ShardCheck:
             self._found(kind, missing, [(what, s, "") for s in missing])
             if kind == "dangling_due":
                 on_hold = [(stored, score) for stored, score in chunk if split_score(score)[1]]
-                stranded = self._stranded(on_hold) if on_hold else []
-                self._found("stranded", [stored for stored, _ in stranded],
-                            [("held", stored, repr(score)) for stored, score in stranded])
+                if on_hold:
+                    self._held(on_hold)
 
     def _bykey(self) -> None:
         for chunk in chunks(self.client.zscan_iter(self.shard.bykey, count=_CHUNK), _CHUNK):
@@ -182,6 +185,24 @@ class _ShardCheck:
                      in zip(members, parts, envelopes, strict=True)
                      if envelope is None or first_line(envelope).get("y") != key]
             self._found("dangling_bykey", wrong, [("bykey", m, "") for m in wrong])
+
+    def _held(self, held: list[tuple[str, float]]) -> None:
+        """Report (and repair) the stranded jobs among ``held``: the shard's pauses are
+        read under WATCH and the findings checked again in one transaction with it, so a
+        pause or resume made in between has the chunk looked at again."""
+        while True:
+            with self.client.pipeline(transaction=True) as watching:
+                watching.watch(self.shard.paused)
+                stranded = self._stranded(held)
+                try:
+                    self._found("stranded", [stored for stored, _ in stranded],
+                                [("held", stored, repr(score)) for stored, score in stranded],
+                                watching)
+                    return
+                except WatchError:
+                    continue
+                except NoScriptError:  # Redis forgot it: the transaction ran nothing
+                    self.client.script_load(SCRIPTS["repair"].source)
 
     def _stranded(self, held: list[tuple[str, float]]) -> list[tuple[str, float]]:
         """The held jobs of a chunk of ``due`` that nothing in force holds (7. above)."""
@@ -215,15 +236,23 @@ class _ShardCheck:
             stranded += [job for job, at in zip(waiting, found, strict=True) if at is None]
         return stranded
 
-    def _found(self, kind: str, items: list[str], repairs: list[tuple[str, str, Any]]) -> None:
-        """Report (and repair) the findings that still hold when looked at again."""
+    def _found(self, kind: str, items: list[str], repairs: list[tuple[str, str, Any]],
+               watching: Pipeline | None = None) -> None:
+        """Report (and repair) the findings that still hold when looked at again (in
+        ``watching``'s transaction, when given: WatchError if a watched key changed)."""
         if not items:
             return
         calls = [(SCRIPTS["repair"], SCRIPTS["repair"].keys_for(self.shard),
                   [self.store.config.journal_maxlen, what, value, extra,
                    "" if self.repair else "1"]) for what, value, extra in repairs]
-        held = [item for item, done in zip(items, execute(self.client, calls), strict=True)
-                if done]
+        if watching is None:
+            replies = execute(self.client, calls)
+        else:
+            watching.multi()
+            for script, keys, args in calls:
+                script.queue(watching, keys, args)
+            replies = watching.execute()
+        held = [item for item, done in zip(items, replies, strict=True) if done]
         if not held:
             return
         self.report.found[kind] += len(held)

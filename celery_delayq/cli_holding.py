@@ -143,6 +143,7 @@ def rate_limit(ctx: click.Context, queue: str | None, rate: str | None) -> None:
         _show_rate_limits(ctx, queue)
         return
     try:
+        pausing.field(None, queue, named=("--task", "QUEUE"))  # its errors name the argument
         released = delayq_of(ctx).set_rate_limit(queue, None if rate == "off" else rate,
                                                by=cli_user())
     except InvalidOption as exc:

@@ -1,8 +1,12 @@
 """What the CLI selects and refuses before it reads or writes: ``ls --dead`` filters,
-``export --to ''``; and what it prints for a store's contents."""
+``ls --task``, ``export --to ''``, ``rate-limit`` names; and what it prints for a store's
+contents."""
 
 from __future__ import annotations
 
+import pytest
+
+from tests.conftest import command_calls
 from tests.store.test_replay import make_dead
 from tests.test_cli_interrupted import invoke
 
@@ -65,3 +69,30 @@ def test_cancel_of_an_empty_key_says_the_key_is_empty_and_cancels_nothing(proj, 
     assert cancelled.exit_code == 2
     assert "--key is empty: give the business key whose jobs to cancel" in cancelled.output
     assert len(delayq.pending()) == 1
+
+
+def test_ls_of_a_task_no_shard_counts_reads_no_due_set(proj, delayq):
+    """A task name with no jobs (a typo, or a task whose jobs are all gone) is answered
+    from the shards' counts, not by reading every due set to its end."""
+    for n in range(3):
+        proj.record.apply_delayed(args=(n,), delay=600, job_id=f"rec-{n}")
+    proj.flaky.apply_delayed(args=(1, 0), delay=600, job_id="gone")
+    delayq.cancel("gone")  # its shard counts 0 jobs of it
+    reads = command_calls(delayq.store, "zrangebyscore")
+    for task in ("tests.proj.recrod", proj.flaky.name):
+        listed = invoke(proj, "ls", "--task", task)
+        assert listed.exit_code == 0 and "no pending jobs" in listed.output
+    assert command_calls(delayq.store, "zrangebyscore") == reads
+    listed = invoke(proj, "ls", "--task", proj.record.name)
+    assert sorted(line.split()[1] for line in listed.output.splitlines()) == [
+        "rec-0", "rec-1", "rec-2"]
+
+
+@pytest.mark.parametrize("queue, says", [("", "needs a non-empty name"),
+                                         ("a\tb", "holds U+0009")])
+def test_rate_limit_of_an_empty_or_unprintable_queue_names_the_argument(proj, delayq,
+                                                                         queue, says):
+    done = invoke(proj, "rate-limit", queue, "1/s")
+    said = done.output.replace(f" {queue!r}", "")
+    assert done.exit_code == 2 and f"QUEUE {says}" in said and "queue=" not in said, said
+    assert delayq.rate_limits() == {}

@@ -1,7 +1,8 @@
 """What every part of :class:`~celery_delayq.store.Store` stands on: its Redis client, the
 store's record of itself (``meta``: its shard count, format and default queue, checked,
-and an id that changes only when the store is made again), the translation of Redis
-errors into ours, and the store's memory (read only)."""
+and an id that changes only when the store is made again; written by a process's first
+write, never by its reads), the translation of Redis errors into ours, and the store's
+memory (read only)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ class StoreBase:
         self.config = config
         self.keys = Keyspace(config.prefix, config.shards)
         self._maxlen = config.journal_maxlen
+        self._reading: redis.Redis | RedisCluster | None = None  # see ``reader``
 
     def answer_key(self, shard: ShardKeys) -> str:
         """A key of its own for one call that keeps its reply (``answer.lua``)."""
@@ -88,20 +90,36 @@ class StoreBase:
 
     @cached_property
     def client(self) -> redis.Redis | RedisCluster:
-        """A client of the store (plain, cluster or Sentinel: see :mod:`connection`)."""
+        """A client of the store (plain, cluster or Sentinel: see :mod:`connection`), its
+        record written where it lacks a field; the :attr:`reader`'s, once there is one."""
         with self.unavailable():
-            client = connect(self.config)
+            client = connect(self.config) if self._reading is None else self._reading
             self._check_meta(client)
+        self._reading = None
         return client
 
-    def _check_meta(self, client: redis.Redis | RedisCluster) -> dict[str, str | None]:
+    @property
+    def reader(self) -> redis.Redis | RedisCluster:
+        """The client reads use: :attr:`client` once open, else one that checks the
+        store's record without writing it (a process that only reads writes nothing)."""
+        if "client" in self.__dict__:
+            return self.client
+        if self._reading is None:
+            with self.unavailable():
+                client = connect(self.config)
+                self._check_meta(client, record=False)
+            self._reading = client
+        return self._reading
+
+    def _check_meta(self, client: redis.Redis | RedisCluster,
+                    record: bool = True) -> dict[str, str | None]:
         """Refuse a store of another shard count, format or default queue; ``meta``'s
-        fields, those it lacked written first (a new store, one of an older version, or
-        one whose Redis lost its data). A read while the record is whole; a full Redis
-        that refuses the write does not stop a start (a later write records them then)."""
+        fields, with ``record`` those it lacked written first (a new store, one of an older
+        version, or one whose Redis lost its data). A read while the record is whole; a full
+        Redis that refuses the write does not stop a start (a later write records them)."""
         fields = self._read_meta(client)
         self._same_meta(fields)
-        if None in fields.values():
+        if record and None in fields.values():
             try:
                 for name, value in (("shards", self.keys.shards), ("format", FORMAT),
                                     ("id", os.urandom(8).hex()),
@@ -278,7 +296,7 @@ class StoreBase:
 
     def now_ms(self) -> int:
         """Redis's clock, in ms: the clock every due time follows."""
-        seconds, micros = self.client.time()
+        seconds, micros = self.reader.time()
         return seconds * 1000 + micros // 1000
 
     def subscribe(self, channel: str) -> PubSub:
@@ -296,6 +314,9 @@ class StoreBase:
         if "client" in self.__dict__:
             self.client.close()
             del self.__dict__["client"]
+        if self._reading is not None:
+            self._reading.close()
+            self._reading = None
 
     # -- memory (read-only) ------------------------------------------------------------
 

@@ -86,7 +86,7 @@ class Listing(StoreBase):
     def _get(self, job_id: str, shards: list[ShardKeys]) -> Job | None:
         stored = pack_id(job_id)
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             for shard in shards:
                 pipe.hget(shard.jobs, stored)
                 pipe.zscore(shard.due, stored)
@@ -112,7 +112,8 @@ class Listing(StoreBase):
         called with that value as one of their positional or keyword argument values.
 
         Without a key this reads the due sets from their start until ``limit`` jobs match:
-        a filter that matches few jobs reads the whole store. Jobs that cannot be read
+        a filter that matches few jobs reads the whole store (with ``task``, only the shards
+        that count jobs of it: a task of none reads no due set). Jobs that cannot be read
         (:meth:`get` shows why) are left out, counted and logged once per call; the carrier
         dead-letters them when they fall due.
         """
@@ -121,10 +122,22 @@ class Listing(StoreBase):
         skipped = Unreadable("pending jobs", _logger)
         wanted = _Wanted(task, args_contains)
         with self.unavailable():
+            if task and not key:
+                shards = self._counting(shards, task)
             for shard in shards:
                 jobs.extend(self._pending_in(shard, wanted, key, limit, skipped))
         skipped.log()
         return heapq.nsmallest(limit, jobs, key=_by_due)
+
+    def _counting(self, shards: list[ShardKeys], task: str) -> list[ShardKeys]:
+        """The ``shards`` that may hold jobs of ``task``: all but those whose ``counts``
+        (keys.py, 6.) has no count of it, or 0 (a count or key that is damaged: kept)."""
+        pipe = self.reader.pipeline(transaction=False)
+        for shard in shards:
+            pipe.hget(shard.counts, task)
+        counts = pipe.execute(raise_on_error=False)
+        return [shard for shard, n in zip(shards, counts, strict=True)
+                if n is not None and (isinstance(n, Exception) or count_of(n) != 0)]
 
     def every_pending(self) -> Iterator[tuple[ShardKeys, list[Job]]]:
         """Every pending job (held ones too), a shard's due set read :data:`SCAN_CHUNK` at
@@ -133,7 +146,7 @@ class Listing(StoreBase):
         skipped, everything = Unreadable("pending jobs", _logger), _Wanted(None, None)
         for shard in self.keys:
             with self.unavailable():
-                scan = self.client.zscan_iter(shard.due, count=SCAN_CHUNK)
+                scan = self.reader.zscan_iter(shard.due, count=SCAN_CHUNK)
                 for scored in chunks(scan, SCAN_CHUNK):
                     yield shard, self._jobs_of(shard, scored, everything, skipped)
         skipped.log()
@@ -150,7 +163,7 @@ class Listing(StoreBase):
             matched: list[Job] = []
             start = 0
             while len(matched) < limit:
-                chunk = cast("list[tuple[str, float]]", self.client.zrangebyscore(
+                chunk = cast("list[tuple[str, float]]", self.reader.zrangebyscore(
                     shard.due, low, high, start=start, num=SCAN_CHUNK, withscores=True))
                 if not chunk:
                     break
@@ -170,13 +183,13 @@ class Listing(StoreBase):
         earliest: list[tuple[str, float]] = []
         found: list[Job] = []
         while True:
-            members = cast("list[str]", self.client.zrangebylex(  # decode_responses
+            members = cast("list[str]", self.reader.zrangebylex(  # decode_responses
                 shard.bykey, low, high, start=0, num=SCAN_CHUNK))
             if not members:
                 break
             low = f"({members[-1]}"
             ids = [m.partition("\x00")[2] for m in members]
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             for stored in ids:
                 pipe.zscore(shard.due, raw_id(stored))
             scored = [(i, s) for i, s in zip(ids, pipe.execute(), strict=True) if s is not None]
@@ -194,7 +207,7 @@ class Listing(StoreBase):
                  wanted: _Wanted, skipped: Unreadable) -> list[Job]:
         if not scored:
             return []
-        raws = self.client.hmget(shard.jobs, [raw_id(stored) for stored, _ in scored])
+        raws = self.reader.hmget(shard.jobs, [raw_id(stored) for stored, _ in scored])
         jobs = []
         for (stored, score), raw in zip(scored, raws, strict=True):
             job_id = job_id_of(stored)
@@ -224,7 +237,7 @@ class Listing(StoreBase):
 
         def every_letter() -> Iterator[dict[str, Any]]:
             for shard in self.keys:
-                for stored, raw in self.client.hscan_iter(shard.dead, count=SCAN_CHUNK):
+                for stored, raw in self.reader.hscan_iter(shard.dead, count=SCAN_CHUNK):
                     entry, why = _dead_letter(stored, raw, shard.shard)
                     if why:
                         skipped.add(f"dead letter {stored!r} on shard {shard.shard}", why)
@@ -239,7 +252,7 @@ class Listing(StoreBase):
     def held(self, jobs: list[tuple[str, str | None]]) -> list[bool]:
         """For each (job id, business key): is the job stored, live or dead-lettered?"""
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             for job_id, key in jobs:
                 shard, stored = self.keys.shard_for(job_id, key), pack_id(job_id)
                 pipe.hexists(shard.jobs, stored)
@@ -252,7 +265,7 @@ class Listing(StoreBase):
         if not job_ids:
             return {}
         with self.unavailable():
-            raws = self.client.hmget(shard.jobs, [pack_id(job_id) for job_id in job_ids])
+            raws = self.reader.hmget(shard.jobs, [pack_id(job_id) for job_id in job_ids])
         return dict(zip(job_ids, cast("list[str | None]", raws), strict=True))
 
     # -- the shards' state -------------------------------------------------------------
@@ -269,7 +282,7 @@ class Listing(StoreBase):
         """
         with self.unavailable():
             now_ms = self.now_ms()
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             for shard in self.keys:
                 pipe.zcard(shard.due)
                 pipe.zcount(shard.due, "-inf", now_ms)
@@ -303,7 +316,7 @@ class Listing(StoreBase):
         """(due ms, job id, shard) of the first pending job whose due score is a time, or
         None."""
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             for shard in self.keys:
                 self._head(pipe, shard)
             heads = [(int(head[0][1]), job_id_of(head[0][0]) or head[0][0], shard)
@@ -320,7 +333,7 @@ class Listing(StoreBase):
     def counts(self) -> tuple[dict[str, int], int]:
         """Jobs stored per task name (pending or being promoted), and cancels so far."""
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             for shard in self.keys:
                 pipe.hgetall(shard.counts)
             per_shard = pipe.execute(raise_on_error=False)
@@ -346,7 +359,7 @@ class Listing(StoreBase):
         Every script refuses to run on such a shard, so its jobs wait until the key is
         moved away (see :class:`DamagedShard`)."""
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             self._ask_types(pipe)
             return self._damaged(pipe.execute())
 
@@ -371,7 +384,7 @@ class Listing(StoreBase):
     def damaged_store_keys(self) -> list[str]:
         """What is wrong with each store-wide key that holds the wrong type of value."""
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             for name in STORE_KEY_TYPES:
                 pipe.type(getattr(self.keys, name))
             found = pipe.execute()
@@ -383,7 +396,7 @@ class Listing(StoreBase):
         """Queue -> its ``limits`` hash value (the same on every shard): the first shard's
         whose key is not damaged (:class:`DamagedShard` when every one is)."""
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             for shard in self.keys:
                 pipe.hgetall(shard.limits)
             replies = pipe.execute(raise_on_error=False)
@@ -398,7 +411,7 @@ class Listing(StoreBase):
         """The ``pausing.field`` of every pause (of any shard: one left by a pause that
         failed part way is listed too)."""
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self.reader.pipeline(transaction=False)
             for shard in self.keys:
                 pipe.hkeys(shard.paused)
             return {name for names in pipe.execute() for name in names}
