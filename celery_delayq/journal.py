@@ -16,7 +16,10 @@ refused while a condition lasts (full; a read-only replica, a failed RDB save: w
 :data:`_HOLD_AT_MOST`; one Redis refuses for good (a damaged journal key, the ACL) or that
 no command can carry goes, said in the log, and the others of its flush are written. Headers
 come from a message anyone may publish: an event is journaled without a key, due time or
-retry count of the wrong type, and not at all for a job id that is not text.
+retry count of the wrong type, and not at all for a job id that is not text. A stopping
+worker process has the thread write what waits and waits for it once, at most one resend
+window of the store's Redis (:meth:`_Outbox.stop`); a WARNING counts the events that go
+with the process.
 
 Outcomes come from ``task_postrun``, but for those Celery reports with ``task_failure``
 only, from the worker's main process after the run (a hard time limit, a lost worker
@@ -48,6 +51,7 @@ import redis
 from celery import signals
 from celery import states as celery_states
 
+from .connection import resend_window_ms
 from .envelope import (
     DELAYQ_HEADERS,
     HEADER_DUE,
@@ -99,6 +103,8 @@ class _Outbox:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()  # guards the list of waiting events
+        self._wrote = threading.Condition(self._lock)  # notified as each write ends
+        self._writes = 0  # writes ended so far
         self._writing = threading.Lock()  # held through a flush: a flush returns only
         # once events another flush took are written too (a test's cleanup comes after)
         self._due = threading.Event()
@@ -134,13 +140,42 @@ class _Outbox:
                                  "as usual")
 
     def flush(self, **_: Any) -> None:
-        """Write every waiting event (also called when a worker process shuts down); the
-        log says how many the store's Redis did not take."""
+        """Write every waiting event; the log says how many the store's Redis did not
+        take."""
         with self._writing:
             self._write()
         if self._held:
             logger.error("%s not written: the store's Redis %s",
                          counted(self._held, "worker event"), self._why[0])
+
+    def stop(self, **_: Any) -> None:
+        """As a worker process stops: have the thread write every waiting event, and wait
+        for it once, at most one resend window of the store's Redis (the longest one write
+        may take), a write in flight included. The events a write ending meanwhile could
+        not write (the store's Redis away, full...), or not written by then, go with the
+        process: a WARNING says how many, and why. (A flush of its own, after the thread's
+        write in flight, waited two windows for a Redis that did not answer.)"""
+        with self._lock:
+            waiting = [delayq for delayq, _ in (*self._taken, *self._events)]
+            if not waiting:
+                return
+            wait = max(resend_window_ms(delayq.config) for delayq in set(waiting)) / 1000
+            deadline = time.monotonic() + wait
+            ended = self._writes  # a write ending after this one has been tried since
+            self._due.set()  # the thread writes them now
+            while (self._taken or self._events) and not (self._writes > ended
+                                                         and self._held):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._wrote.wait(left)
+            left_over = len(self._taken) + len(self._events)
+            why = (self._why[0] if self._writes > ended and self._held
+                   else f"did not answer within {wait:g}s")
+        if left_over:
+            logger.warning("%s not written as this worker stops (the store's Redis %s): "
+                           "they go with the process, and the journal lacks them",
+                           counted(left_over, "worker event"), why)
 
     def settle(self, job_id: str) -> None:
         """Write now, with the rest, the events of ``job_id`` not written yet (none: return
@@ -159,7 +194,10 @@ class _Outbox:
         try:
             self._write_taken(events)
         finally:
-            self._taken = []
+            with self._lock:
+                self._taken = []
+                self._writes += 1
+                self._wrote.notify_all()
 
     def _write_taken(self, events: list[tuple[Any, JournalEntry]]) -> None:
         by_delayq: dict[Any, list[JournalEntry]] = defaultdict(list)
@@ -222,6 +260,7 @@ class _Outbox:
                                                                       redis.RedisError)))
         with self._lock:
             self._events[:0] = unwritten
+            self._taken = []  # (with them back: a stop counts each event once)
             excess = len(self._events) - _HOLD_AT_MOST
             if excess > 0:
                 del self._events[:excess]
@@ -272,8 +311,8 @@ def connect(delayq_of: Callable[[Any], Any]) -> None:
         signals.task_postrun.connect(_on_postrun, weak=False)
         signals.task_failure.connect(_on_failure, weak=False)
         signals.task_revoked.connect(_on_revoked, weak=False)
-        signals.worker_process_shutdown.connect(_outbox.flush, weak=False)
-        signals.worker_shutdown.connect(_outbox.flush, weak=False)
+        signals.worker_process_shutdown.connect(_outbox.stop, weak=False)
+        signals.worker_shutdown.connect(_outbox.stop, weak=False)
         _connected.set()
 
 
