@@ -76,11 +76,14 @@ class Listing(StoreBase):
     def get(self, job_id: str, key: str | None = None) -> Job | None:
         """The stored job: pending (``scheduled``), else being promoted (``claimed``: a job
         moved to another key while in flight has both), else ``dead``. ``key`` says where
-        to look first: a job stored under another key is found too (one more round trip)."""
+        to look first: a job stored under another key is found too, and found before a dead
+        letter on the key's shard (one more round trip)."""
         if job_id.startswith(KEPT):  # a kept envelope's field (keys.py, 8.), never a job id
             return None
         if key:
-            return self._get(job_id, [self.keys.shard_for(job_id, key)]) or self.get(job_id)
+            job = self._get(job_id, [self.keys.shard_for(job_id, key)])
+            if job is not None and job.state != "dead":
+                return job
         return self._get(job_id, list(self.keys))
 
     def _get(self, job_id: str, shards: list[ShardKeys]) -> Job | None:

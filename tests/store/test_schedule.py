@@ -32,6 +32,20 @@ def test_get_returns_the_pending_job(proj, delayq):
     assert delayq.get("nope") is None
 
 
+def test_get_with_a_key_finds_the_pending_job_before_a_dead_letter_on_the_keys_shard(
+        proj, delayq):
+    keys = delayq.store.keys
+    dead_shard = keys.shard_for("order:9:close", "order:9")
+    other = next(f"order:9:{n}" for n in range(100)
+                 if keys.shard_for("order:9:close", f"order:9:{n}") != dead_shard)
+    delayq.store.bury("order:9:close", "order:9", '{"t":"tests.proj.record"}\n["old"]\n',
+                      "given up")
+    proj.record.apply_delayed(args=("new",), delay=60, key=other, job_id="order:9:close")
+
+    job = delayq.get("order:9:close", key="order:9")
+    assert (job.state, job.args, job.key) == ("scheduled", ["new"], other)
+
+
 def test_if_exists_keep_returns_the_stored_job_unchanged(proj, delayq):
     first = proj.record.apply_delayed(args=("first",), delay=60, job_id="dedupe")
     again = proj.record.apply_delayed(args=("second",), delay=999, job_id="dedupe")
