@@ -104,15 +104,23 @@ def store_of_its_own(caplog):
             delayq.store.close()
 
 
-def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(caplog):
+@pytest.mark.parametrize(("end", "said"), [
+    ("flush", "3 worker events not written: the store's Redis does not answer"),
+    # a stopping worker's (tests/ops/test_worker_stop_flush.py): it ends with the first
+    # write that fails, not at the end of its wait
+    ("stop", "3 worker events not written as this worker stops (the store's Redis does not "
+             "answer)"),
+])
+def test_events_recorded_while_redis_is_away_are_written_once_it_answers_again(caplog, end,
+                                                                               said):
     with store_of_its_own(caplog) as (delayq, server):
         journal_key = delayq.store.keys.shard(0).journal
         server.stop()
         for n in range(3):
             journal.record_event(delayq, 0, "started", {"job": f"order:{n}:close",
                                                         "task": "tests.proj.record"})
-        journal.flush()
-        assert "3 worker events not written: the store's Redis does not answer" in caplog.text
+        getattr(journal._outbox, end)()
+        assert said in caplog.text
         server.start()
         wait_for(lambda: delayq.store.client.xlen(journal_key) == 3, timeout=10,
                  what="the held events, once Redis answers")

@@ -20,7 +20,6 @@ from celery_delayq.connection import resend_window_ms
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import answers, finish, wait_for
 from tests.ops import short_store_waits
-from tests.ops.test_worker_events import store_of_its_own
 from tests.stalling import StallingProxy
 
 QUEUE = "stop-flush"
@@ -123,25 +122,6 @@ def test_a_stopping_worker_writes_every_event_a_store_answering_within_its_wait_
 
     assert _journaled(client, "under way") == ["started", "succeeded"], log[-3000:]
     assert "not written" not in log, log[-3000:]
-
-
-def test_a_stop_with_the_stores_redis_down_tries_once_and_says_what_it_did_not_write(
-        caplog):
-    """In-process: the stop ends with the first write that fails, not at the end of its
-    wait; the events are still held (the process that stops drops them)."""
-    with store_of_its_own(caplog) as (delayq, server):
-        journal_key = delayq.store.keys.shard(0).journal
-        server.stop()
-        for n in range(3):
-            journal.record_event(delayq, 0, "started", {"job": f"order:{n}:close",
-                                                        "task": "tests.proj.record"})
-        journal._outbox.stop()
-
-        assert "3 worker events not written as this worker stops (the store's Redis does " \
-            "not answer)" in caplog.text
-        server.start()
-        wait_for(lambda: delayq.store.client.xlen(journal_key) == 3, timeout=10,
-                 what="the held events, once Redis answers")
 
 
 def test_a_stop_on_a_healthy_store_writes_every_waiting_event(delayq, redis_client, caplog):
