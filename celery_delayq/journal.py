@@ -104,7 +104,9 @@ class _Outbox:
     def _reset(self) -> None:
         self._lock = threading.Lock()  # guards the list of waiting events
         self._wrote = threading.Condition(self._lock)  # notified as each write ends
-        self._writes = 0  # writes ended so far
+        self._begun = 0  # writes begun so far
+        self._last_held = 0  # the latest write (numbered as begun) that ended holding events
+        self._failing: set[Any] = set()  # the stores (DelayQ) the last write held events of
         self._writing = threading.Lock()  # held through a flush: a flush returns only
         # once events another flush took are written too (a test's cleanup comes after)
         self._due = threading.Event()
@@ -153,24 +155,25 @@ class _Outbox:
         for it once, at most one resend window of the store's Redis (the longest one write
         may take), a write in flight included. The events a write ending meanwhile could
         not write (the store's Redis away, full...), or not written by then, go with the
-        process: a WARNING says how many, and why. (A flush of its own, after the thread's
-        write in flight, waited two windows for a Redis that did not answer.)"""
+        process: a WARNING says how many, and why. A write begun after the stop tries every
+        waiting event, the stores that failed last (a healthy store's events are not held up
+        by another's). (A flush of its own, after the thread's write in flight, waited two
+        windows for a Redis that did not answer.)"""
         with self._lock:
             waiting = [delayq for delayq, _ in (*self._taken, *self._events)]
             if not waiting:
                 return
             wait = max(resend_window_ms(delayq.config) for delayq in set(waiting)) / 1000
             deadline = time.monotonic() + wait
-            ended = self._writes  # a write ending after this one has been tried since
+            begun = self._begun  # a write begun after this one tries every waiting event
             self._due.set()  # the thread writes them now
-            while (self._taken or self._events) and not (self._writes > ended
-                                                         and self._held):
+            while (self._taken or self._events) and self._last_held <= begun:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._wrote.wait(left)
             left_over = len(self._taken) + len(self._events)
-            why = (self._why[0] if self._writes > ended and self._held
+            why = (self._why[0] if self._last_held > begun
                    else f"did not answer within {wait:g}s")
         if left_over:
             logger.warning("%s not written as this worker stops (the store's Redis %s): "
@@ -191,12 +194,15 @@ class _Outbox:
         with self._lock:
             events, self._events = self._events, []
             self._taken = events
+            self._begun += 1
+            this_write = self._begun
         try:
             self._write_taken(events)
         finally:
             with self._lock:
                 self._taken = []
-                self._writes += 1
+                if self._held:
+                    self._last_held = this_write
                 self._wrote.notify_all()
 
     def _write_taken(self, events: list[tuple[Any, JournalEntry]]) -> None:
@@ -206,7 +212,8 @@ class _Outbox:
         unwritten: list[tuple[Any, JournalEntry]] = []
         failure: Exception | None = None
         why = _AWAY
-        for delayq, entries in by_delayq.items():
+        for delayq, entries in sorted(by_delayq.items(),
+                                      key=lambda item: item[0] in self._failing):
             try:
                 refused = delayq.store.journal_many(entries)
             except StoreUnavailable as exc:  # Redis away: none of them written
@@ -238,6 +245,7 @@ class _Outbox:
             if damaged:
                 logger.warning("could not journal %s: %s",
                                counted(len(damaged), "worker event"), damaged[0])
+        self._failing = {delayq for delayq, _ in unwritten}
         if failure is not None:
             self._hold(unwritten, failure, why)
         elif self._held:

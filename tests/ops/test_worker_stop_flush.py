@@ -14,8 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 import redis
+from celery import Celery
 
-from celery_delayq import journal
+from celery_delayq import DelayQ, journal
 from celery_delayq.connection import resend_window_ms
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import answers, finish, wait_for
@@ -134,3 +135,36 @@ def test_a_stop_on_a_healthy_store_writes_every_waiting_event(delayq, redis_clie
 
     assert redis_client.xlen(shard.journal) == 500
     assert "not written" not in caplog.text
+
+
+def test_a_stop_writes_a_healthy_stores_events_waiting_behind_a_stalled_stores_write(caplog):
+    """Two stores in one process: the thread's write to the stalled one is in flight when
+    the stop comes, an event of the healthy one waits behind it; that one is written, and
+    only the stalled store's event goes with the process."""
+    caplog.set_level(logging.WARNING, logger="celery_delayq.journal")
+    with RedisServer() as stalled_server, RedisServer() as healthy_server:
+        proxy = StallingProxy(stalled_server.port)
+        stores = []
+        for name, url in (("stalled", proxy.url), ("healthy", healthy_server.url)):
+            app = Celery(name, broker=f"{healthy_server.url}/0", set_as_current=False)
+            app.conf.update(delayq_redis_url=f"{url}/0", delayq_redis_retries=1,
+                            delayq_redis_socket_timeout=1.0)
+            stores.append(DelayQ(app))
+        stalled, healthy = stores
+        try:
+            stalled.store.client.ping()
+            proxy.stall()
+            journal.record_event(stalled, 0, "started", {"job": "a1", "task": "t"})  # soon
+            time.sleep(0.3)  # the thread's write to the stalled store is in flight
+            journal.record_event(healthy, 0, "succeeded", {"job": "b1", "task": "t"})
+            journal._outbox.stop()
+
+            written = healthy.store.client.xrange(healthy.store.keys.shard(0).journal)
+            assert [fields["job"] for _, fields in written] == ["b1"]
+            assert "1 worker event not written as this worker stops" in caplog.text
+        finally:
+            proxy.resume()
+            journal.flush()
+            for delayq in stores:
+                delayq.store.close()
+            proxy.close()
