@@ -115,8 +115,7 @@ class Listing(StoreBase):
         called with that value as one of their positional or keyword argument values.
 
         Without a key this reads the due sets from their start until ``limit`` jobs match:
-        a filter that matches few jobs reads the whole store (with ``task``, only the shards
-        that count jobs of it: a task of none reads no due set). Jobs that cannot be read
+        a filter that matches few jobs reads the whole store. Jobs that cannot be read
         (:meth:`get` shows why) are left out, counted and logged once per call; the carrier
         dead-letters them when they fall due.
         """
@@ -125,22 +124,10 @@ class Listing(StoreBase):
         skipped = Unreadable("pending jobs", _logger)
         wanted = _Wanted(task, args_contains)
         with self.unavailable():
-            if task and not key:
-                shards = self._counting(shards, task)
             for shard in shards:
                 jobs.extend(self._pending_in(shard, wanted, key, limit, skipped))
         skipped.log()
         return heapq.nsmallest(limit, jobs, key=_by_due)
-
-    def _counting(self, shards: list[ShardKeys], task: str) -> list[ShardKeys]:
-        """The ``shards`` that may hold jobs of ``task``: all but those whose ``counts``
-        (keys.py, 6.) has no count of it, or 0 (a count or key that is damaged: kept)."""
-        pipe = self.reader.pipeline(transaction=False)
-        for shard in shards:
-            pipe.hget(shard.counts, task)
-        counts = pipe.execute(raise_on_error=False)
-        return [shard for shard, n in zip(shards, counts, strict=True)
-                if n is not None and (isinstance(n, Exception) or count_of(n) != 0)]
 
     def every_pending(self) -> Iterator[tuple[ShardKeys, list[Job]]]:
         """Every pending job (held ones too), a shard's due set read :data:`SCAN_CHUNK` at
