@@ -278,13 +278,20 @@ def check_properties(properties: Mapping[str, Any]) -> None:
                             f"delivery modes); got {mode!r}")
     expiration = properties.get("expiration")
     if expiration is not None and (type(expiration) not in (int, float)
-                                   or not math.isfinite(expiration * 1000)):
+                                   or not _finite(expiration * 1000)):
         raise InvalidOption(f"expiration must be a finite number of seconds (the message's "
                             f"time to live in the broker); got {expiration!r}")
     info = properties.get("delivery_info")
     if info is not None and not isinstance(info, Mapping):
         raise InvalidOption(f"delivery_info must be a mapping (kombu adds the exchange and "
                             f"routing key to it); got {type(info).__name__}")
+
+
+def _finite(number: float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int past a float's range
+        return False
 
 
 def _own_ignore_result(app, name: str, task_type) -> bool | None:
@@ -410,19 +417,33 @@ def encode(env: dict[str, Any]) -> str:
     return _join(fields, env.get("a"), env.get("k"), name)
 
 
-def as_published(call: Call, *, headers: dict[str, Any], properties: dict[str, Any],
-                 arguments: tuple[Any, Any] | None, max_payload_bytes: int,
+#: The body's third element (``embed``): the call's options of these names (envelope.py).
+EMBED = ("callbacks", "errbacks", "chain", "chord")
+
+
+def as_published(call: Call, *, headers: dict[str, Any] | None = None,
+                 properties: dict[str, Any] | None = None, embed: dict[str, Any] | None = None,
+                 arguments: tuple[Any, Any] | None = None, max_payload_bytes: int,
                  max_nesting: int) -> Call:
-    """``call`` with what publish signal handlers changed in its message: the headers and
-    properties they added or changed, and its args and kwargs when ``arguments`` are given.
-    Raises as a call made with them would (not JSON, too large, too deep, bad properties)."""
+    """``call`` as publish signal handlers left its message: its stored ``headers`` and
+    ``properties`` (``h``, ``p``) replaced, the body's ``embed`` (:data:`EMBED`) and its
+    args and kwargs, each when given. Raises as a call made so would (not JSON, too large,
+    too deep, properties kombu cannot publish)."""
     line, args, kwargs = call.envelope.split("\n", 2)
     fields = decode_fields(line)
-    if headers:
-        fields["h"] = {**fields.get("h", {}), **headers}
-    if properties:
-        fields["p"] = {**fields.get("p", {}), **properties}
-        check_properties(fields["p"])
+    for short, given in (("h", headers), ("p", properties)):
+        if given is not None:
+            fields[short] = given
+            if not given:
+                del fields[short]
+    check_properties(fields.get("p", {}))
+    if embed is not None:
+        options = fields.setdefault("o", {})
+        for name in EMBED:
+            if embed.get(name) is None:
+                options.pop(name, None)
+            else:
+                options[name] = embed[name]
     first = _encode_fields(fields, call.task)
     if arguments is None:
         encoded = f"{first}\n{args}\n{kwargs}"

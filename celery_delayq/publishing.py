@@ -29,7 +29,7 @@ from celery import signals
 from kombu.utils.json import loads
 
 from .decoding import decode_fields
-from .envelope import REPRS, Call, as_published
+from .envelope import DELAYQ_HEADERS, REPRS, Call, as_published, encode_json
 from .message import Message, MessageBuilder
 from .validation import Due
 
@@ -65,32 +65,39 @@ class Publishing:
                     or _sentry_celery() is not None)
 
     def before(self, call: Call, due: Due) -> tuple[Call, Sent]:
-        """Send ``before_task_publish``; ``call`` with the headers its handlers added."""
+        """Send ``before_task_publish``; ``call`` as its handlers left the message (what
+        they add, change or remove is stored with it, but what the carrier sets per
+        message: ids, ``eta``, ``delayq_*`` headers)."""
         due_ms = round(due.absolute_ms(time.time() * 1000))
         message = self._messages.build(call.job_id, call.envelope, due_ms=due_ms,
                                        shard=self._keys.shard_for(call.job_id, call.key).shard)
         headers, properties = message.headers, message.properties
         original, original_properties = dict(headers), dict(properties)
         add_sentry_trace(headers)
-        body, arguments = tuple(loads(message.body)), loads(message.body)[:2]
+        body = tuple(loads(message.body))
+        given = loads(message.body)
         signals.before_task_publish.send(
             sender=call.task, body=body, exchange=message.exchange,
             routing_key=message.routing_key, declare=self._declare(message.queue),
             headers=headers, properties=properties,
             retry_policy=dict(self.app.conf.task_publish_retry_policy))
-        custom = decode_fields(call.envelope.split("\n", 1)[0]).get("h", {})
-        # set per message at promotion, so not stored: the ids, eta, delayq_* headers; but
-        # argsrepr / kwargsrepr a handler changes are (it hides arguments from logs)
-        own = original.keys() - custom.keys() - set(REPRS)
-        added = _changed(original, headers, leave_out=own)
-        per_message = {name for name, value in original_properties.items()
-                       if value == call.task_id} | {"expiration"}
-        changed = _changed(original_properties, properties, leave_out=per_message)
-        edited = list(body[:2]) != arguments
-        if added or changed or edited:
-            call = as_published(call, headers=added, properties=changed,
-                                arguments=(body[0], body[1]) if edited else None,
-                                max_payload_bytes=self._max_payload,
+        fields = decode_fields(call.envelope.split("\n", 1)[0])
+        stored_headers, stored_properties = fields.get("h", {}), fields.get("p", {})
+        # argsrepr / kwargsrepr a handler changes are stored: it hides the arguments
+        own = original.keys() - stored_headers.keys() - set(REPRS) | set(DELAYQ_HEADERS)
+        own_properties = {name for name, value in original_properties.items()
+                          if value == call.task_id}
+        if "expires" in fields.get("o", {}):
+            own_properties.add("expiration")  # the time left until it, at each publish
+        edits: dict[str, Any] = {
+            "headers": _left(original, headers, stored_headers, own),
+            "properties": _left(original_properties, properties, stored_properties,
+                                own_properties),
+            "embed": None if _same(body[2], given[2]) else body[2],
+            "arguments": None if _same(body[:2], given[:2]) else (body[0], body[1]),
+        }
+        if any(edit is not None for edit in edits.values()):
+            call = as_published(call, **edits, max_payload_bytes=self._max_payload,
                                 max_nesting=self._max_nesting)
         return call, Sent(message, body)
 
@@ -124,11 +131,24 @@ class Publishing:
             return []
 
 
-def _changed(before: dict[str, Any], after: dict[str, Any], *, leave_out: set[str]
-             ) -> dict[str, Any]:
-    """What ``after`` adds to ``before`` or holds changed, but the names left out."""
-    return {name: value for name, value in after.items()
-            if name not in leave_out and (name not in before or before[name] != value)}
+def _left(before: dict[str, Any], after: dict[str, Any], stored: dict[str, Any],
+          own: set[str]) -> dict[str, Any] | None:
+    """The stored part of a message's headers or properties as handlers left them: the
+    ``stored`` ones they kept (changed or not), and those they added or changed but the
+    ``own`` ones the carrier sets per message; None when that is what was stored."""
+    left = {name: value for name, value in after.items()
+            if name in stored or (name not in own
+                                  and (name not in before or not _same(before[name], value)))}
+    return None if _same(left, stored) else left
+
+
+def _same(one: Any, other: Any) -> bool:
+    """Whether two values are stored as the same JSON (``True`` is not ``1``); False
+    when one is no JSON (storing it raises then)."""
+    try:
+        return encode_json(one) == encode_json(other)
+    except (TypeError, ValueError, RecursionError):
+        return False
 
 
 def add_sentry_trace(headers: dict[str, Any]) -> None:

@@ -71,6 +71,32 @@ def test_arguments_and_priority_a_publish_handler_changes_are_published(
     assert message["headers"]["argsrepr"] == "('order-1', 'added')"
 
 
+@pytest.mark.parametrize("promotion", PROMOTIONS)
+def test_what_a_publish_handler_removes_or_sets_in_place_of_celerys_is_published(
+        proj, delayq, redis_client, handler, promotion):
+    def edit(body=None, headers=None, properties=None, **_):
+        headers.pop("tenant")
+        headers["delayq_key"] = "forged"  # the store's own header: set per message
+        properties.pop("priority")
+        properties["expiration"] = 60
+        body[0][0] = 1  # in place of True: equal, not the same JSON
+        body[2]["errbacks"] = [{"task": "tests.proj.record", "args": ["failed"],
+                                "kwargs": {}, "options": {}, "subtask_type": None,
+                                "immutable": False}]
+
+    handler(edit)
+    proj.record.apply_delayed((True,), delay=0, queue=PARKED, priority=5,
+                              headers={"tenant": "t1"})
+    carry_until_quiet(proj.app, direct=promotion == "direct")
+    [message] = delivered(redis_client)
+    args, _, embed = body_of(message)
+    assert args == [1] and args[0] is not True
+    assert "tenant" not in message["headers"] and "delayq_key" not in message["headers"]
+    assert (message["properties"]["priority"], message["properties"]["expiration"]) == (
+        0, "60000")
+    assert [errback["args"] for errback in embed["errbacks"]] == [["failed"]]
+
+
 def test_arguments_a_publish_handler_makes_unstorable_are_refused_at_the_call(
         proj, delayq, redis_client, handler):
     def add_nan(body=None, **_):
@@ -109,6 +135,7 @@ def test_argsrepr_a_publish_handler_masks_stays_masked(proj, delayq, redis_clien
     ("expiration", "abc", "expiration must be"),
     ("expiration", float("inf"), "expiration must be"),
     ("expiration", True, "expiration must be"),
+    ("expiration", 10**400, "expiration must be"),
     ("delivery_info", "x", "delivery_info must be"),
 ])
 def test_a_message_property_kombu_cannot_publish_is_refused_at_the_call(
