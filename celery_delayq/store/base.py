@@ -336,23 +336,25 @@ class StoreBase:
 
     def _info(self, section: str) -> list[dict]:
         with self.unavailable():
-            if isinstance(self.client, RedisCluster):
-                infos = self.client.info(section, target_nodes=RedisCluster.PRIMARIES)
+            client = self.reader
+            if isinstance(client, RedisCluster):
+                infos = client.info(section, target_nodes=RedisCluster.PRIMARIES)
                 return list(infos.values())
-            return [self.client.info(section)]
+            return [client.info(section)]
 
     def eviction_policies(self) -> list[str]:
         """``maxmemory-policy`` of the store's Redis (each primary): CONFIG GET, or INFO
         memory where CONFIG is refused (renamed, ACL); "" where neither says."""
         with self.unavailable():
+            client = self.reader
             try:
-                if isinstance(self.client, RedisCluster):
+                if isinstance(client, RedisCluster):
                     replies = cast(  # one reply per node (redis-py types one node's)
                         "dict[str, dict[str, str]]",
-                        self.client.config_get("maxmemory-policy",
-                                               target_nodes=RedisCluster.PRIMARIES))
+                        client.config_get("maxmemory-policy",
+                                          target_nodes=RedisCluster.PRIMARIES))
                     return [reply.get("maxmemory-policy", "") for reply in replies.values()]
-                return [self.client.config_get("maxmemory-policy").get("maxmemory-policy") or ""]
+                return [client.config_get("maxmemory-policy").get("maxmemory-policy") or ""]
             except redis.ResponseError:  # CONFIG renamed, or not granted to the store's user
                 pass
         return [memory.policy for memory in self.memory()]

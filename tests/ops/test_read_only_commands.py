@@ -1,4 +1,4 @@
-"""Read-only commands write nothing: ``delayq stats`` and ``delayq ls`` (and the
+"""Read-only commands write nothing: ``delayq stats``, ``ls`` and ``health`` (and the
 ``Store`` reads behind them) on an empty store leave Redis as it was, and run as a Redis
 user that may only read."""
 
@@ -50,8 +50,8 @@ def test_a_read_only_store_then_written_records_itself(proj, delayq):
 
 @pytest.mark.skipif(CLUSTER, reason="one Redis with an ACL user")
 @pytest.mark.parametrize("command", [("stats",), ("stats", "--json"), ("ls",),
-                                     ("ls", "--task", "tests.proj.record")])
-def test_stats_and_ls_of_an_empty_store_run_as_a_user_that_may_only_read(
+                                     ("ls", "--task", "tests.proj.record"), ("health",)])
+def test_stats_ls_and_health_of_an_empty_store_run_as_a_user_that_may_only_read(
         spawn, redis_server, redis_client, monkeypatch, command):
     redis_client.execute_command("ACL", "SETUSER", READER, "reset", *READER_RULES)
     try:
