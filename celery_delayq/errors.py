@@ -41,11 +41,12 @@ class JobExists(DelayQError):
     """``if_exists="error"`` and a job with this id is already stored."""
 
     def __init__(self, job_id: str) -> None:
-        super().__init__(
-            f"a delayed job with id {job_id!r} already exists; pass if_exists='keep' to "
-            "return it or if_exists='replace' to overwrite it"
-        )
+        super().__init__(job_id)  # args: rebuilt as JobExists(*args) by result backends
         self.job_id = job_id
+
+    def __str__(self) -> str:
+        return (f"a delayed job with id {self.job_id!r} already exists; pass "
+                "if_exists='keep' to return it or if_exists='replace' to overwrite it")
 
 
 class StoreUnavailable(DelayQError):
@@ -62,18 +63,17 @@ class StoreUnavailable(DelayQError):
         self.stored = stored or []
         written = (f"; {counted(len(self.stored), 'job')} of this call stored (their ids "
                    "are in the exception's .stored), the others not") if self.stored else ""
-        super().__init__(f"{detail}{written}{advice}")
+        super().__init__(_once(f"{detail}{written}", advice))
 
 
 class DamagedShard(DelayQError):
     """A key of one shard holds the wrong type of value; nothing was written to it."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__(
-            f"{detail}; the shard's other jobs wait, the other shards are served. See what "
-            "it holds with `redis-cli TYPE <key>`, move it away (RENAME), then run "
-            "`celery -A proj delayq check --repair`"
-        )
+        super().__init__(_once(detail, (
+            "; the shard's other jobs wait, the other shards are served. See what it holds "
+            "with `redis-cli TYPE <key>`, move it away (RENAME), then run "
+            "`celery -A proj delayq check --repair`")))
 
 
 class StoreFull(StoreUnavailable):
@@ -84,3 +84,9 @@ class StoreFull(StoreUnavailable):
             ". New delayed jobs are refused until the carriers promote due jobs and free "
             "memory: retry later; make room with a larger maxmemory, or start carriers and "
             "workers if none run"))
+
+
+def _once(detail: str, advice: str) -> str:
+    """``detail``, then ``advice`` unless it ends so already: a result backend keeps an
+    error's message as its args and rebuilds it by calling its class with them."""
+    return detail if detail.endswith(advice) else f"{detail}{advice}"

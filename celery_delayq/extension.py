@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -19,7 +21,9 @@ from . import journal, revoke, validation
 from .conf import PASSWORD_SHOWN, DelayQConfig, password_shown
 from .decoding import decode_arguments, split
 from .envelope import (
+    HEADER_DUE,
     HEADER_JOB,
+    HEADER_SHARD,
     SEND_TASK_IGNORE_RESULT,
     Call,
     Template,
@@ -39,6 +43,19 @@ from .validation import Due
 _ATTR = "_delayq"
 _create_lock = threading.Lock()
 logger = logging.getLogger("celery_delayq")
+#: True while a retry the store refused is sent natively: ``send_task`` skips the store.
+_SENT_NATIVELY: ContextVar[bool] = ContextVar("delayq_sent_natively", default=False)
+
+
+@contextlib.contextmanager
+def sending_natively() -> Iterator[None]:
+    """Within it, the app's ``send_task`` sends delayed calls as Celery does, not to the
+    store (a retry :meth:`DelayQ.native_retry` lets through ``Task.apply_async``)."""
+    token = _SENT_NATIVELY.set(True)
+    try:
+        yield
+    finally:
+        _SENT_NATIVELY.reset(token)
 
 
 Interceptor = Callable[["DelayQ", Call, Due, str], "DelayedResult | None"]
@@ -356,16 +373,20 @@ class DelayQ(Holding):
         app = self.app
         named = _SEND_TASK_AFTER_ETA
 
+        def native(name, args, kwargs, countdown, eta, *more, **options):
+            if own is not None:
+                return own(name, args, kwargs, countdown, eta, *more, **options)
+            return type(app).send_task(app, name, args, kwargs, countdown, eta, *more,
+                                       **options)
+
         def send_task_via_store(name, args=None, kwargs=None, countdown=None, eta=None,
                                 *more, **options):
             delay = None
-            if (countdown is not None or eta is not None) and self.config.route_send_task:
+            if (countdown is not None or eta is not None) and self.config.route_send_task \
+                    and not _SENT_NATIVELY.get():
                 delay = self.store_delay(countdown, eta)  # settings read only for a delay
             if delay is None:
-                if own is not None:
-                    return own(name, args, kwargs, countdown, eta, *more, **options)
-                return type(app).send_task(app, name, args, kwargs, countdown, eta, *more,
-                                           **options)
+                return native(name, args, kwargs, countdown, eta, *more, **options)
             if len(more) > len(named):
                 raise TypeError(f"send_task() takes {5 + len(named)} positional arguments "
                                 f"but {5 + len(more)} were given")
@@ -373,10 +394,39 @@ class DelayQ(Holding):
             if options.get("task_type") is None:
                 options = {**self._registered_options(name), **options}
             options.setdefault("ignore_result", SEND_TASK_IGNORE_RESULT)
-            return self.schedule(name, args, kwargs, if_exists="replace", **delay, **options)
+            try:
+                return self.schedule(name, args, kwargs, if_exists="replace", **delay,
+                                     **options)
+            except StoreUnavailable as exc:
+                retry = self.native_retry(options.get("task_id"), exc, options)
+                if retry is None:
+                    raise
+            return native(name, args, kwargs, countdown, eta, **retry)
 
         app.send_task = send_task_via_store
         return send_task_via_store
+
+    def native_retry(self, task_id: str | None, exc: StoreUnavailable,
+                     options: dict[str, Any]) -> dict[str, Any] | None:
+        """The ``options`` to send a call the store refused with ``exc`` as Celery sends it
+        natively, when it is the running task's own retry (said in a WARNING); else None.
+
+        Celery turns the refusal into ``Reject(requeue=False)``, which acknowledges the
+        running message, ``acks_late`` too: the task would be lost, where natively a broker
+        that refuses the retry refuses that acknowledgement too. Sent natively, the retry
+        waits in a worker's memory, neither listed nor cancellable in the store (a refusal
+        that came after the store wrote it, its reply lost, leaves both: the task runs
+        twice); it keeps the job's id and key headers, so its run is journaled."""
+        current = self.app.current_worker_task
+        if current is None or task_id is None or task_id != current.request.id:
+            return None
+        logger.warning("the retry of %s[%s] is sent as Celery sends it natively (it waits in "
+                       "a worker's memory, not in the store): %s", current.name, task_id, exc)
+        headers = options.get("headers")
+        if headers:  # the stored call's due time and shard are not this message's
+            options = {**options, "headers": {name: value for name, value in headers.items()
+                                              if name not in (HEADER_DUE, HEADER_SHARD)}}
+        return options
 
     def _registered_options(self, name: str) -> dict[str, Any]:
         """The options of the task registered here as ``name`` that Celery's ``send_task``

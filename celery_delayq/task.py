@@ -10,7 +10,8 @@ from typing import Any
 from celery import Task
 
 from . import journal, validation
-from .extension import DelayQ
+from .errors import StoreUnavailable
+from .extension import DelayQ, sending_natively
 from .result import DelayedResult
 
 
@@ -126,13 +127,23 @@ class DelayedTask(Task):
                                        link=link, link_error=link_error, shadow=shadow,
                                        **options)
         shadow = shadow or self._shadow_name(args, kwargs, options)
-        options = {k: v for k, v in options.items() if k not in ("countdown", "eta")}
+        stored = {k: v for k, v in options.items() if k not in ("countdown", "eta")}
         for name, value in (("task_id", task_id), ("link", link), ("link_error", link_error)):
             if value is not None:
-                options[name] = value
-        options["shadow"] = shadow
-        # A retry (or a second apply_async with the same task id) replaces the stored call.
-        return self.apply_delayed(args, kwargs, if_exists="replace", **delay, **options)
+                stored[name] = value
+        stored["shadow"] = shadow
+        try:
+            # A retry (or a second apply_async with the same task id) replaces the stored
+            # call.
+            return self.apply_delayed(args, kwargs, if_exists="replace", **delay, **stored)
+        except StoreUnavailable as exc:
+            native = DelayQ.of(self.app).native_retry(task_id, exc, options)
+            if native is None:
+                raise
+        with sending_natively():
+            return super().apply_async(args, kwargs, task_id=task_id, producer=producer,
+                                       link=link, link_error=link_error, shadow=shadow,
+                                       **native)
 
     def on_replace(self, sig):
         """Hand the running delayed job to ``sig``, so its outcome is journaled as the

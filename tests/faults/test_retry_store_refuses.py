@@ -1,0 +1,68 @@
+"""A running task's retry that the store cannot take is sent as Celery sends it natively.
+
+Celery turns an error of a retry's ``apply_async`` into ``Reject(requeue=False)``: the
+running message is acknowledged (``acks_late`` too) and the task is gone. Natively a
+broker that refuses the retry refuses that acknowledgement too, and the task comes back.
+Here the store's Redis is a server of its own, down or past ``delayq_max_memory_fraction``
+while the broker takes messages; a real worker runs ``tests.proj.flaky`` (a
+``DelayedTask``) or ``plain_flaky`` (its retry goes through ``send_task``), which retry
+once.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_delayq.testing.redis_server import RedisServer
+from tests.conftest import CLUSTER, answers, finish, wait_for
+from tests.ops import short_store_waits
+
+pytestmark = pytest.mark.skipif(CLUSTER, reason="a store of its own on one Redis")
+
+QUEUE = "retry-refused"
+
+
+@pytest.fixture
+def store(monkeypatch) -> Iterator[RedisServer]:
+    """The spawned worker's store: a redis-server of its own."""
+    with RedisServer() as server:
+        monkeypatch.setenv("DELAYQ_TEST_STORE_URL", f"{server.url}/0")
+        yield server
+
+
+def refuse(store: RedisServer, how: str) -> None:
+    if how == "down":
+        store.stop()
+        return
+    client = redis.Redis(port=store.port)  # full: past delayq_max_memory_fraction (0.9)
+    used = client.info("memory")["used_memory"]
+    client.config_set("maxmemory", used + used // 20)
+    client.close()
+
+
+@pytest.mark.parametrize("task", ["flaky", "plain_flaky"])  # DelayedTask, and send_task
+@pytest.mark.parametrize("how", ["down", "full"])
+def test_a_retry_the_store_refuses_is_sent_natively_and_the_task_runs_again(
+        proj, redis_client, spawn, store, how, task):
+    name = f"retry-{how}-{task}"
+    worker = spawn("--config", short_store_waits.__name__, "worker", "-Q", QUEUE,
+                   "-n", f"{name}@%h", "-P", "prefork", "-c", "1", "--without-heartbeat",
+                   "--without-gossip", "--without-mingle", "-l", "INFO")
+    wait_for(lambda: answers(proj.app, f"{name}@{socket.gethostname()}"), timeout=30,
+             what=f"worker {name}")
+    refuse(store, how)
+
+    result = getattr(proj, task).apply_async((name,), {"countdown": 0.2}, queue=QUEUE,
+                                             acks_late=True)
+
+    assert result.get(timeout=30) == name
+    runs = [json.loads(run) for run in redis_client.lrange("test:runs", 0, -1)]
+    assert [run["retries"] for run in runs if run["label"] == name] == [0, 1]
+    worker.terminate()
+    log = finish(worker)
+    assert "sent as Celery sends it natively" in log, log[-3000:]
