@@ -207,6 +207,8 @@ class DelayQ(Holding):
                 break
         else:
             result = self.submit([(call, due)], if_exists)[0]
+        if self._running(call.task_id) is not None:
+            revoke.drop_retry_if_revoked(self, call)
         if sent is not None:
             self._publishing.after(call, sent)
         return self._as_sent(result, call, task_type)
@@ -417,8 +419,8 @@ class DelayQ(Holding):
         waits in a worker's memory, neither listed nor cancellable in the store (a refusal
         that came after the store wrote it, its reply lost, leaves both: the task runs
         twice); it keeps the job's id and key headers, so its run is journaled."""
-        current = self.app.current_worker_task
-        if current is None or task_id is None or task_id != current.request.id:
+        current = self._running(task_id)
+        if current is None:
             return None
         logger.warning("the retry of %s[%s] is sent as Celery sends it natively (it waits in "
                        "a worker's memory, not in the store): %s", current.name, task_id, exc)
@@ -427,6 +429,14 @@ class DelayQ(Holding):
             options = {**options, "headers": {name: value for name, value in headers.items()
                                               if name not in (HEADER_DUE, HEADER_SHARD)}}
         return options
+
+    def _running(self, task_id: str | None) -> Any:
+        """The task this worker process is running when its id is ``task_id`` (a call of
+        it is its own retry), else None."""
+        current = self.app.current_worker_task
+        if current is None or task_id is None or task_id != current.request.id:
+            return None
+        return current
 
     def _registered_options(self, name: str) -> dict[str, Any]:
         """The options of the task registered here as ``name`` that Celery's ``send_task``
@@ -473,8 +483,10 @@ class DelayQ(Holding):
         REVOKED (also that of the call a job held when it is another: one that replaced
         the revoked call under its job id): a result backend that cannot take that stops
         no cancel (a WARNING names the jobs cancelled but not marked)."""
+        ids = validation.task_ids(task_ids)
+        revoke.remember(self, ids)
         cancelled = []
-        for task_id in validation.task_ids(task_ids):
+        for task_id in ids:
             outcome, held, task = self.store.cancel_task(task_id, by="revoke")
             if outcome is CancelOutcome.CANCELLED:
                 cancelled.append(((held, task_id), task))

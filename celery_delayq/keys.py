@@ -32,6 +32,10 @@ members, fields, journal entries::
                            Celery's revoke finds it; goes when an ack, a direct
                            promotion, a cancel or a replace under a new task id takes
                            the job, else (a dead letter) expires a day after its due time
+    <prefix>:{N}:revoked:<task id>  STRING set by a revoke of that task id (of the shard
+                           of the id), expires as a worker forgets a revoke
+                           (``CELERY_WORKER_REVOKE_EXPIRES``, 3 hours): the task's retry,
+                           stored by its run after the revoke, is cancelled (revoke.py)
     <prefix>:{N}:outcome:<run>  HASH  job id -> "<code> <row>": what a run (a Spark job)
                            did with each input row, so a row is written at most once in it
     <prefix>:{N}:answer:<token>  STRING the reply of one cancel, replay or drop call, kept a
@@ -196,6 +200,10 @@ class Keyspace:
     def task_index(self, shard: ShardKeys, stored_task_id: str) -> str:
         """Where a job on ``shard`` whose task id is not its job id is found by task id."""
         return f"{self.prefix}:{{{shard.shard}}}:task:{stored_task_id}"
+
+    def revoked(self, task_id: str) -> str:
+        """What says ``task_id`` was revoked: on the shard of the id."""
+        return f"{self.prefix}:{{{self.shard_for(task_id).shard}}}:revoked:{pack_id(task_id)}"
 
     def answer(self, shard: ShardKeys, token: str) -> str:
         """Where one call on ``shard`` keeps its reply (``token``: unique per call)."""

@@ -18,7 +18,9 @@ id index the store keeps beside a job scheduled with ``job_id=`` of its own
 (``Store.cancel_task``); that index lives until a day past the job's due time. A cancelled
 job's result is REVOKED, so ``AsyncResult.get()`` raises ``TaskRevokedError`` at once;
 when the result backend cannot take that, the job stays cancelled (:class:`Marking` says so
-in a WARNING). In eager mode (``task_always_eager``) a revoke leaves the store alone when
+in a WARNING). A revoke is also recorded in the store for as long as a worker keeps one in
+memory: a task revoked while it runs may retry, and the retry it stores then is cancelled
+(a worker started since would not know the revoke). In eager mode (``task_always_eager``) a revoke leaves the store alone when
 this process never opened it: its delayed calls ran at once, none was stored.
 """
 
@@ -37,10 +39,11 @@ from celery import signals
 from celery.app.control import Control as CeleryControl
 from kombu.utils.imports import symbol_by_name
 
-from .errors import DelayQError
+from .errors import DelayQError, StoreFull
 from .reading import counted
 
 if TYPE_CHECKING:
+    from .envelope import Call
     from .extension import DelayQ
 
 logger = logging.getLogger("celery_delayq.revoke")
@@ -48,6 +51,50 @@ logger = logging.getLogger("celery_delayq.revoke")
 REASON = "cancelled in the delay store"
 _command_lock = threading.Lock()
 _command_wrapped = False
+
+
+def remember(delayq: DelayQ, task_ids: list[str]) -> None:
+    """Record the revoke of ``task_ids`` in the store for as long as a worker keeps one
+    in memory (``CELERY_WORKER_REVOKE_EXPIRES``), so a retry that a run of one of them
+    stores later is cancelled (:func:`drop_retry_if_revoked`). A full Redis refusing it
+    stops no cancel."""
+    from celery.worker.state import REVOKE_EXPIRES
+
+    try:
+        delayq.store.remember_revoked(task_ids, REVOKE_EXPIRES)
+    except StoreFull as exc:
+        logger.warning("could not record the revoke of %s in the store: %s; a retry their "
+                       "runs store meanwhile is kept", counted(len(task_ids), "task"), exc)
+
+
+def drop_retry_if_revoked(delayq: DelayQ, call: Call) -> None:
+    """Cancel the retry the running task just stored when its task id was revoked (as a
+    worker's in-memory revoke discards a native retry's message); its result is REVOKED
+    once Celery has recorded the retry (:func:`_retried`). When the store cannot say, the
+    retry stays (a WARNING says so)."""
+    try:
+        if not delayq.store.revoked(call.task_id):
+            return
+        delayq.cancel_outcome(call.job_id, call.key, by="revoke", task_id=call.task_id)
+    except DelayQError as exc:
+        logger.warning("could not tell whether task %s[%s] was revoked: its retry is kept "
+                       "(%s)", call.task, call.task_id, exc)
+        return
+    _retries_dropped.add(call.task_id)
+    logger.warning("task %s[%s] was revoked while it ran: its retry is cancelled", call.task,
+                   call.task_id)
+
+
+#: Task ids whose retry :func:`drop_retry_if_revoked` cancelled in this process, until
+#: Celery has recorded the retry.
+_retries_dropped: set[str] = set()
+
+
+def _retried(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """After Celery recorded a retry (state RETRY), a cancelled one's result is REVOKED."""
+    if request is not None and request.id in _retries_dropped:
+        _retries_dropped.discard(request.id)
+        mark_revoked(sender.app, request.id, sender.name)
 
 
 def mark_revoked(app, task_id: str, task: str | None, backend: Any = None) -> None:
@@ -215,6 +262,7 @@ def _wrap_worker_command() -> None:
 
         Panel.data["revoke"] = revoke
         signals.worker_shutdown.connect(_drain, weak=False)
+        signals.task_retry.connect(_retried, weak=False)
         _command_wrapped = True
 
 

@@ -68,6 +68,16 @@ def flaky(self, label, failures=1, countdown=0.5):
     return label
 
 
+@app.task(base=DelayedTask, bind=True, max_retries=3)
+def slow_flaky(self, label, seconds=1.0, countdown=600):
+    """Record this run, take ``seconds``, then retry once through the store."""
+    _record(self, label)
+    time.sleep(seconds)
+    if self.request.retries < 1:
+        raise self.retry(countdown=countdown)
+    return label
+
+
 @app.task(base=DelayedTask, bind=True)
 def forwards_headers(self, label, children=3):
     """Record this run, then schedule ``children`` delayed ``record`` calls that carry this

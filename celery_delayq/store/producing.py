@@ -362,6 +362,21 @@ class Producing(StoreBase):
                 return cancelled
         return Cancelled(CancelOutcome.UNKNOWN)
 
+    def remember_revoked(self, task_ids: list[str], seconds: float) -> None:
+        """Record for ``seconds`` that these Celery task ids were revoked (see
+        :meth:`revoked`)."""
+        with self.unavailable():
+            pipe = self.client.pipeline(transaction=False)
+            for task_id in task_ids:
+                pipe.set(self.keys.revoked(task_id), "1", px=max(round(seconds * 1000), 1))
+            pipe.execute()
+
+    def revoked(self, task_id: str) -> bool:
+        """Whether a revoke of ``task_id`` was recorded (:meth:`remember_revoked`) and has
+        not expired."""
+        with self.unavailable():
+            return self.client.get(self.keys.revoked(task_id)) is not None
+
     def _forget_task_indexes(self, shard: ShardKeys, jobs: list[tuple[str, str]]) -> None:
         """Forget the task id indexes of these cancelled jobs (stored job id, task id; "":
         the job id, no index): only a pending job is found by its task id, and each would
