@@ -20,8 +20,9 @@ job's result is REVOKED, so ``AsyncResult.get()`` raises ``TaskRevokedError`` at
 when the result backend cannot take that, the job stays cancelled (:class:`Marking` says so
 in a WARNING). A revoke is also recorded in the store for as long as a worker keeps one in
 memory: a task revoked while it runs may retry, and the retry it stores then is cancelled
-(a worker started since would not know the revoke). In eager mode (``task_always_eager``) a revoke leaves the store alone when
-this process never opened it: its delayed calls ran at once, none was stored.
+(a worker started since would not know the revoke). In eager mode (``task_always_eager``)
+a revoke leaves the store alone when this process never opened it: its delayed calls ran
+at once, none was stored.
 """
 
 from __future__ import annotations
