@@ -60,9 +60,10 @@ class DelayedResult(AsyncResult):
         """Cancel the job if it is still stored (as :meth:`cancel`), then revoke this
         call as Celery does (which stops it if it was promoted already). The revoke is
         broadcast even when the store cannot be reached; that error is raised after it."""
-        from .revoke import broadcast_revoke
+        from .revoke import broadcast_revoke, remember
 
         try:
+            remember(self._delayq, [self.id])
             self._delayq.cancel_outcome(self.job_id, self.key, by="revoke", task_id=self.id,
                                         backend=self.backend)
         finally:  # the workers hear it whatever the store did

@@ -59,10 +59,10 @@ def remember(delayq: DelayQ, task_ids: list[str]) -> None:
     in memory (``CELERY_WORKER_REVOKE_EXPIRES``), so a retry that a run of one of them
     stores later is cancelled (:func:`drop_retry_if_revoked`). A full Redis refusing it
     stops no cancel."""
-    from celery.worker.state import REVOKE_EXPIRES
+    from celery.worker.state import REVOKE_EXPIRES, REVOKES_MAX
 
-    try:
-        delayq.store.remember_revoked(task_ids, REVOKE_EXPIRES)
+    try:  # the newest, as many as a worker keeps
+        delayq.store.remember_revoked(task_ids[-REVOKES_MAX:], REVOKE_EXPIRES)
     except StoreFull as exc:
         logger.warning("could not record the revoke of %s in the store: %s; a retry their "
                        "runs store meanwhile is kept", counted(len(task_ids), "task"), exc)
@@ -87,7 +87,8 @@ def drop_retry_if_revoked(delayq: DelayQ, call: Call) -> None:
 
 
 #: Task ids whose retry :func:`drop_retry_if_revoked` cancelled in this process, until
-#: Celery has recorded the retry.
+#: Celery has recorded the retry or the run ended otherwise (a call of the running task's
+#: id that is no retry: ``Task.replace``, ``apply_async(task_id=...)``).
 _retries_dropped: set[str] = set()
 
 
@@ -96,6 +97,12 @@ def _retried(sender: Any = None, request: Any = None, **_: Any) -> None:
     if request is not None and request.id in _retries_dropped:
         _retries_dropped.discard(request.id)
         mark_revoked(sender.app, request.id, sender.name)
+
+
+def _ran(task_id: str | None = None, **_: Any) -> None:
+    """A run ended: a call of its id cancelled for a revoke without a retry marks nothing
+    later."""
+    _retries_dropped.discard(task_id)
 
 
 def mark_revoked(app, task_id: str, task: str | None, backend: Any = None) -> None:
@@ -264,6 +271,7 @@ def _wrap_worker_command() -> None:
         Panel.data["revoke"] = revoke
         signals.worker_shutdown.connect(_drain, weak=False)
         signals.task_retry.connect(_retried, weak=False)
+        signals.task_postrun.connect(_ran, weak=False)
         _command_wrapped = True
 
 

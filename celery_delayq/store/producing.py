@@ -39,6 +39,10 @@ CANCEL_KEY_CHUNK = 1000
 TASK_INDEX_GRACE_MS = 24 * 3600 * 1000
 
 
+#: About what Redis holds for one recorded revoke (a key with an expiry).
+_REVOKED_BYTES = 150
+
+
 class CancelOutcome(str, Enum):
     """What a cancel by job id found."""
 
@@ -364,8 +368,10 @@ class Producing(StoreBase):
 
     def remember_revoked(self, task_ids: list[str], seconds: float) -> None:
         """Record for ``seconds`` that these Celery task ids were revoked (see
-        :meth:`revoked`)."""
+        :meth:`revoked`); :class:`StoreFull`, writing nothing, past
+        ``delayq_max_memory_fraction`` (a revoke must not fill the broker's Redis)."""
         with self.unavailable():
+            self.headroom.check(len(task_ids) * _REVOKED_BYTES)
             pipe = self.client.pipeline(transaction=False)
             for task_id in task_ids:
                 pipe.set(self.keys.revoked(task_id), "1", px=max(round(seconds * 1000), 1))
