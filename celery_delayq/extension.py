@@ -201,13 +201,17 @@ class DelayQ(Holding):
         sent: Sent | None = None
         if self._publishing.wanted():
             call, sent = self._publishing.before(call, due)
+        retry = self._running(call.task_id) is not None  # the running task's own call
         for interceptor in self._interceptors:
             result = interceptor(self, call, due, if_exists)
             if result is not None:
                 break
-        else:
-            result = self.submit([(call, due)], if_exists)[0]
-        if self._running(call.task_id) is not None:
+        else:  # a retry replaces its own stored call, not a newer one of its job id
+            result = self.submit([(call, due)],
+                                 "retry" if retry and if_exists == "replace" else if_exists)[0]
+        if retry and result.id != call.task_id:
+            revoke.retry_superseded(call, result.id)
+        elif retry:
             revoke.drop_retry_if_revoked(self, call)
         if sent is not None:
             self._publishing.after(call, sent)

@@ -86,7 +86,17 @@ def drop_retry_if_revoked(delayq: DelayQ, call: Call) -> None:
                    call.task_id)
 
 
-#: Task ids whose retry :func:`drop_retry_if_revoked` cancelled in this process, until
+def retry_superseded(call: Call, newer: str) -> None:
+    """The running task's retry found a newer call (task id ``newer``) under its job id,
+    scheduled while it ran, which stays: the retry is not stored, and its result is
+    REVOKED once Celery has recorded the retry (:func:`_retried`)."""
+    _retries_dropped.add(call.task_id)
+    logger.warning("the retry of %s[%s] is not stored: its job id %s holds a newer call "
+                   "(%s), scheduled while it ran", call.task, call.task_id, call.job_id, newer)
+
+
+#: Task ids whose retry this process cancelled (:func:`drop_retry_if_revoked`) or did not
+#: store (:func:`retry_superseded`), until
 #: Celery has recorded the retry or the run ended otherwise (a call of the running task's
 #: id that is no retry: ``Task.replace``, ``apply_async(task_id=...)``).
 _retries_dropped: set[str] = set()

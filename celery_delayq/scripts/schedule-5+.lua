@@ -19,7 +19,8 @@ KEYS[6, 7 or 8..] task  STRING  the task id index key of each job whose task id 
                   job id (keys.py), in the order of those jobs
 
 ARGV[1] journal maxlen (0: no journal)
-ARGV[2] if_exists: "keep" | "replace" | "error"
+ARGV[2] if_exists: "keep" | "replace" | "error" | "retry" (a running task's own retry:
+        replace a stored call of its task id, keep one of another, newer call)
 ARGV[3] wake channel
 ARGV[4] shard number (published on the wake channel)
 ARGV[5] ms the outcome hash is kept after this call ("0": no outcome hash)
@@ -37,7 +38,8 @@ Returns three values per job: code, due ms, and the existing envelope (kept, exi
 the replaced job's own task id (replaced: the store forgets its index, unindex), or nil.
 Codes:
    1 scheduled    2 replaced an existing job
-   0 kept the existing job (if_exists=keep)    -1 exists (if_exists=error), nothing written
+   0 kept the existing job (if_exists=keep, or retry of another call)
+  -1 exists (if_exists=error), nothing written
   -2 another input row of the run (KEYS[6]) has this job id, nothing written
 
 Fails with "DAMAGED <key> holds a <type>, not a <type>", writing nothing, when one of
@@ -83,14 +85,19 @@ for i = 9, #ARGV, outcome and 9 or 8 do
   else
     -- keep / error: one lookup that also writes a new job; replace needs the old one first
     local old, code = nil, 1
-    if if_exists == 'replace' then
+    local replacing = if_exists == 'replace' or if_exists == 'retry'
+    if replacing then
       old = redis.call('HGET', KEYS[2], job_id)
+      if old and if_exists == 'retry' then
+        local was, is = first_line(old), first_line(envelope)
+        replacing = not (was and is and (was['i'] or job_id) ~= (is['i'] or job_id))
+      end
     elseif redis.call('HSETNX', KEYS[2], job_id, envelope) == 0 then
       old = redis.call('HGET', KEYS[2], job_id)
     end
-    if old and if_exists ~= 'replace' then
+    if old and not replacing then
       local old_due = redis.call('ZSCORE', KEYS[1], job_id) or -1
-      out[#out + 1] = if_exists == 'keep' and 0 or -1
+      out[#out + 1] = if_exists == 'error' and -1 or 0
       out[#out + 1] = tonumber(old_due)
       out[#out + 1] = old
     else
@@ -111,7 +118,7 @@ for i = 9, #ARGV, outcome and 9 or 8 do
           end
         end
       end
-      if if_exists == 'replace' then redis.call('HSET', KEYS[2], job_id, envelope) end
+      if replacing then redis.call('HSET', KEYS[2], job_id, envelope) end
       per_task[task] = (per_task[task] or 0) + 1
       redis.call('ZADD', KEYS[1], due, job_id)
       if member ~= '' then redis.call('ZADD', KEYS[3], 0, member) end

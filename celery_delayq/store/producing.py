@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, cast
 import redis
 
 from ..connection import redact, resend_window_ms
+from ..decoding import first_line
 from ..envelope import Call
 from ..errors import DelayQError, InvalidOption, StoreFull, StoreUnavailable
 from ..held import split_score
@@ -98,6 +99,10 @@ class Producing(StoreBase):
                  rows: RunRows | None = None) -> list[Scheduled]:
         """Store calls: one script call per shard and batch, in one round trip.
 
+        ``if_exists``: keep, replace or error, or ``retry`` (a running task's own retry):
+        replace a stored call of the same task id, keep one of another (a newer call of
+        the job id, scheduled while the run executed).
+
         ``rows`` names the items as input rows of a run: a row is written at most once in
         the run, however often its call is made again (a retried Spark task, a recomputed
         partition), which then answers the first outcome (due ms -1).
@@ -117,10 +122,15 @@ class Producing(StoreBase):
         results: list[Scheduled | None] = [None] * len(items)
         moved: dict[int, ShardKeys] = {}  # replaced under a key of another shard
         for index, found in self._stored_elsewhere(items, reservation).items():
-            if if_exists == "replace":
+            call = items[index][0]
+            # None when it went meanwhile (promoted): then it is scheduled here
+            existing = None if if_exists == "replace" else self._existing(found, call,
+                                                                          if_exists)
+            if if_exists == "replace" or (if_exists == "retry" and existing is not None
+                                          and _task_id_of(existing, call) == call.task_id):
                 moved[index] = found
-            else:  # None when it went meanwhile (promoted): then it is scheduled here
-                results[index] = self._existing(found, items[index][0], if_exists)
+            else:
+                results[index] = existing
         by_shard: dict[ShardKeys, list[int]] = defaultdict(list)
         for index, (call, _) in enumerate(items):
             if results[index] is None:
@@ -267,8 +277,8 @@ class Producing(StoreBase):
         return elsewhere
 
     def _existing(self, shard: ShardKeys, call: Call, if_exists: str) -> Scheduled | None:
-        """What ``keep`` / ``error`` answer for a job stored on another shard; None when it
-        is gone."""
+        """What ``keep`` / ``error`` (``retry``: keep) answer for a job stored on another
+        shard; None when it is gone."""
         with self.unavailable():
             pipe = self.client.pipeline(transaction=False)
             pipe.hget(shard.jobs, call.stored_id)
@@ -276,7 +286,7 @@ class Producing(StoreBase):
             envelope, score = pipe.execute()
         if envelope is None:
             return None
-        code = ScheduleCode.KEPT if if_exists == "keep" else ScheduleCode.CONFLICT
+        code = ScheduleCode.CONFLICT if if_exists == "error" else ScheduleCode.KEPT
         due_ms = split_score(score)[0]
         return Scheduled(code, -1 if due_ms is None else int(due_ms), envelope)
 
@@ -455,3 +465,9 @@ class Producing(StoreBase):
         with self.unavailable():
             found = raised(reservation.take_then(calls, unless_full=True))
         return [shard for shard, hits in zip(self.keys, found, strict=True) if "1" in hits]
+
+
+def _task_id_of(existing: Scheduled, call: Call) -> str:
+    """The task id of the call ``existing`` found stored under ``call``'s job id."""
+    task_id = first_line(existing.existing).get("i")
+    return task_id if isinstance(task_id, str) else call.job_id

@@ -7,10 +7,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from celery_delayq import DelayQ, JobExists
+from celery_delayq import DelayQ, JobExists, validation
 from celery_delayq.errors import ConfigurationError
-from celery_delayq.store import Promoted, listing, producing
+from celery_delayq.store import Promoted, ScheduleCode, listing, producing
 from tests.conftest import command_calls
+from tests.unit.calls import build
 
 
 def test_relative_delay_is_counted_from_redis_time(proj, redis_client):
@@ -44,6 +45,35 @@ def test_get_with_a_key_finds_the_pending_job_before_a_dead_letter_on_the_keys_s
 
     job = delayq.get("order:9:close", key="order:9")
     assert (job.state, job.args, job.key) == ("scheduled", ["new"], other)
+
+
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["same-shard", "other-keys-shard"])
+def test_a_retry_replaces_its_own_stored_call_and_keeps_a_newer_one(proj, delayq, elsewhere):
+    """``retry`` (a running task's own call): a call of another task id under the job id,
+    scheduled while the run executed, stays; one of its own task id is replaced (moved to
+    the retry's key's shard, as ``replace`` moves it)."""
+    keys = delayq.store.keys
+    home = keys.shard_for("order:7:close", "order:7")
+    other = next(f"order:7:{n}" for n in range(100)
+                 if keys.shard_for("order:7:close", f"order:7:{n}") != home)
+    retry_key = other if elsewhere else "order:7"
+    due = validation.due(60, None, delayq.config.max_delay)
+
+    def stored(task_id: str, label: str, key: str) -> list:
+        call = build(proj.app, proj.record.name, [label], job_id="order:7:close", key=key,
+                     task_id=task_id)
+        return delayq.store.schedule([(call, due)], "retry")
+
+    delayq.store.schedule([(build(proj.app, proj.record.name, ["newer"], task_id="newer",
+                                  job_id="order:7:close", key="order:7"), due)], "keep")
+    [kept] = stored("earlier", "retry", retry_key)
+    assert kept.code is ScheduleCode.KEPT
+    assert delayq.get("order:7:close").args == ["newer"]
+
+    [replaced] = stored("newer", "again", retry_key)
+    assert replaced.code in (ScheduleCode.CREATED, ScheduleCode.REPLACED)
+    copies = [job for job in delayq.pending() if job.job_id == "order:7:close"]
+    assert [(job.args, job.key) for job in copies] == [(["again"], retry_key)]
 
 
 def test_if_exists_keep_returns_the_stored_job_unchanged(proj, delayq):
