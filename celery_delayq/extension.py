@@ -37,7 +37,7 @@ from .job import Job
 from .publishing import Publishing, Sent
 from .reading import datetime_of_ms, iso_time, utc_of_ms
 from .result import DelayedResult, EagerDelayedResult
-from .store import CancelOutcome, ScheduleCode, Store
+from .store import CancelOutcome, ScheduleCode, Scheduled, Store
 from .validation import Due
 
 _ATTR = "_delayq"
@@ -202,14 +202,17 @@ class DelayQ(Holding):
         if self._publishing.wanted():
             call, sent = self._publishing.before(call, due)
         retry = self._running(call.task_id) is not None  # the running task's own call
+        superseded = False
         for interceptor in self._interceptors:
             result = interceptor(self, call, due, if_exists)
             if result is not None:
                 break
         else:  # a retry replaces its own stored call, not a newer one of its job id
-            result = self.submit([(call, due)],
-                                 "retry" if retry and if_exists == "replace" else if_exists)[0]
-        if retry and result.id != call.task_id:
+            mode = "retry" if retry and if_exists == "replace" else if_exists
+            [scheduled] = self.store.schedule([(call, due)], mode)
+            result = self._result_of(call, scheduled)
+            superseded = mode == "retry" and scheduled.code is ScheduleCode.KEPT
+        if superseded:
             revoke.retry_superseded(call, result.id)
         elif retry:
             revoke.drop_retry_if_revoked(self, call)
@@ -337,17 +340,19 @@ class DelayQ(Holding):
 
     def submit(self, items: list[tuple[Call, Due]], if_exists: str) -> list[DelayedResult]:
         """Write validated calls to the store now; raises JobExists on a conflict."""
-        results = []
-        for (call, _), scheduled in zip(items, self.store.schedule(items, if_exists),
-                                        strict=True):
-            if scheduled.code is ScheduleCode.CONFLICT:
-                raise JobExists(call.job_id)
-            task_id = call.task_id
-            if scheduled.code is ScheduleCode.KEPT:
-                task_id = Job.read(call.job_id, scheduled.existing, None, "", 0).task_id
-            due_at = None if scheduled.due_ms < 0 else utc_of_ms(scheduled.due_ms)
-            results.append(DelayedResult(task_id, call.job_id, due_at, self, key=call.key))
-        return results
+        return [self._result_of(call, scheduled) for (call, _), scheduled
+                in zip(items, self.store.schedule(items, if_exists), strict=True)]
+
+    def _result_of(self, call: Call, scheduled: Scheduled) -> DelayedResult:
+        """The result of a call the store answered ``scheduled`` (the kept job's call when
+        it kept one); JobExists on a conflict."""
+        if scheduled.code is ScheduleCode.CONFLICT:
+            raise JobExists(call.job_id)
+        task_id = call.task_id
+        if scheduled.code is ScheduleCode.KEPT:
+            task_id = Job.read(call.job_id, scheduled.existing, None, "", 0).task_id
+        due_at = None if scheduled.due_ms < 0 else utc_of_ms(scheduled.due_ms)
+        return DelayedResult(task_id, call.job_id, due_at, self, key=call.key)
 
     def store_delay(self, countdown: float | None,
                     eta: datetime | str | None) -> dict[str, Any] | None:

@@ -65,6 +65,15 @@ if answer_at > 0 then
     return reply
   end
 end
+-- Whether a stored call's first line (``was``) is of another task id than a new call's
+-- (``is``): each holds its task id as "i", or none when it is the job id. A line that
+-- cannot be read, or whose "i" is no text, is taken as the call's own (replaced).
+local function another_call(was, is)
+  if not was or not is or (was['i'] ~= nil and type(was['i']) ~= 'string') then
+    return false
+  end
+  return (was['i'] or '') ~= (is['i'] or '')
+end
 local now = now_ms()
 local if_exists = ARGV[2]
 local index_grace = tonumber(ARGV[6])
@@ -88,9 +97,8 @@ for i = 9, #ARGV, outcome and 9 or 8 do
     local replacing = if_exists == 'replace' or if_exists == 'retry'
     if replacing then
       old = redis.call('HGET', KEYS[2], job_id)
-      if old and if_exists == 'retry' then
-        local was, is = first_line(old), first_line(envelope)
-        replacing = not (was and is and (was['i'] or job_id) ~= (is['i'] or job_id))
+      if old and if_exists == 'retry' then  -- kept: a readable call of another task id
+        replacing = not another_call(first_line(old), first_line(envelope))
       end
     elseif redis.call('HSETNX', KEYS[2], job_id, envelope) == 0 then
       old = redis.call('HGET', KEYS[2], job_id)

@@ -468,6 +468,9 @@ class Producing(StoreBase):
 
 
 def _task_id_of(existing: Scheduled, call: Call) -> str:
-    """The task id of the call ``existing`` found stored under ``call``'s job id."""
-    task_id = first_line(existing.existing).get("i")
-    return task_id if isinstance(task_id, str) else call.job_id
+    """The task id of the call ``existing`` found stored under ``call``'s job id: its
+    ``i``, else the job id; ``call``'s own when its first line cannot be read or its ``i``
+    is no text (as the schedule script reads it)."""
+    fields = first_line(existing.existing)
+    task_id = fields.get("i", call.job_id)
+    return task_id if fields and isinstance(task_id, str) else call.task_id

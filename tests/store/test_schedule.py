@@ -76,6 +76,29 @@ def test_a_retry_replaces_its_own_stored_call_and_keeps_a_newer_one(proj, delayq
     assert [(job.args, job.key) for job in copies] == [(["again"], retry_key)]
 
 
+@pytest.mark.parametrize("stored", ['{"t":"tests.proj.record","i":5}\n["x"]\n',
+                                    '{not json\n["x"]\n'], ids=["i-no-text", "unreadable"])
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["same-shard", "other-keys-shard"])
+def test_a_retry_replaces_a_damaged_call_stored_under_its_job_id(proj, delayq, stored,
+                                                                  elsewhere):
+    """A stored call whose task id cannot be read is no newer call: the retry replaces
+    it (kept, the retry was lost), on its own shard or moving it from another key's."""
+    keys, client = delayq.store.keys, delayq.store.client
+    home = keys.shard_for("order:8:close", "order:8")
+    shard = next(s for s in keys if (s is not home) == elsewhere)
+    client.hset(shard.jobs, "order:8:close", stored)
+    client.zadd(shard.due, {"order:8:close": 4_000_000_000_000})
+    call = build(proj.app, proj.record.name, ["retry"], job_id="order:8:close", key="order:8",
+                 task_id="t8")
+
+    [result] = delayq.store.schedule(
+        [(call, validation.due(60, None, delayq.config.max_delay))], "retry")
+
+    assert result.code in (ScheduleCode.CREATED, ScheduleCode.REPLACED)
+    job = delayq.get("order:8:close", key="order:8")
+    assert (job.args, job.task_id, job.shard) == (["retry"], "t8", home.shard)
+
+
 def test_if_exists_keep_returns_the_stored_job_unchanged(proj, delayq):
     first = proj.record.apply_delayed(args=("first",), delay=60, job_id="dedupe")
     again = proj.record.apply_delayed(args=("second",), delay=999, job_id="dedupe")
