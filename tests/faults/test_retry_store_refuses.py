@@ -40,6 +40,7 @@ def refuse(store: RedisServer, how: str) -> None:
         store.stop()
         return
     client = redis.Redis(port=store.port)  # full: past delayq_max_memory_fraction (0.9)
+    client.set("ballast", b"x" * 2_000_000)  # what clients' buffers add or free is small
     used = client.info("memory")["used_memory"]
     client.config_set("maxmemory", used + used // 20)
     client.close()

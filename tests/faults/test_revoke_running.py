@@ -47,12 +47,13 @@ def test_a_revoke_on_a_store_past_its_memory_fraction_records_nothing_and_cancel
     broker's Redis, by default) none is written, and the stored jobs are still cancelled."""
     with RedisServer() as server:
         app = Celery("revoke-full", broker=f"{server.url}/0", set_as_current=False)
+        app.conf.delayq_max_memory_fraction = 0.5  # far from maxmemory: the cancel runs
         delayq = DelayQ(app)
         try:
             job = delayq.schedule("tests.proj.record", ("x",), delay=600)
             client = redis.Redis(port=server.port)
             used = client.info("memory")["used_memory"]
-            client.config_set("maxmemory", used + used // 20)
+            client.config_set("maxmemory", used * 3 // 2)  # 67 % used
             time.sleep(1.1)  # the store reads its memory about once a second (memory.py)
 
             assert delayq.revoke([job.id, *(f"gone-{n}" for n in range(1000))]) == 1
