@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -40,10 +41,14 @@ def refuse(store: RedisServer, how: str) -> None:
         store.stop()
         return
     client = redis.Redis(port=store.port)  # full: past delayq_max_memory_fraction (0.9)
-    client.set("ballast", b"x" * 2_000_000)  # what clients' buffers add or free is small
+    # data written inside Redis: clients' buffers (a big SET's query buffer is counted
+    # until Redis frees it) then move used_memory by little beside it
+    client.eval("for n = 1, 20000 do redis.call('SET', 'fill:' .. n, string.rep('x', 100)) "
+                "end", 0)
     used = client.info("memory")["used_memory"]
     client.config_set("maxmemory", used + used // 20)
     client.close()
+    time.sleep(1.1)  # a process reads its store's memory about once a second (memory.py)
 
 
 @pytest.mark.parametrize("task", ["flaky", "plain_flaky"])  # DelayedTask, and send_task
