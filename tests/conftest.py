@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -224,6 +225,17 @@ def worker(proj, redis_server):
     with running_worker(proj.app, queues=[proj.app.conf.task_default_queue], concurrency=4,
                         shutdown_timeout=30) as worker:
         yield worker
+
+
+def prefork_worker(proj, spawn, name: str, *config: str):
+    """A ``tests.proj`` worker of one prefork process on the queue ``name``, named
+    ``name@<host>``, once it answers a ping; ``config``: options before ``worker``."""
+    worker = spawn(*config, "worker", "-Q", name, "-n", f"{name}@%h", "-P", "prefork",
+                   "-c", "1", "--without-heartbeat", "--without-gossip", "--without-mingle",
+                   "-l", "INFO")
+    wait_for(lambda: answers(proj.app, f"{name}@{socket.gethostname()}"), timeout=30,
+             what=f"worker {name}")
+    return worker
 
 
 def answers(app, name: str) -> bool:

@@ -10,21 +10,16 @@ is REVOKED (its job went on with the newer call).
 from __future__ import annotations
 
 import json
-import socket
 
 from celery_delayq.carrier import Carrier
-from tests.conftest import answers, finish, wait_for
+from tests.conftest import finish, prefork_worker, wait_for
 
 QUEUE = "retry-newer-call"
 
 
 def test_a_runs_retry_leaves_a_newer_call_of_its_job_id_in_place(
         proj, delayq, redis_client, spawn):
-    name = "retry-newer-call"
-    worker = spawn("worker", "-Q", QUEUE, "-n", f"{name}@%h", "-P", "prefork", "-c", "1",
-                   "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO")
-    wait_for(lambda: answers(proj.app, f"{name}@{socket.gethostname()}"), timeout=30,
-             what=f"worker {name}")
+    worker = prefork_worker(proj, spawn, QUEUE)
     earlier = proj.slow_flaky.apply_delayed(("earlier",), {"seconds": 2.0}, delay=0,
                                             job_id="order:7:close", queue=QUEUE)
     carrier = Carrier(proj.app)

@@ -12,7 +12,6 @@ once.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 
@@ -20,13 +19,10 @@ import pytest
 import redis
 
 from celery_delayq.testing.redis_server import RedisServer
-from tests.conftest import CLUSTER, answers, finish, wait_for
+from tests.conftest import CLUSTER, finish, prefork_worker
 from tests.ops import short_store_waits
 
 pytestmark = pytest.mark.skipif(CLUSTER, reason="a store of its own on one Redis")
-
-QUEUE = "retry-refused"
-
 
 @pytest.fixture
 def store(monkeypatch) -> Iterator[RedisServer]:
@@ -56,14 +52,10 @@ def refuse(store: RedisServer, how: str) -> None:
 def test_a_retry_the_store_refuses_is_sent_natively_and_the_task_runs_again(
         proj, redis_client, spawn, store, how, task):
     name = f"retry-{how}-{task}"
-    worker = spawn("--config", short_store_waits.__name__, "worker", "-Q", QUEUE,
-                   "-n", f"{name}@%h", "-P", "prefork", "-c", "1", "--without-heartbeat",
-                   "--without-gossip", "--without-mingle", "-l", "INFO")
-    wait_for(lambda: answers(proj.app, f"{name}@{socket.gethostname()}"), timeout=30,
-             what=f"worker {name}")
+    worker = prefork_worker(proj, spawn, name, "--config", short_store_waits.__name__)
     refuse(store, how)
 
-    result = getattr(proj, task).apply_async((name,), {"countdown": 0.2}, queue=QUEUE,
+    result = getattr(proj, task).apply_async((name,), {"countdown": 0.2}, queue=name,
                                              acks_late=True)
 
     assert result.get(timeout=30) == name

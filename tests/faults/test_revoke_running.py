@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import time
 
 import redis
@@ -17,18 +16,14 @@ from celery.app.task import Context
 from celery_delayq import DelayQ, revoke
 from celery_delayq.envelope import Call
 from celery_delayq.testing.redis_server import RedisServer
-from tests.conftest import answers, finish, wait_for
+from tests.conftest import finish, prefork_worker, wait_for
 
 QUEUE = "revoke-running"
 
 
 def test_the_retry_a_revoked_run_stores_is_cancelled_and_its_result_is_revoked(
         proj, delayq, redis_client, spawn):
-    name = "revoke-running"
-    worker = spawn("worker", "-Q", QUEUE, "-n", f"{name}@%h", "-P", "prefork", "-c", "1",
-                   "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO")
-    wait_for(lambda: answers(proj.app, f"{name}@{socket.gethostname()}"), timeout=30,
-             what=f"worker {name}")
+    worker = prefork_worker(proj, spawn, QUEUE)
     result = proj.slow_flaky.apply_async(("revoked",), {"seconds": 1.5}, queue=QUEUE)
     wait_for(lambda: any(json.loads(run)["label"] == "revoked"
                          for run in redis_client.lrange("test:runs", 0, -1)),
