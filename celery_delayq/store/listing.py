@@ -30,6 +30,8 @@ from ..reading import (
 from .base import SCAN_CHUNK, StoreBase, chunks, damaged_key
 
 _logger = logging.getLogger(__package__)  # celery_delayq.store
+#: The largest stream entry id: a journal whose last id it is takes no more entries.
+LAST_STREAM_ID = "18446744073709551615-18446744073709551615"
 
 
 @dataclass(frozen=True)
@@ -285,7 +287,7 @@ class Listing(StoreBase):
                     pipe.zcount(shard.due, low, high)
             self._ask_types(pipe)
             replies = pipe.execute(raise_on_error=False)
-        damaged = self._damaged(replies[-len(KEY_TYPES) * self.keys.shards:])
+        damaged = self._damaged(replies[-(len(KEY_TYPES) + 1) * self.keys.shards:])
         rows = []
         for shard in self.keys:
             shard_replies, replies = replies[:9], replies[9:]
@@ -343,32 +345,29 @@ class Listing(StoreBase):
         cancelled = tasks.pop("", 0)
         return {task: n for task, n in tasks.items() if n}, cancelled
 
-    def damaged(self) -> dict[int, str]:
-        """Shards with a key that holds the wrong type of value: shard -> what is wrong.
-
-        Every script refuses to run on such a shard, so its jobs wait until the key is
-        moved away (see :class:`DamagedShard`)."""
-        with self.unavailable():
-            pipe = self.reader.pipeline(transaction=False)
-            self._ask_types(pipe)
-            return self._damaged(pipe.execute())
-
     def _ask_types(self, pipe) -> None:
-        """Queue a ``TYPE`` of every key of every shard (read by :meth:`_damaged`)."""
+        """Queue a ``TYPE`` of every key of every shard and an ``XINFO STREAM`` of its
+        journal (read by :meth:`_damaged`)."""
         for shard in self.keys:
             for name in KEY_TYPES:
                 pipe.type(getattr(shard, name))
+            pipe.xinfo_stream(shard.journal)
 
-    def _damaged(self, types: list[str]) -> dict[int, str]:
-        """Shard -> its first key whose type (as :meth:`_ask_types` asked) is wrong."""
+    def _damaged(self, replies: list[Any]) -> dict[int, str]:
+        """Shard -> its first key whose type (as :meth:`_ask_types` asked) is wrong, or its
+        journal when that has no entry id left (damaged.lua)."""
         damaged: dict[int, str] = {}
-        names = list(KEY_TYPES)
+        names, asked = list(KEY_TYPES), len(KEY_TYPES) + 1
         for n, shard in enumerate(self.keys):
-            for name, found in zip(names, types[n * len(names):(n + 1) * len(names)],
-                                   strict=True):
+            *types, journal = replies[n * asked:(n + 1) * asked]
+            for name, found in zip(names, types, strict=True):
                 if found not in (KEY_TYPES[name], "none"):
                     damaged.setdefault(shard.shard, f"{getattr(shard, name)} holds a {found}, "
                                                     f"not a {KEY_TYPES[name]}")
+            if (self.config.journal_maxlen and shard.shard not in damaged
+                    and isinstance(journal, dict)  # (not an error: none, or damaged)
+                    and journal.get("last-generated-id") == LAST_STREAM_ID):
+                damaged[shard.shard] = f"{shard.journal} has no stream id left"
         return damaged
 
     def damaged_store_keys(self) -> list[str]:

@@ -210,6 +210,41 @@ def _key_on(delayq, shard: int) -> str:
                 if delayq.store.keys.shard_for("", f"k{n}").shard == shard)
 
 
+#: The largest stream entry id: a stream whose last id is this takes no more entries.
+LAST_STREAM_ID = "18446744073709551615-18446744073709551615"
+
+
+def test_a_journal_with_no_stream_id_left_stops_its_shard_before_any_write(
+        proj, delayq, redis_client, spawn):
+    """A journal given the largest entry id (``XADD`` or ``XSETID`` by hand) refuses every
+    event: scripts stop before their first write, so a caller's error means nothing was
+    done (a script failed after its writes once: a stored job said ResponseError)."""
+    shard = delayq.store.keys.shard(1)
+    key = _key_on(delayq, 1)
+    waiting = proj.record.apply_delayed(args=(1,), delay=600, key=key, queue=PARKED)
+    healthy = schedule_due_now(proj, 40, prefix="ok")
+    stranded = set(redis_client.zrange(shard.due, 0, -1))
+    redis_client.xadd(shard.journal, {"planted": "1"}, id=LAST_STREAM_ID)
+
+    with pytest.raises(DamagedShard, match=r"delayq:\{1\}:journal has no stream id left"):
+        proj.record.apply_delayed(args=(2,), delay=600, key=key, queue=PARKED)
+    with pytest.raises(DamagedShard, match="no stream id left"):
+        waiting.cancel()
+    assert redis_client.hlen(shard.jobs) == len(stranded)  # nothing stored, nothing removed
+    carry_until_quiet(proj.app, direct=False)
+    assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy - stranded
+    assert set(redis_client.zrange(shard.due, 0, -1)) == stranded
+    health = spawn("delayq", "health")
+    assert health.wait(30) == 1
+    assert "damaged: shard 1 is not served, delayq:{1}:journal has no stream id left" in \
+        finish(health)
+
+    redis_client.rename(shard.journal, "moved-away")  # as the error says
+    assert waiting.cancel()
+    carry_until_quiet(proj.app, direct=False)
+    assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy
+
+
 def test_dead_letter_of_a_planted_envelope_keeps_its_bytes(proj, delayq, redis_client):
     raw_client = redis.Redis.from_url(delayq.config.redis_url)
     raw = POISON["not-utf8"][0]
