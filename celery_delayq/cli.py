@@ -115,8 +115,9 @@ def stats(ctx: click.Context, as_json: bool) -> None:
               help="Longest a due job may wait unclaimed, seconds.")
 @click.pass_context
 def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None:
-    """Exit 1 when the overdue backlog or its oldest job passes a threshold, or when Redis may
-    evict keys (liveness probe); say so when Redis keeps no append-only file."""
+    """Exit 1 when the overdue backlog or its oldest job passes a threshold, when Redis may
+    evict keys or a key of the store is damaged (liveness probe); say so when Redis keeps no
+    append-only file."""
     from .memory import eviction_problem
     from .metrics import oldest_overdue_seconds
     from .persistence import persistence_problem
@@ -132,8 +133,9 @@ def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None
     overdue = sum(row["overdue"] for row in rows)
     age = oldest_overdue_seconds(rows)
     damaged = [row for row in rows if row["damaged"]]
+    exhausted = [row for row in rows if row["journal_exhausted"]]
     healthy = (overdue <= max_overdue and age <= max_overdue_age and not problems
-               and not damaged and not store_keys)
+               and not damaged and not store_keys and not exhausted)
     click.echo(f"{'ok' if healthy else 'unhealthy'}: {overdue} overdue jobs (max {max_overdue}), "
                f"oldest waiting {age:.1f}s (max {max_overdue_age:g}s)")
     held = _held(rows)
@@ -150,6 +152,10 @@ def health(ctx: click.Context, max_overdue: int, max_overdue_age: float) -> None
     for problem in store_keys:
         click.echo(f"damaged: {shown(problem)}; move the key away (RENAME): carriers serve "
                    "every shard without sharing them out meanwhile")
+    for row in exhausted:
+        click.echo(f"damaged: the journal of shard {row['shard']} has no stream id left (its "
+                   "last id is the largest there is): the shard is served, its events are "
+                   "lost; move the key away (RENAME)")
     sys.exit(0 if healthy else 1)
 
 

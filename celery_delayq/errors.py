@@ -67,14 +67,12 @@ class StoreUnavailable(DelayQError):
 
 
 class DamagedShard(DelayQError):
-    """A key of one shard holds the wrong type of value, or its journal can take no more
-    entries; nothing was written to the shard."""
+    """A key of one shard holds the wrong type of value; nothing was written to it."""
 
     def __init__(self, detail: str) -> None:
         super().__init__(_once(detail, (
             "; the shard's other jobs wait, the other shards are served. See what it holds "
-            "with `redis-cli TYPE <key>` (a journal: `XINFO STREAM <key>`), move it away "
-            "(RENAME), then run "
+            "with `redis-cli TYPE <key>`, move it away (RENAME), then run "
             "`celery -A proj delayq check --repair`")))
 
 

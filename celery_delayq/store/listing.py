@@ -287,7 +287,7 @@ class Listing(StoreBase):
                     pipe.zcount(shard.due, low, high)
             self._ask_types(pipe)
             replies = pipe.execute(raise_on_error=False)
-        damaged = self._damaged(replies[-(len(KEY_TYPES) + 1) * self.keys.shards:])
+        damaged, exhausted = self._damaged(replies[-(len(KEY_TYPES) + 1) * self.keys.shards:])
         rows = []
         for shard in self.keys:
             shard_replies, replies = replies[:9], replies[9:]
@@ -301,6 +301,7 @@ class Listing(StoreBase):
                 "unreadable_due": pending - readable - paused - limited,
                 "next_due_ms": int(head[0][1]) if head else None, "now_ms": now_ms,
                 "damaged": damaged.get(shard.shard, ""),
+                "journal_exhausted": shard.shard in exhausted,
             })
         return rows
 
@@ -353,10 +354,12 @@ class Listing(StoreBase):
                 pipe.type(getattr(shard, name))
             pipe.xinfo_stream(shard.journal)
 
-    def _damaged(self, replies: list[Any]) -> dict[int, str]:
-        """Shard -> its first key whose type (as :meth:`_ask_types` asked) is wrong, or its
-        journal when that has no entry id left (damaged.lua)."""
+    def _damaged(self, replies: list[Any]) -> tuple[dict[int, str], set[int]]:
+        """Shard -> its first key whose type (as :meth:`_ask_types` asked) is wrong; and
+        the shards whose journal has no entry id left (journal.lua: their scripts go on
+        without their events)."""
         damaged: dict[int, str] = {}
+        exhausted: set[int] = set()
         names, asked = list(KEY_TYPES), len(KEY_TYPES) + 1
         for n, shard in enumerate(self.keys):
             *types, journal = replies[n * asked:(n + 1) * asked]
@@ -364,11 +367,10 @@ class Listing(StoreBase):
                 if found not in (KEY_TYPES[name], "none"):
                     damaged.setdefault(shard.shard, f"{getattr(shard, name)} holds a {found}, "
                                                     f"not a {KEY_TYPES[name]}")
-            if (self.config.journal_maxlen and shard.shard not in damaged
-                    and isinstance(journal, dict)  # (not an error: none, or damaged)
+            if (isinstance(journal, dict)  # (not an error: none, or damaged)
                     and journal.get("last-generated-id") == LAST_STREAM_ID):
-                damaged[shard.shard] = f"{shard.journal} has no stream id left"
-        return damaged
+                exhausted.add(shard.shard)
+        return damaged, exhausted
 
     def damaged_store_keys(self) -> list[str]:
         """What is wrong with each store-wide key that holds the wrong type of value."""

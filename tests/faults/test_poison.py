@@ -22,7 +22,7 @@ from celery_delayq.errors import DamagedShard
 from celery_delayq.keys import ShardKeys
 from celery_delayq.metrics import CarrierMetrics
 from celery_delayq.reading import count_of, printable
-from tests.conftest import PROMOTIONS, finish, wait_for
+from tests.conftest import PROMOTIONS, finish, journal_events, wait_for
 from tests.faults.test_carrier_faults import (
     PARKED,
     carry_until_quiet,
@@ -214,36 +214,31 @@ def _key_on(delayq, shard: int) -> str:
 LAST_STREAM_ID = "18446744073709551615-18446744073709551615"
 
 
-def test_a_journal_with_no_stream_id_left_stops_its_shard_before_any_write(
-        proj, delayq, redis_client, spawn):
+def test_a_journal_with_no_stream_id_left_loses_events_not_calls(proj, delayq, redis_client,
+                                                                 spawn):
     """A journal given the largest entry id (``XADD`` or ``XSETID`` by hand) refuses every
-    event: scripts stop before their first write, so a caller's error means nothing was
-    done (a script failed after its writes once: a stored job said ResponseError)."""
+    event: the calls of its shard go on without their events (a script failed after its
+    writes once: a stored job said ResponseError, a cancelled one too), and health says so."""
     shard = delayq.store.keys.shard(1)
     key = _key_on(delayq, 1)
     waiting = proj.record.apply_delayed(args=(1,), delay=600, key=key, queue=PARKED)
-    healthy = schedule_due_now(proj, 40, prefix="ok")
-    stranded = set(redis_client.zrange(shard.due, 0, -1))
     redis_client.xadd(shard.journal, {"planted": "1"}, id=LAST_STREAM_ID)
+    planted = redis_client.xlen(shard.journal)
 
-    with pytest.raises(DamagedShard, match=r"delayq:\{1\}:journal has no stream id left"):
-        proj.record.apply_delayed(args=(2,), delay=600, key=key, queue=PARKED)
-    with pytest.raises(DamagedShard, match="no stream id left"):
-        waiting.cancel()
-    assert redis_client.hlen(shard.jobs) == len(stranded)  # nothing stored, nothing removed
-    carry_until_quiet(proj.app, direct=False)
-    assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy - stranded
-    assert set(redis_client.zrange(shard.due, 0, -1)) == stranded
-    health = spawn("delayq", "health")
-    assert health.wait(30) == 1
-    assert "damaged: shard 1 is not served, delayq:{1}:journal has no stream id left" in \
-        finish(health)
-
-    redis_client.rename(shard.journal, "moved-away")  # as the error says
+    stored = proj.record.apply_delayed(args=(2,), delay=600, key=key, queue=PARKED)
     assert waiting.cancel()
+    healthy = schedule_due_now(proj, 40, prefix="ok")
     carry_until_quiet(proj.app, direct=False)
     assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy
+    assert [job.task_id for job in delayq.store.pending(key=key)] == [stored.id]
+    assert redis_client.xlen(shard.journal) == planted  # the events are what it lost
+    health = spawn("delayq", "health")
+    assert health.wait(30) == 1
+    assert "the journal of shard 1 has no stream id left" in finish(health)
 
+    redis_client.rename(shard.journal, "moved-away")  # as health says
+    assert stored.cancel()
+    assert journal_events(delayq)[-1] == "cancelled"
 
 def test_dead_letter_of_a_planted_envelope_keeps_its_bytes(proj, delayq, redis_client):
     raw_client = redis.Redis.from_url(delayq.config.redis_url)
