@@ -23,6 +23,12 @@ _WAITS = {
 }
 
 
+def global_keyprefix(app) -> str:
+    """What kombu's Redis transport puts before each of its keys (``global_keyprefix`` of
+    ``broker_transport_options``), "" for none."""
+    return (app.conf.broker_transport_options or {}).get("global_keyprefix") or ""
+
+
 def connection(app, timeout: float) -> Any:
     """A new connection to ``app``'s broker (``connection_for_write``), not yet open, that
     waits at most ``timeout`` seconds for the broker where its transport options set no

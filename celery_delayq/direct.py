@@ -80,11 +80,13 @@ class DirectRouter:
             self._route(new)
 
     def _route(self, names: list[str]) -> None:
-        """Let the claim script push to these queues too (all but those with x-expires)."""
+        """Let the claim script push to these queues too (all but those with x-expires, and
+        those whose list would be a key of the store: the carrier dead-letters their jobs)."""
         assert self._prefix is not None
         self._considered.update(names)
         routed = [name for name, _ in self.routes.queues] if self.routes else []
-        routed += [name for name in names if not self._queue(name)[0].expires]
+        routed += [name for name in names if not self._queue(name)[0].expires
+                   and self.store.keys.queue_problem(name, self._prefix) is None]
         self.routes = DirectRoutes(
             lists=[broker_queue(self._prefix, name) for name in routed],
             queues=[(name, self._queue(name)[1]) for name in routed],

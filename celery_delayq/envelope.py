@@ -44,10 +44,11 @@ from kombu import Exchange, Queue
 from kombu.common import Broadcast
 from kombu.utils.json import JSONEncoder
 
+from .broker import global_keyprefix
 from .conf import check_task_protocol
 from .decoding import RESERVED_PROPERTIES, decode_fields, decode_json, nesting
 from .errors import InvalidOption, PayloadError, UnknownQueue
-from .keys import new_job_id, pack_id
+from .keys import Keyspace, new_job_id, pack_id
 from .reading import forbidden, iso_time
 
 #: Headers the carrier adds to every promoted message; a retry carries them back.
@@ -190,9 +191,10 @@ def _going_on_with(parent, task_id: str | None, headers: dict[str, Any]
     return job_id, headers.get(HEADER_KEY)
 
 
-def template(app, name: str, options: dict[str, Any], *, task_type=None, args=(),
-             kwargs=None) -> Template:
-    """Resolve ``apply_async`` options as Celery would at call time; raise on bad ones.
+def template(app, name: str, options: dict[str, Any], keys: Keyspace, *, task_type=None,
+             args=(), kwargs=None) -> Template:
+    """Resolve ``apply_async`` options as Celery would at call time; raise on bad ones
+    (among them a queue whose broker list would be one of the store's ``keys``).
 
     ``args``/``kwargs`` matter only to routers in ``task_routes`` that look at them.
     """
@@ -237,6 +239,9 @@ def template(app, name: str, options: dict[str, Any], *, task_type=None, args=()
             "task_create_missing_queues=True") from exc
     for what, part in (("queue", queue), ("exchange", exchange), ("routing_key", routing_key)):
         _check_name(part, what)
+    problem = keys.queue_problem(queue, global_keyprefix(app))
+    if problem is not None:
+        raise InvalidOption(problem)
     message = {k: routed.pop(k) for k in _MESSAGE if k in routed}
     message = {k: v for k, v in message.items()
                if v is not None and v != _MESSAGE_DEFAULTS.get(k)}
@@ -347,8 +352,8 @@ class Templates:
 
     _MAX = 256  # distinct (task, options) kept; a caller varying task_id per call fills it
 
-    def __init__(self, app) -> None:
-        self.app = app
+    def __init__(self, app, keys: Keyspace) -> None:
+        self.app, self.keys = app, keys
         self._found: dict[tuple, Template] = {}
 
     @cached_property
@@ -369,11 +374,11 @@ class Templates:
         if key is not None and self._replies:
             key = (*key, self.app.thread_oid)
         if key is None or self._routers or self.app.current_worker_task is not None:
-            return template(self.app, name, options, task_type=task_type,
+            return template(self.app, name, options, self.keys, task_type=task_type,
                             args=_check_args(args, kwargs), kwargs=kwargs)
         found = self._found.get(key)
         if found is None:
-            found = template(self.app, name, options, task_type=task_type)
+            found = template(self.app, name, options, self.keys, task_type=task_type)
             if len(self._found) >= self._MAX:
                 self._found.clear()
             self._found[key] = found

@@ -34,7 +34,8 @@ class InvalidOption(DelayQError, ValueError):
 
 
 class UnknownQueue(DelayQError, ValueError):
-    """The call routes to a queue the app does not define (task_create_missing_queues off)."""
+    """The call routes to a queue the app does not define (task_create_missing_queues off),
+    or (stored before calls refused it) one whose broker list would be a key of the store."""
 
 
 class JobExists(DelayQError):

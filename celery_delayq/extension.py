@@ -34,6 +34,7 @@ from .envelope import (
 from .errors import ConfigurationError, InvalidOption, JobExists, StoreUnavailable
 from .holding import Holding
 from .job import Job
+from .keys import Keyspace
 from .publishing import Publishing, Sent
 from .reading import datetime_of_ms, iso_time, utc_of_ms
 from .result import DelayedResult, EagerDelayedResult
@@ -177,7 +178,8 @@ class DelayQ(Holding):
 
     @cached_property
     def _templates(self) -> Templates:
-        return Templates(self.app)
+        # (the store's names, without the store: eager calls open none, see revoke.py)
+        return Templates(self.app, Keyspace(self.config.prefix, self.config.shards))
 
     @cached_property
     def _publishing(self) -> Publishing:
@@ -235,7 +237,7 @@ class DelayQ(Holding):
         if if_exists == "error":
             raise InvalidOption("schedule_many takes if_exists='keep' or 'replace', not 'error'")
         shared = None if routes_depend_on_arguments(self.app) else template(
-            self.app, name, options, task_type=task_type)  # resolved once for the batch
+            self.app, name, options, self._templates.keys, task_type=task_type)  # once a batch
         prepared = []
         for n, item in enumerate(validation.batch(items)):
             item = validation.batch_item(n, item)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import pausing, ratelimit
-from .reading import counted
+from .reading import counted, shown
 
 if TYPE_CHECKING:
     from .conf import DelayQConfig
@@ -40,7 +40,7 @@ class Holding:
         field = pausing.field(task, queue)
         self.store.pause(field, by)
         logger.info("paused %s (by %s): its due jobs are held until resumed",
-                    field.replace(":", " ", 1), by)
+                    field.replace(":", " ", 1), shown(by))
 
     def resume(self, *, task: str | None = None, queue: str | None = None,
                by: str = "api") -> int:
@@ -55,7 +55,7 @@ class Holding:
         what a resume stopped part way left held)."""
         field = pausing.field(task, queue)
         done = self.store.resumed(field, by, progress)
-        logger.info("resumed %s (by %s): %s given back%s", field.replace(":", " ", 1), by,
+        logger.info("resumed %s (by %s): %s given back%s", field.replace(":", " ", 1), shown(by),
                     counted(done.released, "held job"),
                     "" if done.was_paused else " (it was not paused)")
         return done
@@ -76,7 +76,7 @@ class Holding:
                  else ratelimit.bucket(rate, self.config.shards))
         released = self.store.set_rate_limit(queue, limit, by)
         logger.info("rate limit of queue %s: %s (by %s)", queue,
-                    "none" if rate is None else ratelimit.text(rate), by)
+                    "none" if rate is None else ratelimit.text(rate), shown(by))
         return released
 
     def rate_limits(self) -> dict[str, str]:

@@ -173,9 +173,13 @@ class Publisher:
         self._declared.add(queue.name)
 
     def queue(self, name: str) -> tuple[Any, int]:
-        """The kombu queue of a name and its delivery mode, resolved once."""
+        """The kombu queue of a name and its delivery mode, resolved once; UnknownQueue for
+        one whose broker list would be a key of the store (stored before calls refused it)."""
         found = self._queues.get(name)
         if found is None:
+            problem = self.store.keys.queue_problem(name, broker.global_keyprefix(self.app))
+            if problem is not None:
+                raise UnknownQueue(problem)
             try:
                 queue = self.app.amqp.queues[name]
             except KeyError:

@@ -31,7 +31,7 @@ from celery import Celery
 from .. import validation
 from ..envelope import Call, Template, template
 from ..errors import DelayQError, InvalidDelay, InvalidJobId, PayloadError
-from ..keys import pack_id
+from ..keys import Keyspace, pack_id
 from ..reading import iso_time, utc_of_ms
 from ..store import RunRows, ScheduleCode, Scheduled, Store
 from ..validation import Due
@@ -250,8 +250,8 @@ class _Partition:
         """The call options of a queue, resolved once (raises on an unknown queue)."""
         found = self.templates.get(queue)
         if found is None:
-            found = self.templates[queue] = queue_template(self.app, self.plan.task,
-                                                           self.plan.options, queue)
+            found = self.templates[queue] = queue_template(
+                self.app, self.plan.task, self.plan.options, queue, self.store.keys)
         return found
 
     def _rejects(self, rows: pa.RecordBatch, rejects: list[tuple[int, str]]) -> pa.RecordBatch:
@@ -269,12 +269,14 @@ class _Partition:
             names=[*self.fields.values(), REASON, COUNTS])
 
 
-def queue_template(app: Celery, task: str, options: dict[str, Any],
-                   queue: str | None) -> Template:
+def queue_template(app: Celery, task: str, options: dict[str, Any], queue: str | None,
+                   keys: Keyspace) -> Template:
     """The call options of ``task`` sent to ``queue`` (None: where it routes), resolved as
     ``apply_delayed`` resolves them; raises the same errors (a forbidden character in the
-    task name, a serializer other than JSON, an unknown queue)."""
-    return template(app, task, options if queue is None else {**options, "queue": queue})
+    task name, a serializer other than JSON, an unknown queue, one whose broker list would
+    be a key of the store)."""
+    return template(app, task, options if queue is None else {**options, "queue": queue},
+                    keys)
 
 
 def _values(rows: pa.RecordBatch, field: str, name: str, unreadable: dict[int, str]) -> list:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import validation
 from ..errors import DelayQError, InvalidOption, UnknownQueue
+from ..keys import Keyspace
 from ..store import Store
 from . import shipping
 from .partition import COUNTS, LOST, REASON, Plan, queue_template, write_partition
@@ -385,7 +386,9 @@ def _check_calls(plan: Plan) -> None:
     to are the same errors as ``apply_delayed`` raises. With ``queue_col`` each row routes
     itself: a row without a queue whose default is unknown is that row's reject."""
     try:
-        queue_template(shipping.bare_app(plan.shipped), plan.task, plan.options, plan.queue)
+        config = shipping.config(plan.shipped)
+        queue_template(shipping.bare_app(plan.shipped), plan.task, plan.options, plan.queue,
+                       Keyspace(config.prefix, config.shards))
     except UnknownQueue:
         if plan.queue_col is None:
             raise

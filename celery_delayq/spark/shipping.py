@@ -14,11 +14,13 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from ..broker import global_keyprefix
 from ..conf import DelayQConfig
 
 logger = logging.getLogger("celery_delayq.spark")
 
-# Settings envelope.template and Celery's router read, besides task_default_* / task_queue_*.
+# Settings envelope.template and Celery's router read, besides task_default_* / task_queue_*
+# and kombu's global_keyprefix.
 _NAMED = ("broker_url", "task_serializer", "task_create_missing_queues", "task_protocol",
           "task_inherit_parent_priority")
 _PREFIXES = ("task_default_", "task_queue_")
@@ -36,6 +38,8 @@ def ship(app: Celery, task: str) -> dict[str, Any]:
             if plain(value):
                 conf[name] = value
     conf["task_queues"] = _queues(app.conf.get("task_queues"))
+    if global_keyprefix(app):  # (the only broker transport option: others hold secrets)
+        conf["broker_transport_options"] = {"global_keyprefix": global_keyprefix(app)}
     routes = app.conf.get("task_routes")
     if routes is None or _plain_routes(routes):
         conf["task_routes"] = routes

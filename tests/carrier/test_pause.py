@@ -112,6 +112,20 @@ def test_pause_and_resume_are_journaled_with_who_did_it(delayq):
                        {"event": "resumed", "queue": "refunds", "by": "admin:bob"}]
 
 
+def test_who_paused_resumed_or_limited_is_logged_on_its_one_line_escaped(delayq, caplog):
+    """``by`` is free text (a web app's user name): a line break in it forged a second log
+    line, an ESC reached the terminal raw."""
+    forged = "alice)\n2026-12-07 09:00:00,000 CRITICAL FORGED \x1b[31mred\x1b[0m"
+    with caplog.at_level("INFO", logger="celery_delayq"):
+        delayq.pause(queue="refunds", by=forged)
+        delayq.resume(queue="refunds", by=forged)
+        delayq.set_rate_limit("refunds", "10/s", by=forged)
+    logged = [r.getMessage() for r in caplog.records if "FORGED" in r.getMessage()]
+    assert len(logged) == 3
+    assert not [line for line in logged if "\n" in line or "\x1b" in line]
+    assert all("alice)\\x0a2026" in line for line in logged)
+
+
 @pytest.mark.parametrize("arguments", [
     {}, {"task": "a", "queue": "b"}, {"task": ""}, {"queue": 7}, {"task": "line\nbreak"},
 ])

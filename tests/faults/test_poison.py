@@ -55,6 +55,12 @@ POISON = {
     "\x1b]0;owned\x07\x1b[2J-id-with-escapes": (  # planted: refused at every call now
         '{"t":"tests.proj.record","o":{"expires":"soon"}}\n[1]\n', 0,
         "envelope options are unusable"),
+    # a queue whose broker list kombu would keep in a key of the store (refused at every
+    # call now): its LPUSH met WRONGTYPE and every batch with it was given back, for ever
+    "queue-is-meta": ('{"t":"tests.proj.record","q":"delayq:meta"}\n[1]\n', 0,
+                      "queue 'delayq:meta' would keep its messages in a key of the delay store"),
+    "queue-is-a-shard-key": ('{"t":"tests.proj.record","q":"delayq:{0}:limits"}\n[1]\n', 0,
+                             "queue 'delayq:{0}:limits' would keep its messages in a key"),
     "\xff-id-not-utf8".encode("latin-1"): (
         f'{{"t":"tests.proj.record","q":"{PARKED}"}}\n[2]\n', 0, "its job id is not valid UTF-8"),
 }

@@ -106,6 +106,27 @@ def test_planted_bad_rows_come_back_exactly_as_rejects_with_reasons(spark, stric
     assert (kept.note, kept.q) == ("x" * 5_000, "refunds")
 
 
+def test_a_row_whose_queue_list_would_be_a_store_key_is_a_reject(spark, redis_server,
+                                                                 redis_client):
+    """kombu's ``global_keyprefix`` travels to the executors: under it the queue
+    ``delayq:{0}:due`` is kept in the list ``app:delayq:{0}:due``, a key of this store."""
+    prefixed = Celery("prefixed", broker=f"{redis_server.url}/0", set_as_current=False)
+    prefixed.conf.update(broker_transport_options={"global_keyprefix": "app:"},
+                         delayq_prefix="app:delayq", delayq_shards=2)
+    rows = [("ok", "delayq:emails"), ("due", "delayq:{0}:due"), ("meta", "delayq:meta")]
+    df = spark.createDataFrame([(job, 600.0, q) for job, q in rows],
+                               "job string, d double, q string")
+
+    summary, rejects = schedule_dataframe(df, prefixed, task=RECORD, id_col="job",
+                                          delay_col="d", queue_col="q")
+
+    assert (summary.scheduled, summary.rejected) == (1, 2)
+    reasons = {row.job: row.reason for row in rejects.collect()}
+    assert set(reasons) == {"due", "meta"}  # app:delayq:meta is the store's record
+    assert all("would keep its messages in a key" in reason for reason in reasons.values())
+    assert DelayQ.of(prefixed).get("ok").queue == "delayq:emails"
+
+
 def test_eta_strings_with_an_offset_and_struct_kwargs_reach_the_stored_job(spark, app, delayq):
     at = (datetime.now(timezone.utc) + timedelta(days=30)).replace(microsecond=0)
     local = at.astimezone(timezone(timedelta(hours=2))).isoformat()

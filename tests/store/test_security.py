@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -21,7 +22,13 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_delayq import ConfigurationError, DelayedTask, DelayQ, StoreUnavailable
+from celery_delayq import (
+    ConfigurationError,
+    DelayedTask,
+    DelayQ,
+    InvalidOption,
+    StoreUnavailable,
+)
 from celery_delayq.carrier import Carrier
 from celery_delayq.keys import pack_id
 from celery_delayq.testing.redis_server import RedisServer, SentinelSet, free_port
@@ -254,3 +261,35 @@ def test_job_ids_that_look_like_keys_stay_inside_the_store(proj, redis_client, j
         for k in (s.due, s.jobs, s.bykey, s.journal, s.counts,
                   keys.task_index(s, pack_id(result.id)))}
     assert proj.delayq.cancel_key(job_id) == 1
+
+
+#: Queue names whose Redis list kombu would keep in a key of the store (delayq_prefix
+#: "delayq"), and the keys a reviewer's calls damaged with them.
+STORE_KEY_QUEUES = ["delayq:meta", "delayq:carriers", "delayq:export", "delayq:{0}:due",
+                    "delayq:{0}:limits", "delayq:{1}:reserved:order:42:close"]
+
+
+@pytest.mark.parametrize("queue", STORE_KEY_QUEUES)
+def test_a_queue_whose_broker_list_would_be_a_store_key_is_refused_at_the_call(queue):
+    """The store on the broker's Redis (the default): kombu keeps a queue's messages in a
+    list named as the queue, so such a queue turned a key of the store into a list, which
+    stopped a shard, every promotion, or one job id for good."""
+    app, noop = app_with_store("redis://127.0.0.1:1/0")
+    with pytest.raises(InvalidOption, match=rf"queue '{re.escape(queue)}' would keep its "
+                                            "messages in a key of the delay store"):
+        noop.apply_delayed(delay=5, queue=queue)
+    with pytest.raises(InvalidOption, match="would keep its messages in a key"):
+        DelayQ.of(app).schedule_many("secure.noop", [{"delay": 5}], queue=queue)
+
+
+def test_a_queue_is_refused_by_its_list_under_kombus_global_keyprefix():
+    _, noop = app_with_store("redis://127.0.0.1:1/0", delayq_prefix="app:delayq",
+                             broker_transport_options={"global_keyprefix": "app:"})
+    with pytest.raises(InvalidOption, match="would keep its messages in a key"):
+        noop.apply_delayed(delay=5, queue="delayq:{0}:due")  # the list app:delayq:{0}:due
+
+
+def test_a_queue_named_beside_the_store_keys_is_taken(proj, redis_client):
+    result = proj.record.apply_delayed(args=("x",), delay=60, queue="delayq:emails")
+    assert proj.delayq.get(result.id).queue == "delayq:emails"
+    assert result.cancel()

@@ -483,7 +483,7 @@ class StoreMachine(RuleBasedStateMachine):
         """A worker out of retries dead-letters a call of this id (one the store no longer
         holds; its id may have been scheduled again): the id's only dead letter."""
         self.scheduled.add(job_id)
-        call = envelope.template(self.delayq.app, task, {}).call(
+        call = envelope.template(self.delayq.app, task, {}, self.delayq.store.keys).call(
             [self.seq], None, job_id=job_id, key=key, max_payload_bytes=4096, max_nesting=64)
         self.store.bury(job_id, key, call.envelope, "out of retries")
         self.jobs[job_id].dead = Call(task, key, [self.seq], call.task_id)

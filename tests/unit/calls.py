@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from celery_delayq import envelope
+from celery_delayq.keys import Keyspace
+
+#: The store's names the unit tests' calls are checked against (delayq_prefix's default).
+KEYS = Keyspace("delayq", 8)
 
 
 def build(app, name="unit.plain", args=(42,), kwargs=None, **options) -> envelope.Call:
     job_id, key = options.pop("job_id", None), options.pop("key", None)
-    return envelope.template(app, name, options, args=args, kwargs=kwargs).call(
+    return envelope.template(app, name, options, KEYS, args=args, kwargs=kwargs).call(
         args, kwargs, job_id=job_id, key=key, max_payload_bytes=4096, max_nesting=64)
 
 

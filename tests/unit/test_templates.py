@@ -11,6 +11,7 @@ from celery._state import _task_stack
 
 from celery_delayq import decoding
 from celery_delayq.envelope import Templates
+from tests.unit.calls import KEYS
 
 
 def stored(templates: Templates, args=(42,), **options) -> dict:
@@ -20,7 +21,7 @@ def stored(templates: Templates, args=(42,), **options) -> dict:
 
 
 def test_a_call_inside_a_task_is_its_child_after_calls_outside_it(app):
-    templates = Templates(app)
+    templates = Templates(app, KEYS)
     assert "o" not in stored(templates)  # the template of calls from outside a task
     @app.task(name="unit.parent")
     def parent():
@@ -38,7 +39,7 @@ def test_a_call_inside_a_task_is_its_child_after_calls_outside_it(app):
 
 
 def test_a_relative_expires_counts_from_each_call(app):
-    templates = Templates(app)
+    templates = Templates(app, KEYS)
     first = datetime.fromisoformat(stored(templates, expires=60)["o"]["expires"])
     time.sleep(0.2)
     second = datetime.fromisoformat(stored(templates, expires=60)["o"]["expires"])
@@ -46,7 +47,7 @@ def test_a_relative_expires_counts_from_each_call(app):
 
 
 def test_calls_with_other_options_get_their_own_template(app):
-    templates = Templates(app)
+    templates = Templates(app, KEYS)
     assert "q" not in stored(templates)
     assert stored(templates, queue="refunds")["q"] == "refunds"
     assert stored(templates, priority=3)["p"] == {"priority": 3}
@@ -61,7 +62,7 @@ def test_a_router_sees_each_calls_arguments(app):
         return {"queue": "refunds"} if args and args[0] > 100 else None
 
     app.conf.task_routes = [by_amount]
-    templates = Templates(app)
+    templates = Templates(app, KEYS)
     assert "q" not in stored(templates, args=(5,))
     assert stored(templates, args=(500,))["q"] == "refunds"
     assert "q" not in stored(templates, args=(7,))
@@ -71,7 +72,7 @@ def test_with_the_rpc_backend_each_thread_stores_its_own_reply_queue(app):
     """Celery's ``rpc://`` sends a result to the queue the message's ``reply_to`` names:
     the calling thread's (``app.thread_oid``), as ``send_task`` sets it."""
     app.conf.result_backend = "rpc://"
-    templates = Templates(app)
+    templates = Templates(app, KEYS)
     replies = [stored(templates)["o"]["reply_to"]]
     thread = threading.Thread(target=lambda: replies.append(stored(templates)["o"]["reply_to"]))
     thread.start()
@@ -82,4 +83,4 @@ def test_with_the_rpc_backend_each_thread_stores_its_own_reply_queue(app):
 
 def test_without_the_rpc_backend_no_reply_queue_is_stored(app):
     app.conf.result_backend = "redis://127.0.0.1:1/0"
-    assert "o" not in stored(Templates(app))
+    assert "o" not in stored(Templates(app, KEYS))
