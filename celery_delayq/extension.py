@@ -51,7 +51,7 @@ _SENT_NATIVELY: ContextVar[bool] = ContextVar("delayq_sent_natively", default=Fa
 @contextlib.contextmanager
 def sending_natively() -> Iterator[None]:
     """Within it, the app's ``send_task`` sends delayed calls as Celery does, not to the
-    store (a retry :meth:`DelayQ.native_retry` lets through ``Task.apply_async``)."""
+    store (a call :meth:`DelayQ.native_fallback` lets through ``Task.apply_async``)."""
     token = _SENT_NATIVELY.set(True)
     try:
         yield
@@ -411,30 +411,36 @@ class DelayQ(Holding):
                 return self.schedule(name, args, kwargs, if_exists="replace", **delay,
                                      **options)
             except StoreUnavailable as exc:
-                retry = self.native_retry(options.get("task_id"), exc, options)
-                if retry is None:
+                fallback = self.native_fallback(name, options.get("task_id"), exc, options)
+                if fallback is None:
                     raise
-            return native(name, args, kwargs, countdown, eta, **retry)
+            return native(name, args, kwargs, countdown, eta, **fallback)
 
         app.send_task = send_task_via_store
         return send_task_via_store
 
-    def native_retry(self, task_id: str | None, exc: StoreUnavailable,
-                     options: dict[str, Any]) -> dict[str, Any] | None:
-        """The ``options`` to send a call the store refused with ``exc`` as Celery sends it
-        natively, when it is the running task's own retry (said in a WARNING); else None.
+    def native_fallback(self, name: str, task_id: str | None, exc: StoreUnavailable,
+                        options: dict[str, Any]) -> dict[str, Any] | None:
+        """The ``options`` to send a countdown call of task ``name`` that the store refused
+        with ``exc`` as Celery sends it natively, when a running task makes it (said in a
+        WARNING); else None: a producer outside a worker gets the error.
 
-        Celery turns the refusal into ``Reject(requeue=False)``, which acknowledges the
-        running message, ``acks_late`` too: the task would be lost, where natively a broker
-        that refuses the retry refuses that acknowledgement too. Sent natively, the retry
-        waits in a worker's memory, neither listed nor cancellable in the store (a refusal
-        that came after the store wrote it, its reply lost, leaves both: the task runs
-        twice); it keeps the job's id and key headers, so its run is journaled."""
-        current = self._running(task_id)
+        A running task's own retry: Celery turns the refusal into ``Reject(requeue=False)``,
+        which acknowledges the running message, ``acks_late`` too: the task would be lost,
+        where natively a broker that refuses the retry refuses that acknowledgement too.
+        Another call (a chain's next step, a ``link`` callback, a call in the task's body):
+        the worker sends chain steps and callbacks once the body has returned, and their
+        error marked the task FAILURE and lost the rest of the chain. Sent natively, the
+        call waits in a worker's memory, neither listed nor cancellable in the store (a
+        refusal that came after the store wrote it, its reply lost, leaves both: the task
+        runs twice); a retry keeps the job's id and key headers, so its run is journaled."""
+        current = self.app.current_worker_task
         if current is None:
             return None
-        logger.warning("the retry of %s[%s] is sent as Celery sends it natively (it waits in "
-                       "a worker's memory, not in the store): %s", current.name, task_id, exc)
+        call = "retry" if self._running(task_id) is not None else "delayed call"
+        logger.warning("the %s of %s[%s] made by %s[%s] is sent as Celery sends it natively "
+                       "(it waits in a worker's memory, not in the store): %s", call, name,
+                       task_id or "a new task id", current.name, current.request.id, exc)
         headers = options.get("headers")
         if headers:  # the stored call's due time and shard are not this message's
             options = {**options, "headers": {name: value for name, value in headers.items()

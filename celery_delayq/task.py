@@ -137,7 +137,7 @@ class DelayedTask(Task):
             # call.
             return self.apply_delayed(args, kwargs, if_exists="replace", **delay, **stored)
         except StoreUnavailable as exc:
-            native = DelayQ.of(self.app).native_retry(task_id, exc, options)
+            native = DelayQ.of(self.app).native_fallback(self.name, task_id, exc, options)
             if native is None:
                 raise
         with sending_natively():

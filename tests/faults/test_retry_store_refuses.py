@@ -17,9 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from celery import chain
 
 from celery_delayq.testing.redis_server import RedisServer
-from tests.conftest import CLUSTER, finish, prefork_worker
+from tests.conftest import CLUSTER, finish, prefork_worker, wait_for
 from tests.ops import short_store_waits
 
 pytestmark = pytest.mark.skipif(CLUSTER, reason="a store of its own on one Redis")
@@ -64,3 +65,33 @@ def test_a_retry_the_store_refuses_is_sent_natively_and_the_task_runs_again(
     worker.terminate()
     log = finish(worker)
     assert "sent as Celery sends it natively" in log, log[-3000:]
+
+
+@pytest.mark.parametrize("task", ["record", "plain"])  # DelayedTask, and send_task
+@pytest.mark.parametrize("canvas", ["chain", "link"])
+def test_a_delayed_step_a_worker_sends_is_sent_natively_when_the_store_is_full(
+        proj, redis_client, spawn, store, canvas, task):
+    """A chain's next step or a ``link`` callback is sent by the worker once the task body
+    returned: the store's refusal was "raised outside body", the task marked FAILURE for a
+    body that had run and the rest of the chain lost."""
+    name = f"step-{canvas}-{task}"
+    worker = prefork_worker(proj, spawn, name, "--config", short_store_waits.__name__)
+    refuse(store, "full")
+    step = getattr(proj, task)
+    later = step.si(f"{name} later").set(countdown=0.2, queue=name)
+
+    if canvas == "chain":
+        result = chain(step.si(name).set(queue=name), later).apply_async()
+    else:
+        result = step.apply_async((name,), queue=name, link=later)
+
+    assert result.get(timeout=30) == (f"{name} later" if canvas == "chain" else name)
+    wait_for(lambda: f"{name} later" in runs_of(redis_client), what="the delayed step ran")
+    assert runs_of(redis_client) == [name, f"{name} later"]
+    worker.terminate()
+    log = finish(worker)
+    assert "sent as Celery sends it natively" in log, log[-3000:]
+
+
+def runs_of(redis_client) -> list[str]:
+    return [json.loads(run)["label"] for run in redis_client.lrange("test:runs", 0, -1)]
