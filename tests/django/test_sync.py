@@ -320,3 +320,35 @@ def test_a_job_scheduled_again_under_the_id_of_a_finished_one_shows_none_of_its_
     assert (row.state, row.args) == ("scheduled", [8])
     assert (row.cancelled_at, row.cancelled_by, row.finished_at, row.reason) == (
         None, "", None, "")
+
+
+@pytest.mark.parametrize("earlier_sync", [False, True])
+def test_the_run_of_an_earlier_call_of_a_job_id_leaves_the_later_calls_row_pending(
+        shop_delayq, sync, earlier_sync):
+    """A job replaced (a new task id) while its earlier copy was in the broker: that copy's
+    run ended the row, though the later call waits in the store, where the admin's cancel
+    and ``delayq_reconcile --missing`` no longer looked for it. A message forged with the
+    job's ``delayq_job`` header did the same."""
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(9,), delay=0,
+                         job_id="order:9:close")
+    journal_run(shop_delayq, "order:9:close", ("promoted", {}))
+    if earlier_sync:
+        sync.run_once()
+    earlier = shop_delayq.get("order:9:close").task_id
+    shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(10,), delay=600,
+                         job_id="order:9:close", if_exists="replace")
+    later = shop_delayq.get("order:9:close")
+    journal_run(shop_delayq, "order:9:close", ("started", {"task_id": earlier}),
+                ("succeeded", {"task_id": earlier}), ("started", {"task_id": "forged"}),
+                ("failed", {"task_id": "forged"}))
+    sync.run_once()
+    row = DelayedTask.objects.get(job_id="order:9:close")
+    assert (row.state, row.task_id, row.args) == ("scheduled", later.task_id, [10])
+    assert (row.started_at, row.finished_at) == (None, None)
+    assert list(row.events.filter(event="started").values_list("detail", flat=True)) == [
+        f"task_id: {earlier}; retries: 0", "task_id: forged; retries: 0"]  # in its history
+
+    journal_run(shop_delayq, "order:9:close", ("promoted", {}), ("started", {}),
+                ("succeeded", {}))  # the later call's own run
+    sync.run_once()
+    assert DelayedTask.objects.get(job_id="order:9:close").state == "succeeded"

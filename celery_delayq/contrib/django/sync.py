@@ -45,6 +45,9 @@ logger = logging.getLogger("celery_delayq.contrib.django.sync")
 
 _ENVELOPE_EVENTS = frozenset({Event.SCHEDULED, Event.RESCHEDULED, Event.REPLAYED})
 _DUE_EVENTS = frozenset({Event.SCHEDULED, Event.RESCHEDULED, Event.RECOVERED, Event.REPLAYED})
+#: A worker's events of one run, with its task id.
+_RUN_EVENTS = frozenset({Event.STARTED, Event.SUCCEEDED, Event.FAILED, Event.IGNORED,
+                         Event.RETRIED, Event.REVOKED})
 _ROW_FIELDS = [
     "task_id", "task", "args", "kwargs", "queue", "key", "due", "state", "retries", "stored",
     "store_error", "envelope", "scheduled_at", "promoted_at", "started_at", "finished_at",
@@ -341,13 +344,17 @@ def apply_event(row: DelayedTask, fields: dict[str, str], stream_id: str,
     than the one that last changed the row (``journaled_ms``, Redis's clock: local times
     repeat an hour when the clocks go back) is of another shard (a job moved to another
     key's shard, or scheduled again under a dead letter's id) and changes nothing. Nor does
-    ``moved`` (the job lives on, on another shard), or the drop of a dead letter whose id a
-    job scheduled since has; a drop of the row's own dead letter does not date it either,
+    ``moved`` (the job lives on, on another shard), the drop of a dead letter whose id a
+    job scheduled since has, or a worker's event of a run whose task id is not the row's
+    (a call the job id had before it was replaced, or a message forged with its
+    ``delayq_job`` header); a drop of the row's own dead letter does not date it either,
     so such a job's events, older than the drop, still move it."""
     event, ms = fields.get("event", ""), int(stream_id.split("-")[0])
     dropped = event == Event.CANCELLED and fields.get("from") == "dead"
+    another_run = (event in _RUN_EVENTS and row.task_id
+                   and (fields.get("task_id") or row.task_id) != row.task_id)
     if (event == Event.MOVED or (row.journaled_ms is not None and ms < row.journaled_ms)
-            or (dropped and row.state != State.DEAD)):
+            or (dropped and row.state != State.DEAD) or another_run):
         return
     if not dropped:
         row.journaled_ms = ms
