@@ -9,8 +9,8 @@ local function append(...)
   local added = redis.pcall('XADD', ...)
   if type(added) == 'table' and added.err
       and not string.find(added.err, 'exhausted the last possible ID', 1, true) then
-    error(added)
-  end
+    error(redis.REDIS_VERSION and added or added.err)  -- raised as redis.call raises it:
+  end                                                  -- Redis 7 a table, 6.2 its text
 end
 local function journal(n, event, ...)
   if JOURNAL_MAXLEN > 0 then
