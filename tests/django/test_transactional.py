@@ -17,6 +17,7 @@ from celery_delayq.contrib.django.reconcile import mark_missing, reconcile
 from celery_delayq.contrib.django.sync import JournalSync
 from celery_delayq.errors import JobExists
 from celery_delayq.store.claims import Promoted
+from tests.django.test_sync import journal_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -316,6 +317,23 @@ def test_the_result_of_a_call_kept_at_commit_cancels_the_job_redis_kept(shop_del
 
     assert result.cancel() is True
     assert shop_delayq.get("order:42:close") is None
+
+
+def test_a_call_kept_at_commit_takes_the_task_id_of_the_job_redis_kept(shop_delayq, sync):
+    """The kept call's own scheduled event trimmed from the journal before delayq_sync read
+    it: the row, written with the new call's task id, still follows the kept job's run."""
+    from shop.tasks import close_unpaid_order
+
+    earlier = close_unpaid_order.apply_delayed(args=(1,), delay=600, job_id="order:42:close")
+    for shard in shop_delayq.store.keys:
+        shop_delayq.store.client.xtrim(shard.journal, maxlen=0)
+    _schedule_in_a_transaction(close_unpaid_order, 2)  # kept at commit
+
+    assert Row.objects.get(job_id="order:42:close").task_id == earlier.id
+    journal_run(shop_delayq, "order:42:close", ("promoted", {}), ("started", {}),
+                ("succeeded", {}))
+    sync.run_once()
+    assert Row.objects.get(job_id="order:42:close").state == "succeeded"
 
 
 def test_a_call_in_a_transaction_over_a_cancelled_row_shows_none_of_that_cancel(

@@ -141,7 +141,7 @@ def _write_committed(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: s
         _local_event(pk, "store write failed", str(exc))
         return
     due_at = {} if result.eta is None else {"due": to_db(result.eta)}
-    _written(delayq, pk, call, **due_at)
+    _written(delayq, pk, call, task_id=result.id, **due_at)  # (a kept job's own)
 
 
 @dataclass
@@ -213,16 +213,17 @@ def _push(delayq: DelayQ, row: DelayedTask, by: str,
         report.failed[row.job_id] = str(exc)
         rows.update(store_error=str(exc))
         return exc if isinstance(exc, StoreUnavailable) else None
-    if _written(delayq, row.pk, call, due=to_db(result.eta) or row.due):
+    if _written(delayq, row.pk, call, task_id=result.id, due=to_db(result.eta) or row.due):
         _local_event(row.pk, "pushed", "written to Redis by delayq_reconcile")
         report.pushed.append(row.job_id)
     return None
 
 
 def _written(delayq: DelayQ, pk: int, call: Call, **changes) -> bool:
-    """Mark the row stored after its job's Redis write; if the row was cancelled meanwhile,
-    cancel the job just written (False). When that cancel fails, the row is scheduled again
-    with a "cancel failed" event saying why (the error is not raised)."""
+    """Mark the row stored after its job's Redis write (``changes``: the task id and due
+    time Redis holds, a kept job's); if the row was cancelled meanwhile, cancel the job just
+    written (False). When that cancel fails, the row is scheduled again with a "cancel
+    failed" event saying why (the error is not raised)."""
     rows = DelayedTask.objects.where_written().filter(pk=pk)
     if rows.filter(state=State.SCHEDULED).update(stored=True, store_error="", **changes):
         return True
