@@ -334,21 +334,38 @@ def test_the_run_of_an_earlier_call_of_a_job_id_leaves_the_later_calls_row_pendi
     journal_run(shop_delayq, "order:9:close", ("promoted", {}))
     if earlier_sync:
         sync.run_once()
-    earlier = shop_delayq.get("order:9:close").task_id
+    earlier = shop_delayq.get("order:9:close")
+    run = {"task_id": earlier.task_id, "due": round(earlier.due.timestamp() * 1000)}
     shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(10,), delay=600,
                          job_id="order:9:close", if_exists="replace")
     later = shop_delayq.get("order:9:close")
-    journal_run(shop_delayq, "order:9:close", ("started", {"task_id": earlier}),
-                ("succeeded", {"task_id": earlier}), ("started", {"task_id": "forged"}),
-                ("failed", {"task_id": "forged"}))
+    forged = {"task_id": "forged", "due": ""}  # a plain message: no delayq_due header
+    journal_run(shop_delayq, "order:9:close", ("started", run), ("succeeded", run),
+                ("started", forged), ("failed", forged))
     sync.run_once()
     row = DelayedTask.objects.get(job_id="order:9:close")
     assert (row.state, row.task_id, row.args) == ("scheduled", later.task_id, [10])
     assert (row.started_at, row.finished_at) == (None, None)
     assert list(row.events.filter(event="started").values_list("detail", flat=True)) == [
-        f"task_id: {earlier}; retries: 0", "task_id: forged; retries: 0"]  # in its history
+        f"task_id: {earlier.task_id}; retries: 0", "task_id: forged; retries: 0"]  # history
 
     journal_run(shop_delayq, "order:9:close", ("promoted", {}), ("started", {}),
                 ("succeeded", {}))  # the later call's own run
     sync.run_once()
     assert DelayedTask.objects.get(job_id="order:9:close").state == "succeeded"
+
+
+def test_a_job_id_called_again_and_run_before_the_sync_read_its_call_ends_its_row(
+        shop_delayq, sync):
+    """A daily job id: each call a new task id. The second ran, and its envelope left the
+    store, before delayq_sync read its scheduled event: the row keeps the first call's task
+    id, and the run, for the row's due time, is still the row's."""
+    shard = shop_delayq.store.keys.shard_for("daily")
+    for day in (1, 2):
+        shop_delayq.schedule("shop.tasks.close_unpaid_order", args=(day,), delay=0,
+                             job_id="daily")
+        journal_run(shop_delayq, "daily", ("promoted", {}), ("started", {}),
+                    ("succeeded", {}))
+        shop_delayq.store.client.hdel(shard.jobs, "daily")  # as the carrier's ack
+        sync.run_once()
+        assert DelayedTask.objects.get(job_id="daily").state == "succeeded", day

@@ -345,14 +345,18 @@ def apply_event(row: DelayedTask, fields: dict[str, str], stream_id: str,
     repeat an hour when the clocks go back) is of another shard (a job moved to another
     key's shard, or scheduled again under a dead letter's id) and changes nothing. Nor does
     ``moved`` (the job lives on, on another shard), the drop of a dead letter whose id a
-    job scheduled since has, or a worker's event of a run whose task id is not the row's
-    (a call the job id had before it was replaced, or a message forged with its
-    ``delayq_job`` header); a drop of the row's own dead letter does not date it either,
-    so such a job's events, older than the drop, still move it."""
+    job scheduled since has, or a worker's event of a run whose task id and due time are
+    not the row's (a call the job id had before it was replaced, or a message forged with
+    its ``delayq_job`` header; a run for the row's due time is its own, though its task id
+    was not known: a call that ran before the sync read it); a drop of the row's own dead
+    letter does not date it either, so such a job's events, older than the drop, still
+    move it."""
     event, ms = fields.get("event", ""), int(stream_id.split("-")[0])
     dropped = event == Event.CANCELLED and fields.get("from") == "dead"
+    due = _ms(fields.get("due"))
     another_run = (event in _RUN_EVENTS and row.task_id
-                   and (fields.get("task_id") or row.task_id) != row.task_id)
+                   and (fields.get("task_id") or row.task_id) != row.task_id
+                   and (due is None or not _same_due(row.due, due)))
     if (event == Event.MOVED or (row.journaled_ms is not None and ms < row.journaled_ms)
             or (dropped and row.state != State.DEAD) or another_run):
         return
@@ -360,7 +364,6 @@ def apply_event(row: DelayedTask, fields: dict[str, str], stream_id: str,
         row.journaled_ms = ms
     at = _at(stream_id)
     assert at is not None  # else _unreadable left the entry out
-    due = _ms(fields.get("due"))
     if fields.get("task"):
         row.task = fields["task"]
     if fields.get("key"):
