@@ -85,8 +85,9 @@ class DirectRouter:
         assert self._prefix is not None
         self._considered.update(names)
         routed = [name for name, _ in self.routes.queues] if self.routes else []
-        routed += [name for name in names if not self._queue(name)[0].expires
-                   and self.store.keys.queue_problem(name, self._prefix) is None]
+        routed += [name for name in names
+                   if self.store.keys.queue_problem(name, self._prefix) is None
+                   and not self._queue(name)[0].expires]
         self.routes = DirectRoutes(
             lists=[broker_queue(self._prefix, name) for name in routed],
             queues=[(name, self._queue(name)[1]) for name in routed],

@@ -164,14 +164,16 @@ class Keyspace:
         self.export_position = f"{prefix}:export"
         self.carriers = f"{prefix}:carriers"
         self._shards = tuple(self._build(n) for n in range(shards))
+        self._shard_key = re.compile(rf"{re.escape(prefix)}:\{{\d+\}}:")
 
     def queue_problem(self, queue: str, global_keyprefix: str) -> str | None:
         """Why kombu's Redis transport would keep ``queue``'s messages in a key of the store
         (its list is ``global_keyprefix`` + ``queue``; every key of a shard begins
-        ``<prefix>:{``), or None. On the store's Redis that list would damage the key."""
+        ``<prefix>:{<shard number>}:``), or None. On the store's Redis that list would
+        damage the key."""
         listed = broker_queue(global_keyprefix, queue)
         if listed in (self.meta, self.export_position, self.carriers) \
-                or listed.startswith(f"{self.prefix}:{{"):
+                or self._shard_key.match(listed):
             return (f"queue {queue!r} would keep its messages in a key of the delay store "
                     f"(kombu's list {listed!r} is under delayq_prefix {self.prefix!r}); name "
                     "the queue otherwise")

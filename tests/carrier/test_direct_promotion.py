@@ -7,6 +7,7 @@ import json
 from datetime import datetime, timezone
 
 import pytest
+from kombu import Queue
 
 from celery_delayq import envelope
 from celery_delayq.carrier import Carrier
@@ -274,3 +275,17 @@ def test_a_queue_the_carrier_did_not_know_is_pushed_to_directly_after_its_first_
     assert first["properties"]["body_encoding"] == "base64", "through kombu, which creates it"
     assert "body_encoding" not in second["properties"], "then pushed by the claim script"
     assert json.loads(second["body"])[0] == ["second"]
+
+
+def test_a_queue_the_app_declares_under_the_store_keys_stops_no_direct_promotion(
+        proj, app, redis_client):
+    """``task_queues`` naming a queue whose list would be a key of the store: the carrier
+    started routing the app's queues with it and raised UnknownQueue, on every start."""
+    app.amqp.queues.add(Queue("delayq:{0}:due"))
+    try:
+        proj.record.apply_delayed(args=("beside",), eta=DUE, queue="parked.beside")
+        promote_once(app, direct=True)
+    finally:
+        app.amqp.queues.pop("delayq:{0}:due")
+    assert redis_client.type("delayq:{0}:due") in ("zset", "none")
+    assert json.loads(json.loads(redis_client.lpop("parked.beside"))["body"])[0] == ["beside"]

@@ -289,7 +289,8 @@ def test_a_queue_is_refused_by_its_list_under_kombus_global_keyprefix():
         noop.apply_delayed(delay=5, queue="delayq:{0}:due")  # the list app:delayq:{0}:due
 
 
-def test_a_queue_named_beside_the_store_keys_is_taken(proj, redis_client):
-    result = proj.record.apply_delayed(args=("x",), delay=60, queue="delayq:emails")
-    assert proj.delayq.get(result.id).queue == "delayq:emails"
+@pytest.mark.parametrize("queue", ["delayq:emails", "delayq:{meta-archive}", "delayq:{0}"])
+def test_a_queue_named_beside_the_store_keys_is_taken(proj, redis_client, queue):
+    result = proj.record.apply_delayed(args=("x",), delay=60, queue=queue)
+    assert proj.delayq.get(result.id).queue == queue
     assert result.cancel()
