@@ -36,7 +36,7 @@ from .holding import Holding
 from .job import Job
 from .keys import Keyspace
 from .publishing import Publishing, Sent
-from .reading import datetime_of_ms, iso_time, utc_of_ms
+from .reading import datetime_of_ms, iso_time, shown, utc_of_ms
 from .result import DelayedResult, EagerDelayedResult
 from .store import CancelOutcome, ScheduleCode, Scheduled, Store
 from .validation import Due
@@ -422,7 +422,7 @@ class DelayQ(Holding):
     def native_fallback(self, name: str, task_id: str | None, exc: StoreUnavailable,
                         options: dict[str, Any]) -> dict[str, Any] | None:
         """The ``options`` to send a countdown call of task ``name`` that the store refused
-        with ``exc`` as Celery sends it natively, when a running task makes it (said in a
+        with ``exc`` as Celery sends it natively, when a task a worker runs makes it (said in a
         WARNING); else None: a producer outside a worker gets the error.
 
         A running task's own retry: Celery turns the refusal into ``Reject(requeue=False)``,
@@ -435,12 +435,13 @@ class DelayQ(Holding):
         refusal that came after the store wrote it, its reply lost, leaves both: the task
         runs twice); a retry keeps the job's id and key headers, so its run is journaled."""
         current = self.app.current_worker_task
-        if current is None:
+        if current is None or current.request.is_eager:  # (``apply()``: not a worker)
             return None
         call = "retry" if self._running(task_id) is not None else "delayed call"
         logger.warning("the %s of %s[%s] made by %s[%s] is sent as Celery sends it natively "
                        "(it waits in a worker's memory, not in the store): %s", call, name,
-                       task_id or "a new task id", current.name, current.request.id, exc)
+                       task_id or "a new task id", current.name, shown(str(current.request.id)),
+                       exc)
         headers = options.get("headers")
         if headers:  # the stored call's due time and shard are not this message's
             options = {**options, "headers": {name: value for name, value in headers.items()

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from celery import chain
+from celery import Celery, chain
 
+from celery_delayq import DelayedTask, StoreUnavailable
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import CLUSTER, finish, prefork_worker, wait_for
 from tests.ops import short_store_waits
@@ -95,3 +96,22 @@ def test_a_delayed_step_a_worker_sends_is_sent_natively_when_the_store_is_full(
 
 def runs_of(redis_client) -> list[str]:
     return [json.loads(run)["label"] for run in redis_client.lrange("test:runs", 0, -1)]
+
+
+def test_a_task_applied_in_the_producer_gets_the_stores_refusal(redis_server):
+    """``Task.apply()`` runs the body in the calling process, not a worker's: its countdown
+    call the store refuses raises as any producer's, though the broker would take it."""
+    app = Celery("applied", broker=f"{redis_server.url}/0", set_as_current=False)
+    app.conf.update(delayq_redis_url="redis://127.0.0.1:1/0", delayq_redis_retries=0,
+                    delayq_redis_socket_timeout=0.5)
+
+    @app.task(base=DelayedTask, name="applied.later", shared=False)
+    def later():
+        return None
+
+    @app.task(base=DelayedTask, name="applied.body", shared=False)
+    def body():
+        later.apply_async(countdown=60)
+
+    applied = body.apply()
+    assert applied.state == "FAILURE" and isinstance(applied.result, StoreUnavailable)
