@@ -38,6 +38,9 @@ _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ClusterDownError)
 _DAMAGED = "DAMAGED "  # how a script's error says one of its keys holds the wrong type
 #: How Redis 6.2 and 7 word the ACL's refusal of a command a script calls (no NOPERM).
 _SCRIPT_REFUSED = "The user executing the script can't run this command"
+#: Redis's refusal of an XADD to a stream whose last id is the largest there is (a journal
+#: given that id by hand): the event is left out and the call goes on (journal.lua).
+_NO_STREAM_ID = "exhausted the last possible ID"
 SCAN_CHUNK = 500  # members / fields read per command when a reader scans a key
 #: The description of its client a Sentinel's "No master found for 'm' : <...> - " holds
 #: (redis-py 8: a kilobyte of pool and connection options; 5: ``Redis<ConnectionPool<…>>>``).
@@ -57,8 +60,10 @@ def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 def raised(replies: list[Any]) -> list[Any]:
-    """``replies`` of script calls, once none is an error (else the first is raised)."""
-    failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+    """``replies`` of script calls (or commands), once none is an error (else the first is
+    raised); a journal's refusal for want of a stream id is none."""
+    failed = next((reply for reply in replies if isinstance(reply, Exception)
+                   and _NO_STREAM_ID not in str(reply)), None)
     if failed is not None:
         raise failed
     return replies

@@ -18,7 +18,7 @@ from ..events import Event
 from ..keys import ShardKeys, bykey_member, digest, pack_id, raw_id, unpack_id
 from ..reading import printable
 from ..scripts import SCRIPTS, Deferred, Script, execute
-from .base import StoreBase, damaged_key, shard_error
+from .base import StoreBase, damaged_key, raised, shard_error
 
 
 class Claimed(NamedTuple):
@@ -237,7 +237,7 @@ class Claims(StoreBase):
             if self._maxlen > 0:
                 pipe.xadd(shard.journal, {"event": Event.DEAD, "job": stored, "reason": reason},
                           maxlen=self._maxlen, approximate=True)
-            pipe.execute()
+            raised(pipe.execute(raise_on_error=False))
             self._supersede_dead_letters(stored, earlier)
 
     def _letters_elsewhere(self, stored: str | bytes,

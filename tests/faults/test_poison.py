@@ -233,6 +233,8 @@ def test_a_journal_with_no_stream_id_left_loses_events_not_calls(proj, delayq, r
 
     stored = proj.record.apply_delayed(args=(2,), delay=600, key=key, queue=PARKED)
     assert waiting.cancel()
+    delayq.store.bury("buried", key, '{"t":"tests.proj.record"}\n[3]\n', "out of retries")
+    assert [letter["job_id"] for letter in delayq.store.dead()] == ["buried"]
     healthy = schedule_due_now(proj, 40, prefix="ok")
     carry_until_quiet(proj.app, direct=False)
     assert {h["delayq_job"] for h in parked_messages(redis_client)} == healthy
