@@ -218,15 +218,26 @@ def _read(read, path: str):
         raise InvalidOption(f"cannot read --input {path}: {said[0]}") from None
 
 
+def _input(spark, args: argparse.Namespace):
+    """The ``--input`` DataFrame. A CSV's types are inferred, but its id, key and queue
+    columns are read as text: an id "007" stays "007", not 7."""
+    from pyspark.sql import types as T
+
+    if args.format != "csv":
+        return _read(getattr(spark.read, args.format), args.input)
+    inferred = _read(spark.read.options(header=True, inferSchema=True).csv, args.input)
+    text = {args.id_col, args.key_col, args.queue_col}
+    schema = T.StructType([T.StructField(field.name, T.StringType()) if field.name in text
+                           else field for field in inferred.schema.fields])
+    return _read(spark.read.options(header=True).schema(schema).csv, args.input)
+
+
 def _schedule(args: argparse.Namespace) -> int:
     from celery_delayq.spark import PartitionProgress, schedule_dataframe
 
     app = _app(args)
     spark = _session(args, f"celery-delayq schedule {args.task}")
-    reader = spark.read
-    if args.format == "csv":
-        reader = reader.option("header", "true").option("inferSchema", "true")
-    df = _read(getattr(reader, args.format), args.input)
+    df = _input(spark, args)
     if args.partitions:
         df = df.repartition(args.partitions)
 
@@ -250,10 +261,19 @@ def _schedule(args: argparse.Namespace) -> int:
             rejects.write.mode("overwrite").parquet(args.rejects)
             print(f"rejected rows with their reason written to {args.rejects}")
         else:
-            for row in rejects.limit(20).collect():
-                print(f"  rejected {row[args.id_col]!r}: {row.reason}")
-            print("  (pass --rejects PATH to keep every rejected row)")
+            _print_rejects(rejects, args.id_col)
     return 0
+
+
+def _print_rejects(rejects, id_col: str) -> None:
+    """The first 20 rejects' ids, as text (a value Python cannot read prints too), and
+    reasons."""
+    from celery_delayq.spark.schedule import _column
+
+    for job_id, reason in rejects.select(_column(id_col).cast("string"), "reason").limit(
+            20).collect():
+        print(f"  rejected {job_id!r}: {reason}")
+    print("  (pass --rejects PATH to keep every rejected row)")
 
 
 def _report(args: argparse.Namespace) -> int:

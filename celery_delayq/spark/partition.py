@@ -9,9 +9,9 @@ reason) and then one summary row (``COUNTS``).
 The store keeps the run's outcome per job id (``RunRows``, every row named alike): the
 driver leaves one row per id, so a row that comes again (a retried task, which may read
 its partition in another order) is answered the first attempt's outcome, never written
-twice, nor taken for a second row of its id. With
-past="reject", rows whose eta has passed are looked up in that outcome first: those the
-run wrote are answered alike, not rejected.
+twice, nor taken for a second row of its id. Rows whose eta has passed are looked up in
+that outcome first: those the run wrote are answered alike, neither counted as past nor
+(with past="reject") rejected.
 """
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class _Late:
-    """A row whose eta has passed, with past="reject": a reject unless the run wrote it."""
+    """A row whose eta has passed: past (with past="reject", a reject) unless the run
+    wrote it."""
 
     index: int
     job_id: str
@@ -162,9 +163,10 @@ class _Partition:
             yield self._rejects(prepared.rows, prepared.rejects)
 
     def _prepare(self, rows: pa.RecordBatch) -> _Slice:
-        """Calls for the rows of one slice; bad rows become rejects. With past="reject" a
-        row whose eta has passed is one unless this run wrote it (in an attempt Spark
-        runs again, or a run given again): that one the store answers as it did then."""
+        """Calls for the rows of one slice; bad rows become rejects. A row whose eta has
+        passed counts as past (with past="reject", is a reject) unless this run wrote it
+        (in an attempt Spark runs again, or a run given again): that one the store answers
+        as it did then."""
         plan, config, fields = self.plan, self.config, self.fields
         prepared = _Slice(rows, [], [], [])
         unreadable: dict[int, str] = {}  # row index -> reason
@@ -202,15 +204,14 @@ class _Partition:
                         key = validation.identifier(_text(key), "key", config.max_id_length)
                     due = validation.due(*when(index), config.max_delay)
                     if due.at_ms is not None and due.at_ms < now_ms:
-                        if plan.past == "run":
-                            self.counts[3] += 1
-                        elif written is None:
+                        if written is None:
                             late.append(_Late(index, job_id, key))
                             continue
-                        elif index not in written:
+                        if index not in written:
                             self.counts[3] += 1
-                            raise InvalidDelay(
-                                f"eta in the past: {_iso(due.at_ms)} (past='reject')")
+                            if plan.past == "reject":
+                                raise InvalidDelay(
+                                    f"eta in the past: {_iso(due.at_ms)} (past='reject')")
                     queue = queues[index] if queues is not None else plan.queue
                     call = self._template(queue).call(
                         args[index] if args is not None else (),

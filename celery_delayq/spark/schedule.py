@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 _MATCH, _WINNER, _NTH, _HASH = "__delayq_match", "__delayq_winner", "__delayq_nth", "__delayq_hash"
 #: The thread-local properties ``setJobGroup`` sets.
 _LABELS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+#: JSON text of timestamps to the microsecond (Spark's default stops at the millisecond).
+_JSON = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+         "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
 
 Progress = Callable[["PartitionProgress"], None]
 
@@ -167,7 +170,8 @@ def _content(names: Iterable[str], columns: Iterable[str] | None = None) -> Colu
 
     names = tuple(names)
     return F.to_json(F.struct(*(_column(column).alias(name) for name, column
-                                in zip(names, columns or names, strict=True)))).alias(_MATCH)
+                                in zip(names, columns or names, strict=True))),
+                     _JSON).alias(_MATCH)
 
 
 def _source(df: DataFrame, plan: Plan) -> tuple[DataFrame, int]:
@@ -202,13 +206,15 @@ def _rejects(df: DataFrame, plan: Plan, found: list[tuple[str, str]]) -> DataFra
     """The input rows of the rejects (used columns as JSON text, reason), with their
     reasons: n rejects of one text are n input rows of that text (equal in every used
     column, so any n of them). A reject the input no longer holds (a column computed
-    anew on every read) comes back from its used columns, the others null."""
+    anew on every read) comes back from its used columns, the others null. When the
+    rows cannot be brought to the driver, the lookup stays in Spark (a local checkpoint)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     spark = df.sparkSession
-    schema = T.StructType([*df.schema.fields, T.StructField("reason", T.StringType(), False)])
+    schema = T.StructType([*(T.StructField(field.name, field.dataType) for field in df.schema),
+                           T.StructField("reason", T.StringType())])
     if not found:
         return spark.createDataFrame([], schema)
     reasons = (spark.createDataFrame(found, f"{_WINNER} string, {REASON} string")
@@ -220,12 +226,19 @@ def _rejects(df: DataFrame, plan: Plan, found: list[tuple[str, str]]) -> DataFra
               .select(*(_column(name) for name in df.columns),
                       F.element_at(REASON, F.col(_NTH)).alias("reason"), _MATCH))
     try:
-        rows = lookup.collect()
-    except (ArithmeticError, ValueError) as exc:  # a value Python cannot hold
-        logger.warning("the rejected rows hold a value Python cannot read (%s); the rejects "
-                       "stay in Spark (a local checkpoint) instead of on the driver", exc)
+        return _on_driver(df, plan, found, lookup, schema)
+    except Exception as exc:  # the write is done: its summary must come back
+        logger.warning("the rejected rows cannot be brought to the driver (%s); the rejects "
+                       "stay in Spark (a local checkpoint) instead", exc)
         return lookup.drop(_MATCH).localCheckpoint()
-    rejects = spark.createDataFrame([row[:-1] for row in rows], schema)
+
+
+def _on_driver(df: DataFrame, plan: Plan, found: list[tuple[str, str]], lookup: DataFrame,
+               schema) -> DataFrame:
+    """The rejects of ``lookup`` (input columns, reason, used columns as JSON text),
+    collected, and those of ``found`` it misses from their text."""
+    rows = lookup.collect()
+    rejects = df.sparkSession.createDataFrame([row[:-1] for row in rows], schema)
     missing = _unmatched(found, [row[-1] for row in rows])
     if not missing:
         return rejects
@@ -254,18 +267,34 @@ def _unmatched(found: list[tuple[str, str]], matched: list[str]) -> list[tuple[s
 def _from_text(df: DataFrame, plan: Plan, rejects: list[tuple[str, str]],
                schema) -> DataFrame:
     """Rows of ``schema`` from rejects (used columns as JSON text, reason): the used
-    columns parsed back, the others null."""
+    columns JSON can hold parsed back, the others null."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    used = T.StructType([df.schema[name] for name in plan.used])
-    parsed = F.from_json(_WINNER, used)
-    columns = [(parsed.getField(field.name) if field.name in plan.used
+    spark = df.sparkSession
+    used = T.StructType([field for field in (df.schema[name] for name in plan.used)
+                         if _parsable(spark, field)])
+    parsed = F.from_json(_WINNER, used, _JSON)
+    columns = [(parsed.getField(field.name) if field.name in used.names
                 else F.lit(None)).cast(field.dataType).alias(field.name)
                for field in df.schema.fields]
-    rows = (df.sparkSession.createDataFrame(rejects, f"{_WINNER} string, reason string")
+    rows = (spark.createDataFrame(rejects, f"{_WINNER} string, reason string")
             .select(*columns, "reason").collect())
-    return df.sparkSession.createDataFrame(rows, schema)
+    return spark.createDataFrame(rows, schema)
+
+
+def _parsable(spark, field) -> bool:
+    """Whether ``from_json`` can read a column of ``field``'s type (not a map whose keys
+    are not strings)."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    try:
+        spark.range(0).select(F.from_json(F.lit("{}"), T.StructType([field])))
+    except AnalysisException:
+        return False
+    return True
 
 
 def forget_run(config: DelayQConfig, run: str) -> None:

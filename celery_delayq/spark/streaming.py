@@ -2,9 +2,10 @@
 
 Spark runs a micro-batch again after a restart when it stopped before the checkpoint
 recorded the batch as committed; the batch then has the same id and, from a replayable
-source (files, Kafka), the same rows. Each batch's call is named after the checkpoint and
-the batch id (``schedule_dataframe(run=...)``), so a replayed batch answers what its first
-run did, row by row: nothing is written twice and what was written counts as scheduled.
+source (files, Kafka), the same rows. Each batch's call is named after the checkpoint, the
+query's id (kept in the checkpoint) and the batch id (``schedule_dataframe(run=...)``), so
+a replayed batch answers what its first run did, row by row: nothing is written twice and
+what was written counts as scheduled; a new query on a deleted checkpoint writes anew.
 A batch's outcome is kept until the next batch starts (the batch before it is committed
 by then), or 24 h after its last write.
 """
@@ -53,8 +54,8 @@ def schedule_stream(df: DataFrame, app: Celery, *, checkpoint: str,
         raise InvalidOption("checkpoint must be the query's checkpoint location, e.g. "
                             "'s3a://bucket/checkpoints/refunds'")
     if "run" in keywords:
-        raise InvalidOption("schedule_stream names each batch's run itself (checkpoint and "
-                            "batch id); leave run= out")
+        raise InvalidOption("schedule_stream names each batch's run itself (checkpoint, "
+                            "query id and batch id); leave run= out")
     spark = df.sparkSession
     # The arguments are checked now, on no rows, rather than in the first batch.
     schedule_dataframe(spark.createDataFrame(spark.sparkContext.emptyRDD(), df.schema), app,
@@ -79,16 +80,20 @@ class BatchWriter:
         self.on_batch, self.rejects_path = on_batch, rejects_path
         self._stream = hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
 
-    def run(self, batch_id: int) -> str:
-        """The name of a batch's call: the same when the batch is replayed."""
-        return f"stream-{self._stream}-{batch_id}"
+    def run(self, batch_id: int, query: str | None = None) -> str:
+        """The name of a batch's call: the same when the batch is replayed, another for
+        a new query (``query``: its id) on a deleted checkpoint at the same path."""
+        return f"stream-{self._stream}-{query or ''}-{batch_id}"
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        # Kept in the checkpoint: a restart keeps it, a deleted checkpoint changes it.
+        query = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
         # batch_id - 1 is committed, or Spark would have replayed it instead
-        forget_run(DelayQConfig.from_app(self.app), self.run(batch_id - 1))
+        forget_run(DelayQConfig.from_app(self.app), self.run(batch_id - 1, query))
         batch.persist()  # read more than once (duplicate ids, write, rejects), from a source
         try:             # that may be costly to read; a lost block is read again, exactly
-            summary, rejects = schedule_dataframe(batch, self.app, run=self.run(batch_id),
+            summary, rejects = schedule_dataframe(batch, self.app,
+                                                  run=self.run(batch_id, query),
                                                   **self.keywords)
         finally:
             batch.unpersist()

@@ -35,6 +35,37 @@ def test_schedule_command_reads_csv_prints_progress_and_keeps_rejects(spark, red
     assert delayq.get("r7").args == ["r7", 7]
 
 
+def test_csv_id_key_and_queue_columns_are_read_as_text_not_numbers(spark, redis_server,
+                                                                    delayq, tmp_path, capsys):
+    source = tmp_path / "refunds.csv"
+    source.write_text("refund_id,delay_s,shop,q,amount\n007,600,0042,1,10\n")
+
+    code = main(["schedule", "--broker", f"{redis_server.url}/0", "--set", "delayq_shards=4",
+                 "--input", str(source), "--format", "csv", "--task", "shop.refund",
+                 "--id-col", "refund_id", "--delay-col", "delay_s", "--key-col", "shop",
+                 "--queue-col", "q", "--args-cols", "amount"])
+
+    assert code == 0, capsys.readouterr().err
+    job = delayq.get("007")
+    assert job is not None and job.key == "0042" and job.args == [10]
+
+
+def test_rejects_holding_a_date_python_cannot_read_are_printed_after_the_write(
+        spark, redis_server, delayq, tmp_path, capsys):
+    source = str(tmp_path / "refunds")
+    spark.sql("select 'r1' as refund_id, 60.0 as delay_s, make_date(10000, 1, 1) as d "
+              "union all select 'r2', 60.0, date'2030-01-01'").write.parquet(source)
+
+    code = main(["schedule", "--broker", f"{redis_server.url}/0", "--set", "delayq_shards=4",
+                 "--input", source, "--task", "shop.refund", "--id-col", "refund_id",
+                 "--delay-col", "delay_s", "--args-cols", "d"])
+
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "scheduled 1, already existed 0, rejected 1" in out
+    assert "  rejected 'r1': " in out
+
+
 def test_report_command_writes_the_page_and_prints_lateness(spark, delayq, redis_client,
                                                            tmp_path, capsys):
     journal = delayq.store.keys.shard(0).journal

@@ -115,6 +115,29 @@ def test_a_named_run_replayed_after_its_etas_passed_counts_its_rows_as_it_did_fi
     assert len(delayq.pending(limit=1000)) == first.scheduled
 
 
+def test_a_named_run_answered_again_with_past_run_counts_what_it_wrote_as_not_past(
+        spark, app, delayq, redis_client):
+    """With past="run" (the default), rows the run wrote count as they did then when
+    it answers them again after their etas passed, not as past."""
+    from pyspark.sql import functions as F
+
+    def orders(eta: float):
+        return spark.range(20, numPartitions=2).select(
+            F.concat(F.lit("order:"), F.col("id").cast("string")).alias("job"),
+            F.lit(eta).alias("at"))
+
+    keywords = {"task": TASK, "id_col": "job", "eta_col": "at", "run": "stream-demo-8"}
+    first, _ = schedule_dataframe(orders(time.time() + 3600), app, **keywords)
+    before = writes(redis_client)
+
+    # The same rows an hour later (the outcome answers by job id): their etas have passed.
+    again, _ = schedule_dataframe(orders(time.time() - 60), app, **keywords)
+
+    assert first == Summary(scheduled=20, existed=0, rejected=0, past=0)
+    assert again == first
+    assert writes(redis_client) == before
+
+
 def test_a_task_retried_after_its_etas_passed_counts_what_its_lost_attempt_wrote(
         spark, app, delayq, redis_server):
     """With past="reject", the retry of a lost task attempt rejects as past only rows the

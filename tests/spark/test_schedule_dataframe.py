@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -117,8 +118,9 @@ def test_a_row_whose_queue_list_would_be_a_store_key_is_a_reject(spark, redis_se
     df = spark.createDataFrame([(job, 600.0, q) for job, q in rows],
                                "job string, d double, q string")
 
+    # args_cols: once tests.proj is imported, its shared task record(label) is prefixed's too
     summary, rejects = schedule_dataframe(df, prefixed, task=RECORD, id_col="job",
-                                          delay_col="d", queue_col="q")
+                                          delay_col="d", args_cols=["job"], queue_col="q")
 
     assert (summary.scheduled, summary.rejected) == (1, 2)
     reasons = {row.job: row.reason for row in rejects.collect()}
@@ -305,6 +307,24 @@ def test_duplicate_ids_have_one_winner_by_content_whatever_the_partitioning(spar
     assert winners[0]["order:7"] == [47]
 
 
+def test_duplicate_ids_differing_below_a_millisecond_have_one_winner_in_any_order(
+        spark, app, delayq):
+    early, late = (datetime(2030, 1, 1, microsecond=n, tzinfo=timezone.utc) for n in (1, 2))
+    outcomes = []
+    for rows in ([("a", 60.0, early), ("a", 60.0, late)],
+                 [("a", 60.0, late), ("a", 60.0, early)]):
+        delayq.store.client.flushall()
+        df = spark.createDataFrame(rows, "job string, d double, ts timestamp").coalesce(1)
+        summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="job",
+                                              delay_col="d", args_cols=["ts"])
+
+        assert (summary.scheduled, summary.rejected) == (1, 1)
+        outcomes.append((delayq.get("a").args,
+                         [row.ts.microsecond for row in rejects.collect()]))
+    # in both orders the row whose text sorts first (.000001) won, the other is the reject
+    assert outcomes == [(["2030-01-01T00:00:00.000001+00:00"], [2])] * 2
+
+
 def test_columns_no_call_uses_are_never_computed_or_sent_to_python(spark, app, delayq,
                                                                   redis_server):
     from pyspark.sql import functions as F
@@ -351,3 +371,21 @@ def test_used_columns_named_with_dots_or_backticks_are_scheduled_and_rejected(sp
         ("a", 600.0, 2, "lost", "duplicate id in input: another row of it has job id 'a'"),
         ("b", None, 3, "no delay", "null delay: delay.s is empty")]
     assert delayq.get("a", key="a").args == [1]
+
+
+@pytest.mark.parametrize("interval", ["make_interval(1, 2, 0, 3)",
+                                      "interval '1-2' year to month"])
+def test_rejects_with_an_interval_python_cannot_read_stay_in_spark_after_the_write(
+        spark, app, delayq, caplog, interval):
+    df = spark.sql(f"select 'ok' as job, 60.0 as d, {interval} as extra "
+                   f"union all select null, 60.0, {interval}")
+    with caplog.at_level(logging.WARNING, "celery_delayq.spark.schedule"):
+        summary, rejects = schedule_dataframe(df, app, task=TASK, id_col="job",
+                                              delay_col="d")
+
+    assert (summary.scheduled, summary.rejected) == (1, 1)
+    assert [tuple(row) for row in rejects.select("job", "extra", "reason")
+            .selectExpr("job", "cast(extra as string)", "reason").collect()] == [
+        (None, spark.sql(f"select cast({interval} as string)").first()[0],
+         "null id: job is empty")]
+    assert "stay in Spark" in caplog.text

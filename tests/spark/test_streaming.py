@@ -112,3 +112,24 @@ def test_a_batch_dataframe_or_a_missing_column_is_refused_before_the_query_start
                         **{**KEYWORDS, "id_col": "refund_id"})
     assert spark.streams.active == []
     assert delayq.pending() == []
+
+
+def test_a_new_query_on_a_deleted_checkpoint_at_the_same_path_writes_its_batches_again(
+        spark, app, delayq, redis_client, tmp_path):
+    import shutil
+
+    write_file(tmp_path / "in", "orders-0.json", range(3))
+    seen: list[tuple[int, int]] = []
+
+    def record(batch_id, summary, rejects):
+        seen.append((batch_id, summary.scheduled))
+
+    run_query(spark, app, tmp_path / "in", tmp_path / "checkpoint", record)
+    for job_id in ("order:0", "order:1", "order:2"):
+        delayq.cancel(job_id)  # as when the carrier promoted them and they ran
+    shutil.rmtree(tmp_path / "checkpoint")  # reprocess everything: a new query
+
+    run_query(spark, app, tmp_path / "in", tmp_path / "checkpoint", record)
+
+    assert seen == [(0, 3), (0, 3)]
+    assert len(delayq.pending()) == 3  # written again, not answered from the old query
