@@ -268,9 +268,9 @@ def _schedule(args: argparse.Namespace) -> int:
 def _print_rejects(rejects, id_col: str) -> None:
     """The first 20 rejects' ids, as text (a value Python cannot read prints too), and
     reasons."""
-    from celery_delayq.spark.schedule import _column
+    from celery_delayq.spark.schedule import named_column
 
-    for job_id, reason in rejects.select(_column(id_col).cast("string"), "reason").limit(
+    for job_id, reason in rejects.select(named_column(id_col).cast("string"), "reason").limit(
             20).collect():
         print(f"  rejected {job_id!r}: {reason}")
     print("  (pass --rejects PATH to keep every rejected row)")

@@ -154,7 +154,7 @@ def schedule_dataframe(df: DataFrame, app: Celery, *, task: str, id_col: str,
     return Summary(scheduled, existed, rejected, late), rejects
 
 
-def _column(name: str) -> Column:
+def named_column(name: str) -> Column:
     """The column of that name as it is: quoted, a dot in it is no struct's field and a
     backtick no quote."""
     from pyspark.sql import functions as F
@@ -169,7 +169,7 @@ def _content(names: Iterable[str], columns: Iterable[str] | None = None) -> Colu
     from pyspark.sql import functions as F
 
     names = tuple(names)
-    return F.to_json(F.struct(*(_column(column).alias(name) for name, column
+    return F.to_json(F.struct(*(named_column(column).alias(name) for name, column
                                 in zip(names, columns or names, strict=True))),
                      _JSON).alias(_MATCH)
 
@@ -184,8 +184,8 @@ def _source(df: DataFrame, plan: Plan) -> tuple[DataFrame, int]:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    used = [_column(name).alias(field) for name, field in plan.fields.items()]
-    ident = _column(plan.id_col)
+    used = [named_column(name).alias(field) for name, field in plan.fields.items()]
+    ident = named_column(plan.id_col)
     shared = (df.where(ident.isNotNull()).groupBy(F.xxhash64(ident).alias(_HASH)).count()
               .where("count > 1").select(_HASH).collect())
     partitions = df.rdd.getNumPartitions()
@@ -223,7 +223,7 @@ def _rejects(df: DataFrame, plan: Plan, found: list[tuple[str, str]]) -> DataFra
     lookup = (df.withColumn(_MATCH, _content(plan.used))
               .join(F.broadcast(reasons), F.col(_MATCH) == F.col(_WINNER))
               .withColumn(_NTH, nth).where(F.col(_NTH) <= F.size(REASON))
-              .select(*(_column(name) for name in df.columns),
+              .select(*(named_column(name) for name in df.columns),
                       F.element_at(REASON, F.col(_NTH)).alias("reason"), _MATCH))
     try:
         return _on_driver(df, plan, found, lookup, schema)
