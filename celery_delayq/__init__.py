@@ -4,6 +4,10 @@ The public names below are imported on first use: pytest loads the package's plu
 (``celery_delayq.testing.pytest_plugin``) in every project where it is installed, before
 that project's ``conftest.py``, which may have to run before Celery, Redis or ``ssl`` are
 imported (gevent's and eventlet's monkey-patching).
+
+PYTEST_DONT_REWRITE: pytest marks the package of a plugin's distribution for assertion
+rewriting, and warns when it was imported first (every ``celery`` command imports it, for
+its ``delayq`` command), which ``-W error`` makes an error.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def arm(source: Path, work: Path, files: list[str], *, delayq: bool) -> dict[str
     with RedisServer() as server:
         env = dict(os.environ, TEST_BROKER=f"{server.url}/0", TEST_BACKEND=f"{server.url}/1",
                    REDIS_HOST="127.0.0.1", REDIS_PORT=str(server.port))
-        plugins = [] if delayq else ["-p", "no:delayq"]
+        plugins = [] if delayq else ["-p", "no:celery_delayq"]
         with open(work / "output.txt", "w") as output:
             subprocess.run([sys.executable, "-m", "pytest", "-p", "celery.contrib.pytest",
                             "-p", "no:cacheprovider", *plugins, "-q", f"--junitxml={report}",

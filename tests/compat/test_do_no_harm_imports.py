@@ -111,6 +111,18 @@ def test_a_project_that_monkey_patches_with_gevent_in_its_conftest_still_runs(tm
     assert "1 passed" in out.stdout
 
 
+def test_a_projects_own_pytest_plugin_named_delayq_still_loads(tmp_path):
+    """The entry point took the name ``delayq``: pytest, finding a plugin of that name
+    registered, skipped the project's ``-p delayq`` without a word."""
+    (tmp_path / "delayq.py").write_text(
+        "import pytest\n\n@pytest.fixture\ndef retry_budget():\n    return 3\n")
+    (tmp_path / "test_budget.py").write_text(
+        "def test_budget(retry_budget):\n    assert retry_budget == 3\n")
+    out = _run("", str(tmp_path), "-m", "pytest", "-p", "no:cacheprovider", "-p", "delayq")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed" in out.stdout
+
+
 def test_introspecting_the_module_level_http_callback_without_a_delayq_raises_nothing():
     # gc walkers (gevent's monkey-patching, objgraph, debuggers) ask every object its
     # __class__; only using the task needs an app with a DelayQ.

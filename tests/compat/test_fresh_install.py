@@ -51,6 +51,21 @@ def fresh_venv(tmp_path_factory) -> Path:
     return base / "venv"
 
 
+def test_pytest_after_the_celery_command_is_imported_gives_no_warning(fresh_venv, tmp_path):
+    """Importing ``celery.bin.celery`` (the ``celery`` command, ``app.worker_main``) loads
+    the command plugin, so the installed package is imported before pytest marks it, a
+    ``pytest11`` plugin's distribution, for assertion rewriting: ``-W error`` failed on
+    PytestAssertRewriteWarning. (An editable install lists no module files to mark.)"""
+    python = fresh_venv / "bin" / "python"
+    _uv("pip", "install", "--quiet", "--python", str(python), "pytest")
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert True\n")
+    out = subprocess.run(
+        [str(python), "-c", "import sys, celery.bin.celery, pytest\n"
+         "sys.exit(pytest.main(['-p', 'no:cacheprovider', '-W', 'error']))"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_quickstart_runs_from_the_wheel_in_a_fresh_venv(fresh_venv, tmp_path):
     bin_dir = fresh_venv / "bin"
     assert "pip install 'celery-delayq[server]'" not in QUICKSTART  # not on PyPI yet
@@ -60,6 +75,10 @@ def test_quickstart_runs_from_the_wheel_in_a_fresh_venv(fresh_venv, tmp_path):
         [str(bin_dir / "python"), "-c", "import celery_delayq; print(celery_delayq.__file__)"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True).stdout
     assert Path(located.strip()).is_relative_to(fresh_venv)  # the wheel's copy, not the checkout
+    parser = subprocess.run(  # installing changes no redis-py client of the process
+        [str(bin_dir / "python"), "-c", "import redis.utils; print(redis.utils.HIREDIS_AVAILABLE)"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert parser.strip() == "False", "hiredis came with the package: [fast] is opt-in"
     port = free_port()
     env = example_env(f"redis://127.0.0.1:{port}/0")
     env["PATH"] = os.pathsep.join([str(bin_dir), env["PATH"]])
