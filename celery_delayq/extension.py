@@ -444,8 +444,8 @@ class DelayQ(Holding):
                        exc)
         headers = options.get("headers")
         if headers:  # the stored call's due time and shard are not this message's
-            options = {**options, "headers": {name: value for name, value in headers.items()
-                                              if name not in (HEADER_DUE, HEADER_SHARD)}}
+            options = {**options, "headers": {header: value for header, value in headers.items()
+                                              if header not in (HEADER_DUE, HEADER_SHARD)}}
         return options
 
     def _running(self, task_id: str | None) -> Any:
