@@ -54,7 +54,6 @@ class DirectRouter:
             same = (connection.transport.driver_type == "redis"
                     and isinstance(store, redis.Redis)
                     and _same_database(broker.channel(connection).client, store))
-            options = connection.transport_options
             failover = _failover_list(connection.alt)
         if failover:
             raise ConfigurationError(
@@ -68,7 +67,7 @@ class DirectRouter:
                 f"and database; the broker is {redact(self.app.conf.broker_url or '')}, the "
                 f"store {redact(self.store.config.redis_url)}. Point delayq_redis_url at the "
                 "broker or turn delayq_direct_promotion off.")
-        self._prefix = options.get("global_keyprefix", "")
+        self._prefix = broker.global_keyprefix(self.app)
         self._route(list(self.app.amqp.queues))
 
     def meet(self, names: Iterable[str]) -> None:
