@@ -36,7 +36,7 @@ from .holding import Holding
 from .job import Job
 from .keys import Keyspace
 from .publishing import Publishing, Sent
-from .reading import datetime_of_ms, iso_time, shown, utc_of_ms
+from .reading import datetime_of_ms, shown, utc_of_ms
 from .result import DelayedResult, EagerDelayedResult
 from .store import CancelOutcome, ScheduleCode, Scheduled, Store
 from .validation import Due
@@ -288,6 +288,7 @@ class DelayQ(Holding):
         due = validation.due(delay, eta, config.max_delay)
         if self._clock is not None:
             due = self._clock(due)
+            options = self._expiry_on(self._clock, options)
         if job_id is not None:
             validation.identifier(job_id, "job_id", config.max_id_length)
         if key is not None:
@@ -304,6 +305,19 @@ class DelayQ(Holding):
                            max_nesting=config.max_nesting)
         validation.arguments(task_type, args, kwargs)  # once they are known to be JSON
         return call, due
+
+    def _expiry_on(self, clock: Callable[[Due], Due], options: dict[str, Any]
+                   ) -> dict[str, Any]:
+        """``options`` with a relative ``expires`` counted from ``clock``, as a delay is
+        (one past ``delayq_max_delay`` is left for the envelope's check)."""
+        seconds = options.get("expires")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+                or not abs(seconds) <= self.config.max_delay:
+            return options
+        moved = clock(Due(at_ms=None, delay_ms=round(seconds * 1000)))
+        if moved.at_ms is None:  # the clock was not moved
+            return options
+        return {**options, "expires": utc_of_ms(moved.at_ms)}
 
     def _eager_task(self, call: Call, task_type):
         """With ``task_always_eager``, the task to run ``call`` now, as ``apply_async``
@@ -353,7 +367,7 @@ class DelayQ(Holding):
         task_id = call.task_id
         if scheduled.code is ScheduleCode.KEPT:
             task_id = Job.read(call.job_id, scheduled.existing, None, "", 0).task_id
-        due_at = None if scheduled.due_ms < 0 else utc_of_ms(scheduled.due_ms)
+        due_at = None if scheduled.due_ms is None else utc_of_ms(scheduled.due_ms)
         return DelayedResult(task_id, call.job_id, due_at, self, key=call.key)
 
     def store_delay(self, countdown: float | None,
@@ -367,9 +381,8 @@ class DelayQ(Holding):
         if countdown:  # Celery's order: a countdown becomes the eta, replacing one given
             return {"delay": countdown} if countdown > threshold else None
         if eta is not None:
-            if isinstance(eta, str):
-                eta = iso_time(eta)
-            at: datetime = maybe_make_aware(eta, self.app.timezone)  # naive: Celery's rules
+            # a naive eta by Celery's rules
+            at: datetime = maybe_make_aware(validation.celery_eta(eta), self.app.timezone)
             seconds = at.timestamp() - self.app.now().timestamp()  # not wall clocks
             return {"eta": at} if seconds > threshold else None
         return None

@@ -11,7 +11,7 @@ from uuid import UUID
 
 from .envelope import canonical_json
 from .errors import InvalidDelay, InvalidJobId, InvalidOption
-from .reading import FORBIDDEN, MIN_MS, forbidden, is_text
+from .reading import FORBIDDEN, MIN_MS, forbidden, is_text, iso_time
 
 IF_EXISTS = ("keep", "replace", "error")
 
@@ -29,6 +29,21 @@ class Due(NamedTuple):
     def absolute_ms(self, now_ms: float) -> float:
         """The due time in epoch ms, a delay counted from ``now_ms``."""
         return self.at_ms if self.at_ms is not None else now_ms + (self.delay_ms or 0)
+
+
+def celery_eta(eta: object) -> datetime:
+    """An ``apply_async(eta=)`` / ``send_task(eta=)`` as a datetime: Celery takes a datetime
+    or ISO-8601 text (a date or a number fails deep inside Celery, or in the worker)."""
+    if isinstance(eta, str):
+        try:
+            return iso_time(eta)
+        except ValueError:
+            raise InvalidDelay(f"eta {eta!r} is not an ISO-8601 time; pass a datetime or text "
+                               "such as 2030-01-01T12:00:00+00:00") from None
+    if not isinstance(eta, datetime):
+        raise InvalidDelay(f"eta must be a datetime or ISO-8601 text, got "
+                           f"{type(eta).__name__}")
+    return eta
 
 
 def due(delay: float | timedelta | None, eta: datetime | None, max_delay: float) -> Due:

@@ -9,7 +9,7 @@ KEYS[5] counts    HASH  task name -> jobs stored (pending or being promoted)
 KEYS[6] outcome   HASH  (when ARGV[5] is not "0") job id -> "<code> <row>": what a call of
                   one run did with the job of that input row. The same row again (a
                   retried Spark task, a recomputed partition) is not written again: its
-                  first code is returned, with due ms -1; another row of the run with
+                  first code is returned, with no due ms (nil); another row of the run with
                   that id gets code -2
 KEYS[6 or 7]      answer  STRING  (the one ARGV[7] names, when not "0"; after the outcome) this
                   call's reply, kept ARGV[8] ms once it wrote: redis-py sends a call whose
@@ -34,8 +34,9 @@ ARGV[9..] eight values per job:
           the number of its task id index key in KEYS or 0 (none: its task id is its id),
           and with an outcome hash a ninth: the input row's name within the run
 
-Returns three values per job: code, due ms, and the existing envelope (kept, exists) or
-the replaced job's own task id (replaced: the store forgets its index, unindex), or nil.
+Returns three values per job: code, due ms (nil when the job is not pending: a carrier
+holds it), and the existing envelope (kept, exists) or the replaced job's own task id
+(replaced: the store forgets its index, unindex), or nil.
 Codes:
    1 scheduled    2 replaced an existing job
    0 kept the existing job (if_exists=keep, or retry of another call)
@@ -89,7 +90,7 @@ for i = 9, #ARGV, outcome and 9 or 8 do
   if first then  -- this run gave the id its job already: never a second write
     local code, row = string.match(first, '^(%S+) (.*)$')
     out[#out + 1] = row == ARGV[i + 8] and tonumber(code) or -2
-    out[#out + 1] = -1
+    out[#out + 1] = false
     out[#out + 1] = false
   else
     -- keep / error: one lookup that also writes a new job; replace needs the old one first
@@ -104,9 +105,9 @@ for i = 9, #ARGV, outcome and 9 or 8 do
       old = redis.call('HGET', KEYS[2], job_id)
     end
     if old and not replacing then
-      local old_due = redis.call('ZSCORE', KEYS[1], job_id) or -1
+      local old_due = redis.call('ZSCORE', KEYS[1], job_id)  -- nil: being promoted
       out[#out + 1] = if_exists == 'error' and -1 or 0
-      out[#out + 1] = tonumber(old_due)
+      out[#out + 1] = old_due and tonumber(old_due) or false
       out[#out + 1] = old
     else
       local replaced_task_id = false

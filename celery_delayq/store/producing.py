@@ -86,7 +86,7 @@ class Scheduled:
     """The store's answer for one scheduled call."""
 
     code: ScheduleCode
-    due_ms: int  # -1 when a kept job is not pending (being promoted)
+    due_ms: int | None  # None when a kept job is not pending (being promoted)
     existing: str | None  # the stored envelope when the job was kept
 
 
@@ -179,7 +179,7 @@ class Producing(StoreBase):
         for (shard, chunk), reply in zip(owners, replies, strict=True):
             for offset, index in enumerate(chunk):
                 code, score, existing = reply[3 * offset:3 * offset + 3]
-                due_ms = cast("float", split_score(score)[0])  # a number: -1 when none
+                due_ms = split_score(score)[0]
                 if code == ScheduleCode.CONFLICT and existing == items[index][0].envelope:
                     # this very call, stored by a run whose reply came too late (redis-py
                     # sent it again): its task id, drawn per call unless the caller fixes
@@ -190,7 +190,7 @@ class Producing(StoreBase):
                     if existing and existing != call.task_id:  # the replaced job's task id
                         replaced[shard].append((call.stored_id, existing))  # (a retry's own)
                     existing = None
-                results[index] = Scheduled(_CODES[code], int(due_ms), existing)
+                results[index] = Scheduled(_CODES[code], _whole(due_ms), existing)
         self._unindex(replaced)
         return cast("list[Scheduled]", results)  # every item has its outcome now
 
@@ -288,7 +288,7 @@ class Producing(StoreBase):
             return None
         code = ScheduleCode.CONFLICT if if_exists == "error" else ScheduleCode.KEPT
         due_ms = split_score(score)[0]
-        return Scheduled(code, -1 if due_ms is None else int(due_ms), envelope)
+        return Scheduled(code, _whole(due_ms), envelope)
 
     def _refuse(self, failed: Exception, stored: list[str]) -> None:
         """Raise a failed schedule call's error; each call is atomic (a script refused for
@@ -474,3 +474,8 @@ def _task_id_of(existing: Scheduled, call: Call) -> str:
     fields = first_line(existing.existing)
     task_id = fields.get("i", call.job_id)
     return task_id if fields and isinstance(task_id, str) else call.task_id
+
+
+def _whole(due_ms: float | None) -> int | None:
+    """A due time in whole ms, None for none."""
+    return None if due_ms is None else int(due_ms)

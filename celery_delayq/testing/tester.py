@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+from celery.app.task import Context
 from celery.app.trace import build_tracer
 from kombu.utils.json import loads
 
@@ -23,7 +24,7 @@ from ..extension import DelayQ
 from ..job import Job
 from ..message import Message
 from ..publisher import Publisher
-from ..reading import utc_of_ms
+from ..reading import iso_time, utc_of_ms
 from ..store import Promoted
 from ..validation import Due
 
@@ -43,8 +44,8 @@ class Run:
     kwargs: dict
     key: str | None
     due: datetime
-    state: str  # SUCCESS, FAILURE, RETRY, IGNORED, REJECTED
-    result: Any  # the return value, or the exception
+    state: str  # SUCCESS, FAILURE, RETRY, IGNORED, REJECTED, REVOKED (expired unrun)
+    result: Any  # the return value, or the exception (None when REVOKED)
 
 
 class DelayQTester:
@@ -234,11 +235,19 @@ class DelayQTester:
                 "exchange": message.exchange, "routing_key": message.routing_key,
                 "priority": message.properties.get("priority"), "redelivered": False},
         }
-        tracer = build_tracer(task.name, task, eager=True, propagate=False, app=self.app)
-        retval, info, _, _ = tracer(message.headers["id"], args, kwargs, request)
-        state, result = "SUCCESS", retval
-        if info is not None:
-            state, result = info.state, info.retval
+        expires = message.headers.get("expires")
+        if expires and iso_time(expires) < self.now():  # a worker discards it, unrun
+            context = Context(request)
+            task.backend.mark_as_revoked(context.id, "expired", request=context)
+            signals.task_revoked.send(sender=task, request=context, terminated=False,
+                                      signum=None, expired=True)
+            state, result = "REVOKED", None
+        else:
+            tracer = build_tracer(task.name, task, eager=True, propagate=False, app=self.app)
+            retval, info, _, _ = tracer(message.headers["id"], args, kwargs, request)
+            state, result = "SUCCESS", retval
+            if info is not None:
+                state, result = info.state, info.retval
         return Run(job.job_id, message.task, args, kwargs, message.key,
                    utc_of_ms(job.due_ms), state, result)
 

@@ -150,6 +150,37 @@ def test_delays_count_from_the_test_clock_after_advancing(shop):
     result.assert_outcomes(passed=1)
 
 
+def test_a_call_that_expires_before_it_is_due_is_revoked_on_the_test_clock(shop):
+    """As a worker discards it: never run, REVOKED; a relative expiry, like a delay, counts
+    from the test clock."""
+    result = run(shop, """
+        from datetime import timedelta
+
+        from celery import signals
+
+        from shop import ORDERS, close_unpaid_order
+
+        def test_expired(delayq):
+            revoked = []
+            signals.task_revoked.connect(
+                lambda request=None, expired=False, **_: revoked.append((request.id, expired)),
+                weak=False)
+            ORDERS[1] = ORDERS[2] = ORDERS[3] = "unpaid"
+            late = close_unpaid_order.apply_async([1], countdown=3600, expires=1800)
+            close_unpaid_order.apply_delayed([2], delay=3600,
+                                             expires=delayq.now() + timedelta(minutes=30))
+            [late_run, _] = delayq.advance(hours=2)
+            assert (late_run.job_id, late_run.state) == (late.id, "REVOKED")
+            assert ORDERS[1] == ORDERS[2] == "unpaid"
+            assert revoked[0] == (late.id, True)
+
+            [ran] = (close_unpaid_order.apply_async([3], countdown=3600, expires=7200),
+                     delayq.advance(hours=1))[1]
+            assert ran.state == "SUCCESS" and ORDERS[3] == "closed"
+    """)
+    result.assert_outcomes(passed=1)
+
+
 def test_a_retry_goes_back_to_the_store_and_waits_for_its_countdown(shop):
     result = run(shop, """
         from shop import CHARGES, ORDERS, charge

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from uuid import UUID
 
@@ -278,6 +278,28 @@ def test_iso_times_ending_in_z_are_utc_as_with_an_offset(proj, delayq):
     job = delayq.get(result.id)
     assert job.due == due
     assert datetime.fromisoformat(job.options["o"]["expires"]) == expires
+
+
+@pytest.mark.parametrize(("eta", "message"), [
+    (date(2030, 1, 1), "eta must be a datetime or ISO-8601 text, got date"),
+    (1_900_000_000, "eta must be a datetime or ISO-8601 text, got int"),
+    ("2030-01-02T24:00:00Z", "eta '2030-01-02T24:00:00Z' is not an ISO-8601 time"),
+], ids=["date", "int", "hour-24"])
+def test_an_apply_async_eta_no_time_can_be_read_from_is_refused_clearly(proj, redis_client,
+                                                                      eta, message):
+    """Celery's own path fails on these deep inside (a date's missing tzinfo) or later."""
+    with pytest.raises(InvalidDelay, match=message):
+        proj.record.apply_async(("x",), eta=eta)
+    assert [k for k in store_keys(proj.delayq) if k != "delayq:meta"] == []
+
+
+def test_a_call_due_before_1970_answers_its_due_time(proj, delayq):
+    """Years 1-9999 are due times; one before 1970 is a negative number of ms."""
+    eta = datetime(1969, 12, 31, 23, 59, 59, tzinfo=timezone.utc)
+    assert proj.record.apply_delayed(("x",), eta=eta).eta == eta
+    kept = proj.record.apply_delayed(("x",), eta=eta, job_id="early", if_exists="keep")
+    assert proj.record.apply_delayed(("y",), delay=5, job_id="early",
+                                     if_exists="keep").eta == kept.eta == eta
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [
