@@ -106,7 +106,7 @@ class DelayQConfig:
         except ConfigurationError as exc:
             if not app.namespace:
                 raise
-            raise ConfigurationError(_as_written(str(exc), app.namespace)) from None
+            raise ConfigurationError(as_written(str(exc), app.namespace)) from None
 
     @classmethod
     def _read(cls, app) -> DelayQConfig:
@@ -202,7 +202,7 @@ PASSWORD_SHOWN = ("delayq_redis_url holds a password, which `celery report` and 
                   "(CELERY_DELAYQ_REDIS_PASSWORD in Django settings) instead")
 
 
-def _as_written(message: str, namespace: str) -> str:
+def as_written(message: str, namespace: str) -> str:
     """``message`` with each ``delayq_*`` setting it names also named as an app that reads
     its settings with ``namespace`` writes it (Django's ``CELERY_``), once."""
     names = dict.fromkeys(re.findall(r"\bdelayq_[a-z_]*[a-z]", message))

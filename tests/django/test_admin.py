@@ -3,6 +3,7 @@ pause / resume and the banner while anything is paused."""
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from datetime import datetime
@@ -273,7 +274,42 @@ def test_reschedule_form_refuses_a_delay_past_any_date(admin_client, pending, sh
     response = _act(admin_client, "reschedule_tasks", "order:1:close", apply="Reschedule",
                     delay_minutes="1e12")
     assert response.status_code == 200
-    assert b"Ensure this value is less than or equal to" in response.content
+    assert b"More than 527,040 minutes ahead" in response.content
+    assert shop_delayq.get("order:1:close").due == pending["order:1:close"].due
+
+
+@pytest.mark.parametrize("given", [
+    {"due_at": f"{datetime.now(dt_timezone.utc).year + 2}-06-01 09:00"},
+    {"delay_minutes": str(400 * 24 * 60)}], ids=["date", "delay"])
+def test_reschedule_form_refuses_a_time_past_delayq_max_delay_naming_the_limit(
+        admin_client, pending, shop_delayq, given):
+    """The store takes due times up to the app's ``delayq_max_delay`` ahead (366 days by
+    default): the form says so, rather than each row fail."""
+    response = _act(admin_client, "reschedule_tasks", "order:1:close", apply="Reschedule",
+                    **given)
+    [field] = given
+    assert response.context["form"].errors[field] == [
+        "More than 527,040 minutes ahead: delayq_max_delay is 31,622,400 s "
+        "(CELERY_DELAYQ_MAX_DELAY in this app's settings). Give an earlier time."]
+    assert shop_delayq.get("order:1:close").due == pending["order:1:close"].due
+
+
+def test_a_time_the_store_refuses_after_the_form_is_a_warning_and_a_message(
+        admin_client, pending, shop_delayq, monkeypatch, caplog):
+    """What a user gave is no server error: logged at WARNING, without a traceback."""
+    from django import forms
+
+    from celery_delayq.contrib.django.admin import RescheduleForm
+
+    monkeypatch.setattr(RescheduleForm, "clean", forms.Form.clean)  # lets any time through
+    with caplog.at_level(logging.INFO, logger="celery_delayq"):
+        response = _act(admin_client, "reschedule_tasks", "order:1:close", apply="Reschedule",
+                        due_at="9000-01-01 00:00")
+    [message] = _messages(response)
+    assert message.startswith("error: eta 9000-01-01") and "delayq_max_delay" in message
+    assert message.endswith(": 1 task (order:1:close)")
+    [record] = [r for r in caplog.records if "order:1:close" in r.getMessage()]
+    assert (record.levelno, record.exc_info) == (logging.WARNING, None)
     assert shop_delayq.get("order:1:close").due == pending["order:1:close"].due
 
 

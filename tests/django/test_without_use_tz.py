@@ -163,3 +163,45 @@ def test_a_delay_counts_real_minutes_across_a_clock_change(dst_night, shop_delay
         row = DelayedTask.objects.get(job_id="order:6:close")
     assert row.due == datetime(2026, 3, 29, 4, 30)
     assert _relative_due(row).replace("\xa0", " ") == "in 2 hours"
+
+
+@pytest.mark.parametrize("local", ["2027-11-07 01:30", "2027-03-14 02:30"],
+                         ids=["repeated hour", "skipped hour"])
+def test_reschedule_form_refuses_a_time_a_clock_change_repeats_or_skips(settings, shop_delayq,
+                                                                        local):
+    """New York's clocks go back over 01:00-02:00 on 7 November 2027 and skip 02:00-03:00
+    on 14 March: such a time names two instants, or none. Refused, as Django's own field
+    refuses it with USE_TZ = True, rather than one reading picked."""
+    from celery_delayq.contrib.django.admin import RescheduleForm
+
+    settings.USE_TZ, settings.TIME_ZONE = False, "America/New_York"
+    form = RescheduleForm(data={"due_at": local})
+    assert not form.is_valid()
+    assert form.errors["due_at"] == [
+        f"{local}:00 could not be interpreted in time zone America/New_York; it may be "
+        "ambiguous or it may not exist."]
+
+
+def _next_repeated_hour(zone: ZoneInfo) -> datetime:
+    """The start (UTC) of the second pass of the next hour ``zone``'s clocks go back over."""
+    at = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    while (at + timedelta(hours=2)).astimezone(zone).utcoffset() >= (
+            at + timedelta(hours=1)).astimezone(zone).utcoffset():
+        at += timedelta(hours=1)
+    return at + timedelta(hours=2)
+
+
+def test_a_kept_call_in_a_transaction_answers_the_due_time_redis_holds_in_the_repeated_hour(
+        settings, shop_delayq):
+    """A naive time read back from the row is the first of the two 01:30s; the job is due
+    at the second, and Redis, which the kept call reads anyway, says so."""
+    from shop.tasks import close_unpaid_order
+
+    settings.USE_TZ, settings.TIME_ZONE = False, "America/New_York"
+    eta = _next_repeated_hour(ZoneInfo("America/New_York")) + timedelta(minutes=30)
+    with transaction.atomic():
+        first = close_unpaid_order.apply_delayed(args=(7,), eta=eta, job_id="order:7:close")
+    assert first.eta == shop_delayq.get("order:7:close").due == eta
+    with transaction.atomic():
+        kept = close_unpaid_order.apply_delayed(args=(7,), delay=60, job_id="order:7:close")
+    assert kept.eta == eta

@@ -24,8 +24,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import ngettext
 
-from celery_delayq import DelayQError, StoreUnavailable
-from celery_delayq.conf import MAX_DELAY
+from celery_delayq import DelayQError, InvalidDelay, StoreUnavailable
+from celery_delayq.conf import as_written
 
 from . import operations, times
 from .chart import pending_chart
@@ -54,11 +54,21 @@ class RescheduleForm(forms.Form):
 
     delay_minutes = forms.FloatField(
         label="Delay from now (minutes)", required=False, min_value=0,
-        max_value=MAX_DELAY / 60,  # the store refuses more than delayq_max_delay itself
         help_text="e.g. 30 for half an hour from now")
     due_at = forms.DateTimeField(
         label="Or at (date and time)", required=False,
         help_text="YYYY-MM-DD HH:MM in the site's time zone")
+
+    def clean_due_at(self):
+        """Without ``USE_TZ``, refuse a time a clock change skips or repeats, as Django's
+        field does with it."""
+        at = self.cleaned_data["due_at"]
+        if at is not None and timezone.is_naive(at) and not times.one_instant(at):
+            raise forms.ValidationError(
+                f"{at} could not be interpreted in time zone "
+                f"{timezone.get_default_timezone_name()}; it may be ambiguous or it may "
+                "not exist.")
+        return at
 
     def clean(self):
         data = super().clean()
@@ -73,6 +83,11 @@ class RescheduleForm(forms.Form):
             raise forms.ValidationError(
                 f"{timezone.localtime(from_db(at)):%Y-%m-%d %H:%M} has passed; give a later "
                 "time, or use “Run selected delayed tasks now”.")
+        delayq = project_delayq()
+        ahead = delay * 60 if at is None else (from_db(at) - times.utc_now()).total_seconds()
+        if ahead > delayq.config.max_delay:  # else each row fails in the store
+            field = "due_at" if delay is None else "delay_minutes"
+            raise forms.ValidationError({field: _too_far(delayq)})
         return data
 
     def due(self) -> datetime:
@@ -80,6 +95,16 @@ class RescheduleForm(forms.Form):
         if self.cleaned_data.get("due_at") is not None:
             return from_db(self.cleaned_data["due_at"])  # naive without USE_TZ
         return times.utc_now() + timedelta(minutes=self.cleaned_data["delay_minutes"])
+
+
+def _too_far(delayq) -> str:
+    """The form's error for a time past ``delayq_max_delay``, naming the setting as the
+    app's settings write it."""
+    limit = delayq.config.max_delay
+    message = f"More than {limit / 60:,.15g} minutes ahead: delayq_max_delay is {limit:,.15g} s"
+    if delayq.app.namespace:
+        message = as_written(message, delayq.app.namespace)
+    return f"{message}. Give an earlier time."
 
 
 @admin.register(DelayedTask)
@@ -359,6 +384,9 @@ class DelayedTaskAdmin(admin.ModelAdmin):
                 logger.error("admin action stopped at delayed job %s: %s", row.job_id, exc)
                 outcomes[(False, f"error: {exc}; nothing done")] += [r.job_id for r in rows[n:]]
                 break
+            except InvalidDelay as exc:  # what the user gave, not a fault: no traceback
+                logger.warning("admin action on delayed job %s refused: %s", row.job_id, exc)
+                outcomes[(False, f"error: {exc}")].append(row.job_id)
             except DelayQError as exc:
                 logger.exception("admin action on delayed job %s failed", row.job_id)
                 outcomes[(False, f"error: {exc}")].append(row.job_id)

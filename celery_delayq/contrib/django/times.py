@@ -55,6 +55,13 @@ def from_db(at: datetime | None) -> datetime | None:
     return timezone.make_aware(at, timezone.get_default_timezone())
 
 
+def one_instant(at: datetime) -> bool:
+    """Whether a naive time in the project's time zone names one instant: not one a clock
+    change skips (none) or repeats (two; read back, :func:`from_db` takes the first)."""
+    zone = timezone.get_default_timezone()
+    return zone.utcoffset(at.replace(fold=0)) == zone.utcoffset(at.replace(fold=1))
+
+
 def db_time_of_ms(ms: float | int | str | None) -> datetime | None:
     """Epoch milliseconds as a model field holds them; None when they are no time
     (:func:`~celery_delayq.reading.datetime_of_ms`) or one it does not hold (:func:`to_db`)."""

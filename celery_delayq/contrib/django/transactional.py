@@ -79,35 +79,40 @@ def intercept(delayq: DelayQ, call: Call, due: Due, if_exists: str) -> DelayedRe
         return None
     rows = DelayedTask.objects.using(using)
     existing = rows.filter(job_id=call.job_id, state=State.SCHEDULED).first()
-    if existing is not None and existing.stored and not _in_store(delayq, call):
-        existing = None  # cancelled or run since: the mirror lags the store (delayq_sync)
+    redis_due = None  # the due time Redis holds: a naive row's may be an hour off
+    if existing is not None and existing.stored:
+        there, redis_due = _in_store(delayq, call)
+        if not there:
+            existing = None  # cancelled or run since: the mirror lags the store (delayq_sync)
     if existing is not None and if_exists == "keep":
         return DelayedResult(existing.task_id or existing.job_id, existing.job_id,
-                             from_db(existing.due), delayq)
+                             redis_due or from_db(existing.due), delayq)
     if existing is not None and if_exists == "error":
         raise JobExists(call.job_id)
     now = dj_timezone.now()
     eta = _estimate(due)
     row, _ = rows.update_or_create(job_id=call.job_id, defaults={
         **fields, "task_id": call.task_id, "task": call.task,
-        "key": call.key or "", "due": eta, "state": State.SCHEDULED, "stored": False,
+        "key": call.key or "", "due": to_db(eta), "state": State.SCHEDULED, "stored": False,
         "store_error": _ON_COMMIT, "envelope": call.envelope, "scheduled_at": now,
         **NOT_ENDED,
     })
     transaction.on_commit(lambda: _submit(delayq, row.pk, call, due, if_exists, now),
                           using=using)
-    return DelayedResult(call.task_id, call.job_id, from_db(eta), delayq)
+    return DelayedResult(call.task_id, call.job_id, eta, delayq)
 
 
-def _in_store(delayq: DelayQ, call: Call) -> bool:
+def _in_store(delayq: DelayQ, call: Call) -> tuple[bool, datetime | None]:
     """Whether the store holds ``call``'s job id (pending or being promoted), as a write
-    outside a transaction would find it; True when its Redis cannot say (the row, which
-    says so, is trusted then)."""
+    outside a transaction would find it, and its due time there; (True, None) when its
+    Redis cannot say (the row, which says so, is trusted then)."""
     try:
         job = delayq.store.get(call.job_id, call.key)
     except DelayQError:
-        return True
-    return job is not None and job.state != "dead"
+        return True, None
+    if job is None or job.state == "dead":
+        return False, None
+    return True, job.due
 
 
 def _submit(delayq: DelayQ, pk: int, call: Call, due: Due, if_exists: str,
@@ -257,12 +262,11 @@ def _fields_of(envelope: str, default_queue: str) -> dict:
             "retries": int(env.get("o", {}).get("retries", 0) or 0)}
 
 
-def _estimate(due: Due) -> datetime | None:
-    """The due time by the local clock (Redis's clock decides it on commit), as the
-    database holds it."""
+def _estimate(due: Due) -> datetime:
+    """The due time (UTC) by the local clock: Redis's clock decides it on commit."""
     if due.at_ms is not None:
-        return to_db(utc_of_ms(due.at_ms))
-    return to_db(times.utc_now() + timedelta(milliseconds=due.delay_ms or 0))
+        return utc_of_ms(due.at_ms)
+    return times.utc_now() + timedelta(milliseconds=due.delay_ms or 0)
 
 
 def _local_event(pk: int, event: str, detail: str) -> None:
