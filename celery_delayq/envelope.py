@@ -37,6 +37,7 @@ from functools import cached_property
 from typing import Any
 
 from celery.app import task as celery_task
+from celery.app.amqp import Queues
 from celery.app.routes import MapRoute
 from celery.utils.functional import maybe_list
 from celery.utils.nodenames import anon_nodename
@@ -230,8 +231,9 @@ def template(app, name: str, options: dict[str, Any], keys: Keyspace, *, task_ty
     ignored = _ignore_result(app, name, task_type, options)  # (routing drops a None)
     _check_route_types(options)  # before Celery's router adds a queue named 5 to the app's
     try:
-        routed = app.amqp.router.route(options, name, args, kwargs or {}, task_type)
-        queue, exchange, routing_key = _resolve_route(app, name, routed)
+        router = app.amqp.router
+        routed = router.route(options, name, args, kwargs or {}, task_type)
+        queue, exchange, routing_key = _resolve_route(app, name, routed, router.queues)
     except KeyError as exc:  # celery's QueueNotFound, or a queue missing from task_queues
         raise UnknownQueue(
             f"unknown queue: {name} routes to a queue that is not in task_queues "
@@ -529,17 +531,21 @@ def _lone_surrogate(text: str) -> bool:
     return high_end is not None
 
 
-def _resolve_route(app, name: str, routed: dict[str, Any]) -> tuple[str, str, str]:
+def _resolve_route(app, name: str, routed: dict[str, Any],
+                   queues: Queues) -> tuple[str, str, str]:
     """(queue name, exchange name, routing key) exactly as Celery's publisher picks them;
     a non-direct exchange routed without a routing key gets "", as kombu publishes None.
-    A Broadcast queue is refused (:func:`_refuse_broadcast`)."""
+    A Broadcast queue is refused (:func:`_refuse_broadcast`), and a kombu Queue the carrier
+    would not declare (:func:`_check_declared`); ``queues``: the app's (its router's)."""
     queue = routed.get("queue")
     exchange = routed.get("exchange")
     routing_key = routed.get("routing_key")
     if queue is None and exchange is None:
         queue = app.amqp.default_queue
     if isinstance(queue, str):
-        queue = app.amqp.queues[queue]
+        queue = queues[queue]
+    elif queue is not None and not isinstance(queue, Broadcast):
+        _check_declared(queues, name, queue)
     if isinstance(queue, Broadcast):
         _refuse_broadcast(name, queue)
     exchange_type = routed.get("exchange_type") or (
@@ -553,6 +559,30 @@ def _resolve_route(app, name: str, routed: dict[str, Any]) -> tuple[str, str, st
         exchange = queue.exchange.name or app.conf.task_default_exchange
         routing_key = routing_key or queue.routing_key or app.conf.task_default_routing_key
     return qname, exchange, routing_key or ""
+
+
+def _check_declared(queues: Queues, name: str, queue: Queue) -> None:
+    """Refuse a kombu Queue other than the one the carrier declares under its name: the
+    app's, else the one Celery creates for a name it lacks (task_create_missing_queues).
+    Natively the producer declares the Queue it is given; the carrier, publishing later,
+    declares the app's."""
+    declared = queues.get(queue.name)  # dict.get: a missing queue is not created
+    if declared is queue:  # the app's own, as routing a name gives it
+        return
+    if declared is None and queues.create_missing:
+        declared = queues.new_missing(queue.name)
+        if queues.max_priority is not None:  # as the app's table adds it
+            declared.queue_arguments = {"x-max-priority": queues.max_priority,
+                                        **(declared.queue_arguments or {})}
+    if queue == declared:
+        return
+    declares = (f"declares {declared!r} under that name" if declared is not None else
+                "finds no queue of that name: task_create_missing_queues is off")
+    raise InvalidOption(
+        f"{name} routes to the kombu Queue {queue!r}, which the carrier would not declare "
+        f"when it publishes the call (it {declares}), so the message could miss the queue. "
+        "Declare this Queue in task_queues, or pass the queue's name "
+        f"(queue={queue.name!r}) to use the app's")
 
 
 def _refuse_broadcast(name: str, queue) -> None:

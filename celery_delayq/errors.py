@@ -6,6 +6,8 @@ of the input errors is raised.
 
 from __future__ import annotations
 
+from celery.exceptions import QueueNotFound
+
 from .reading import counted
 
 
@@ -33,9 +35,13 @@ class InvalidOption(DelayQError, ValueError):
     """An option of ``apply_delayed`` has a value it does not accept."""
 
 
-class UnknownQueue(DelayQError, ValueError):
+class UnknownQueue(DelayQError, QueueNotFound, ValueError):
     """The call routes to a queue the app does not define (task_create_missing_queues off),
-    or (stored before calls refused it) one whose broker list would be a key of the store."""
+    or (stored before calls refused it) one whose broker list would be a key of the store.
+    Celery's ``QueueNotFound`` (a ``KeyError``), as a native call raises."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)  # the message, not quoted as KeyError's is
 
 
 class JobExists(DelayQError):

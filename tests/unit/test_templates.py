@@ -7,9 +7,11 @@ import threading
 import time
 from datetime import datetime
 
+import pytest
 from celery._state import _task_stack
+from kombu import Exchange, Queue
 
-from celery_delayq import decoding
+from celery_delayq import InvalidOption, decoding
 from celery_delayq.envelope import Templates
 from tests.unit.calls import KEYS
 
@@ -84,3 +86,15 @@ def test_with_the_rpc_backend_each_thread_stores_its_own_reply_queue(app):
 def test_without_the_rpc_backend_no_reply_queue_is_stored(app):
     app.conf.result_backend = "redis://127.0.0.1:1/0"
     assert "o" not in stored(Templates(app, KEYS))
+
+
+def test_a_route_to_a_queue_object_the_carrier_would_not_declare_is_refused_on_each_call(app):
+    """The app's ``topical`` queue is bound to ``events`` by ``shop.#``; a route to that name
+    bound otherwise is refused, and no template of it is kept."""
+    elsewhere = Queue("topical", Exchange("events", type="topic"), routing_key="other.#")
+    app.conf.task_routes = {"unit.plain": {"queue": elsewhere}}
+    templates = Templates(app, KEYS)
+    for _ in range(2):
+        with pytest.raises(InvalidOption, match=r"kombu Queue .*topical"):
+            stored(templates)
+    assert stored(templates, queue="topical")["r"] == "shop.#"
