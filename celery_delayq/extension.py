@@ -31,7 +31,14 @@ from .envelope import (
     routes_depend_on_arguments,
     template,
 )
-from .errors import ConfigurationError, InvalidOption, JobExists, StoreUnavailable
+from .errors import (
+    ConfigurationError,
+    DelayQError,
+    InvalidOption,
+    JobExists,
+    PayloadError,
+    StoreUnavailable,
+)
 from .holding import Holding
 from .job import Job
 from .keys import Keyspace
@@ -60,6 +67,11 @@ def sending_natively() -> Iterator[None]:
 
 
 Interceptor = Callable[["DelayQ", Call, Due, str], "DelayedResult | None"]
+
+#: The store's refusals of a call Celery's own path may still send: a store that is away or
+#: full, and a call it cannot hold (not JSON: an app on pickle, or on task_protocol=1).
+#: A queue named like a store key (InvalidOption) is never sent: its list would be the key.
+NOT_STORED = (StoreUnavailable, PayloadError, ConfigurationError)
 
 
 #: ``Celery.send_task``'s parameters after ``eta``, in its order (5.3 has all but the last).
@@ -423,7 +435,7 @@ class DelayQ(Holding):
             try:
                 return self.schedule(name, args, kwargs, if_exists="replace", **delay,
                                      **options)
-            except StoreUnavailable as exc:
+            except NOT_STORED as exc:
                 fallback = self.native_fallback(name, options.get("task_id"), exc, options)
                 if fallback is None:
                     raise
@@ -432,11 +444,12 @@ class DelayQ(Holding):
         app.send_task = send_task_via_store
         return send_task_via_store
 
-    def native_fallback(self, name: str, task_id: str | None, exc: StoreUnavailable,
+    def native_fallback(self, name: str, task_id: str | None, exc: DelayQError,
                         options: dict[str, Any]) -> dict[str, Any] | None:
         """The ``options`` to send a countdown call of task ``name`` that the store refused
-        with ``exc`` as Celery sends it natively, when a task a worker runs makes it (said in a
-        WARNING); else None: a producer outside a worker gets the error.
+        with ``exc`` (one of :data:`NOT_STORED`) as Celery sends it natively, when a task a
+        worker runs makes it (said in a WARNING); else None: a producer outside a worker
+        gets the error.
 
         A running task's own retry: Celery turns the refusal into ``Reject(requeue=False)``,
         which acknowledges the running message, ``acks_late`` too: the task would be lost,
@@ -584,15 +597,23 @@ class DelayQ(Holding):
 def _check_at_worker_start(sender: Any = None, **_: Any) -> None:
     """``worker_ready``: a worker of an app with a DelayQ says at its start what the carrier
     says at its own: a password in ``delayq_redis_url`` (the worker answers ``celery inspect
-    conf`` to any broker client), and settings the store refuses, which would fail its
-    tasks' retries (Celery drops a retry it cannot send) and delayed calls. The store is
-    read in a thread of its own: a Redis that is away does not hold the worker's start."""
+    conf`` to any broker client), settings the store refuses, which would fail its tasks'
+    retries (Celery drops a retry it cannot send) and delayed calls, and a serializer or
+    message protocol whose calls the store cannot keep. The store is read in a thread of
+    its own: a Redis that is away does not hold the worker's start."""
     app = getattr(sender, "app", None)
     delayq = DelayQ.lookup(app) if app is not None else None
     if delayq is None:
         return
     if password_shown(app):
         logger.warning(PASSWORD_SHOWN)
+    conf = delayq.app.conf
+    if conf.task_serializer != "json" or conf.task_protocol != 2:
+        logger.warning("this app sets task_serializer=%r, task_protocol=%r; the store keeps "
+                       "JSON calls of protocol 2 only: the retries and delayed calls of its "
+                       "tasks (unless serializer='json') are sent as Celery sends them "
+                       "natively, into a worker's memory", conf.task_serializer,
+                       conf.task_protocol)
     threading.Thread(target=_check_store, args=(delayq,), name="delayq-start-check",
                      daemon=True).start()
 

@@ -10,8 +10,7 @@ from typing import Any
 from celery import Task
 
 from . import journal, validation
-from .errors import StoreUnavailable
-from .extension import DelayQ, sending_natively
+from .extension import NOT_STORED, DelayQ, sending_natively
 from .result import DelayedResult
 
 
@@ -44,7 +43,8 @@ class DelayedTask(Task):
         """Connect the worker-side journal hooks, which act for opted-in apps only. Binding
         opts no app in: Celery binds a task of the default kind (``shared=True``) to every
         app of the process, a test app too, whose countdowns would then go to a store that
-        no carrier serves. ``DelayQ(app)`` opts in; a delayed call opts its app in too."""
+        no carrier serves. ``DelayQ(app)`` opts in, and so does ``apply_delayed`` (it is
+        never Celery's); until then ``apply_async(countdown=)`` is Celery's own."""
         super().on_bound(app)
         journal.connect(DelayQ.lookup)
 
@@ -119,9 +119,10 @@ class DelayedTask(Task):
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None,
                     link_error=None, shadow=None, **options):
         countdown, eta = options.get("countdown"), options.get("eta")
-        # an undelayed call leaves an app that never opted in as it was (do no harm)
-        delay = None if countdown is None and eta is None else DelayQ.of(
-            self.app).store_delay(countdown, eta)
+        # an app that never opted in (DelayQ(app)) is left as it was, its countdowns
+        # Celery's: a shared task is bound to every app, whose store no carrier may serve
+        delayq = DelayQ.lookup(self.app)
+        delay = None if delayq is None else delayq.store_delay(countdown, eta)
         if delay is None:
             return super().apply_async(args, kwargs, task_id=task_id, producer=producer,
                                        link=link, link_error=link_error, shadow=shadow,
@@ -136,7 +137,7 @@ class DelayedTask(Task):
             # A retry (or a second apply_async with the same task id) replaces the stored
             # call.
             return self.apply_delayed(args, kwargs, if_exists="replace", **delay, **stored)
-        except StoreUnavailable as exc:
+        except NOT_STORED as exc:
             native = DelayQ.of(self.app).native_fallback(self.name, task_id, exc, options)
             if native is None:
                 raise

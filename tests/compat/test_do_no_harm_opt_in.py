@@ -7,6 +7,8 @@ in a fresh interpreter by ``test_do_no_harm_imports``.
 
 from __future__ import annotations
 
+import json
+
 from celery import Celery
 
 from celery_delayq import DelayedTask, DelayQ, http
@@ -116,3 +118,22 @@ def test_a_delayedtask_called_without_a_delay_leaves_its_app_as_it_was():
     assert DelayQ.lookup(app) is None
     assert "send_task" not in vars(app) and app.control_cls == control_cls
     assert app.send_task("not_opted_in.plain", countdown=5).id  # Celery's own countdown
+
+
+def test_a_delayedtask_of_an_app_that_did_not_opt_in_sends_its_countdown_as_celery_does(
+        redis_server, redis_client):
+    """A shared DelayedTask bound to a second app (no ``DelayQ(app2)``, so no carrier serves
+    its store) parked that app's countdowns in a store nothing promoted: they never ran."""
+    app = Celery("plain-countdown", broker=f"{redis_server.url}/0", set_as_current=False)
+
+    @app.task(base=DelayedTask, name="plain_countdown.delayed", shared=False)
+    def delayed():
+        return "delayed"
+
+    delayed.apply_async(countdown=60, queue="plain-countdown")
+    delayed.apply_async(eta="2999-01-01T00:00:00+00:00", queue="plain-countdown")
+
+    sent = [json.loads(raw) for raw in redis_client.lrange("plain-countdown", 0, -1)]
+    assert [message["headers"]["eta"] is not None for message in sent] == [True, True]
+    assert DelayQ.lookup(app) is None
+    assert [key for key in redis_client.scan_iter("delayq:*")] == []

@@ -19,7 +19,7 @@ import pytest
 import redis
 from celery import Celery, chain
 
-from celery_delayq import DelayedTask, StoreUnavailable
+from celery_delayq import DelayedTask, DelayQ, StoreUnavailable
 from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import CLUSTER, finish, prefork_worker, wait_for
 from tests.ops import short_store_waits
@@ -94,6 +94,29 @@ def test_a_delayed_step_a_worker_sends_is_sent_natively_when_the_store_is_full(
     assert "sent as Celery sends it natively" in log, log[-3000:]
 
 
+def test_a_retry_of_an_app_whose_serializer_the_store_refuses_is_sent_natively(
+        proj, redis_client, spawn, monkeypatch):
+    """The store takes JSON only: a producer's call on pickle is refused at the call, but a
+    running task's retry was turned into ``Reject`` by Celery, the task FAILURE after one
+    run where natively it retried and succeeded."""
+    name = "retry-pickle"
+    monkeypatch.setenv("C_FORCE_ROOT", "1")  # Celery's refusal of pickle as root (CI's user)
+    # not pinged: the worker would answer in pickle, which this process does not accept
+    worker = spawn("--config", "tests.faults.pickle_worker", "worker", "-Q", name, "-P",
+                   "prefork", "-c", "1", "--without-heartbeat", "--without-gossip",
+                   "--without-mingle", "-l", "INFO")
+
+    result = proj.flaky.apply_async((name,), {"countdown": 0.2}, queue=name)
+
+    assert result.get(timeout=60) == name
+    runs = [json.loads(run) for run in redis_client.lrange("test:runs", 0, -1)]
+    assert [run["retries"] for run in runs if run["label"] == name] == [0, 1]
+    worker.terminate()
+    log = finish(worker)
+    assert "task_serializer='pickle'" in log  # said at the worker's start
+    assert "sent as Celery sends it natively" in log and "JSON only" in log, log[-3000:]
+
+
 def runs_of(redis_client) -> list[str]:
     return [json.loads(run)["label"] for run in redis_client.lrange("test:runs", 0, -1)]
 
@@ -104,6 +127,7 @@ def test_a_task_applied_in_the_producer_gets_the_stores_refusal(redis_server):
     app = Celery("applied", broker=f"{redis_server.url}/0", set_as_current=False)
     app.conf.update(delayq_redis_url="redis://127.0.0.1:1/0", delayq_redis_retries=0,
                     delayq_redis_socket_timeout=0.5)
+    DelayQ(app)
 
     @app.task(base=DelayedTask, name="applied.later", shared=False)
     def later():
