@@ -343,22 +343,31 @@ class Carrier:
                          "; ..." if len(dead) > 3 else "")
         return taken.acks
 
-    def _settle(self) -> None:
+    def _settle(self) -> tuple[int, int | None]:
         """Ack what reached the broker and give back what was claimed ahead (stop, error).
 
         An ack Redis does not take now is kept for the next round; what a stopping carrier
-        cannot settle is recovered when its lease ends.
+        cannot settle is recovered when its lease ends. Returns what is left: jobs
+        published and not acked, and jobs claimed ahead and not given back (None: not
+        known, the claim's reply was lost).
         """
         ahead, self._ahead = self._ahead, None
         claims: list[ShardClaim] = []
+        held: int | None = 0
         if ahead is not None:
-            with contextlib.suppress(DelayQError, redis.RedisError):
+            try:
                 claims = self._ahead_result(ahead)
-        with contextlib.suppress(DelayQError, redis.RedisError):
-            if claims:
+            except (DelayQError, redis.RedisError):
+                held = None
+        if claims:
+            try:
                 self.store.release(claims)
-            if self._unacked:
+            except (DelayQError, redis.RedisError):
+                held = sum(len(claim.jobs) for claim in claims)
+        if self._unacked:
+            with contextlib.suppress(DelayQError, redis.RedisError):
                 self._ack_unacked()
+        return sum(len(jobs) for jobs in self._unacked.values()), held
 
     def _note_failed_shards(self, step: str, failed: dict[ShardKeys, DelayQError],
                             served: Sequence[ShardKeys] = ()) -> None:
@@ -480,7 +489,9 @@ class Carrier:
 
     def close(self) -> None:
         """Settle the jobs in hand, hand the shards back and close connections."""
-        self._settle()
+        unacked, held = self._settle()
+        if unacked or held != 0:
+            logger.warning(_unsettled(unacked, held, self.lease_ms))
         self._promotions.flush()
         try:
             if self._joined:  # a carrier refused at its start wrote no heartbeat
@@ -490,3 +501,13 @@ class Carrier:
             logger.warning("could not release shard leases (they expire): %s", exc)
         self._reset_connections()
 
+
+def _unsettled(unacked: int, held: int | None, lease_ms: int) -> str:
+    """What a stopping carrier whose Redis did not answer leaves to its job leases."""
+    left = [f"{counted(unacked, 'published job')} not acknowledged"] if unacked else []
+    if held != 0:
+        left.append(f"{'the jobs' if held is None else counted(held, 'job')} claimed ahead "
+                    "not given back")
+    said = (f"stopping with {' and '.join(left)} (Redis did not answer): they are due "
+            f"again when their leases end, within {lease_ms / 1000:g}s")
+    return said + (f"; the {unacked} published will be published again" if unacked else "")

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 
+from celery import Celery
+
+from celery_delayq import DelayedTask
 from celery_delayq.carrier import Carrier
+from celery_delayq.testing.redis_server import RedisServer
 from tests.conftest import journal_events
 
 PARKED = "parked.ahead"  # no worker consumes it
@@ -64,3 +70,32 @@ def test_a_carrier_whose_publish_outlasts_a_third_of_its_lease_claims_no_batch_a
     assert carrier.stats.recovered == 0
     assert sorted(published(redis_client)) == sorted(jobs)  # each exactly once
     redis_client.delete(PARKED)
+
+
+def test_a_carrier_stopped_while_its_redis_is_away_says_what_will_be_published_again(
+        caplog):
+    """It exited 0 saying only that its shard leases would expire: nothing told that jobs it
+    had published would be published again when their leases end."""
+    with RedisServer() as server:
+        app = Celery("stopped-away", broker=f"{server.url}/0", set_as_current=False)
+        app.conf.update(delayq_redis_retries=0, delayq_redis_socket_timeout=0.5)
+
+        @app.task(base=DelayedTask, name="stopped_away.record", shared=False)
+        def record(n):
+            return n
+
+        record.apply_delayed_many([{"args": (i,), "delay": 0} for i in range(60)],
+                                  queue=PARKED)
+        carrier = Carrier(app, batch=1, lease=30)
+        carrier.run_once()
+        carrier.run_once()
+        assert carrier._ahead is not None, "a backlog claims the next batch ahead"
+        server.stop()
+        with caplog.at_level(logging.WARNING, logger="celery_delayq"):
+            carrier.close()
+
+    [said] = [r.getMessage() for r in caplog.records if "published again" in r.getMessage()]
+    assert re.fullmatch(r"stopping with (\d+) published jobs? not acknowledged and "
+                        r"(the jobs|\d+ jobs?) claimed ahead not given back \(Redis did not "
+                        r"answer\): they are due again when their leases end, within 30s; "
+                        r"the \1 published will be published again", said), said
