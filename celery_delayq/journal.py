@@ -14,12 +14,16 @@ the journal keeps their order. Events a write failed for (the store's Redis away
 refused while a condition lasts (full; a read-only replica, a failed RDB save: what
 ``Store.unavailable`` calls ``StoreUnavailable``) are kept for the next one, up to
 :data:`_HOLD_AT_MOST`; one Redis refuses for good (a damaged journal key, the ACL) or that
-no command can carry goes, said in the log, and the others of its flush are written. Headers
-come from a message anyone may publish: an event is journaled without a key, due time or
-retry count of the wrong type, and not at all for a job id that is not text. A stopping
-worker process has the thread write what waits and waits for it once, at most one resend
-window of the store's Redis (:meth:`_Outbox.stop`); a WARNING counts the events that go
-with the process.
+no command can carry goes, said in the log, and the others of its flush are written. A
+batch written again whose first write Redis ran (its reply lost: redis-py's resend after a
+timeout, or the next write of the events it held) is written once: a store's events of one
+write are a batch with a token of its own, which its held events keep, and the store writes
+a shard's part of a batch at most once within a resend window
+(:meth:`~celery_delayq.store.streams.Streams.journal_many`). Headers come from a message
+anyone may publish: an event is journaled without a key, due time or retry count of the
+wrong type, and not at all for a job id that is not text. A stopping worker process has
+the thread write what waits and waits for it once, at most one resend window of the
+store's Redis (:meth:`_Outbox.stop`); a WARNING counts the events that go with the process.
 
 Outcomes come from ``task_postrun``, but for those Celery reports with ``task_failure``
 only, from the worker's main process after the run (a hard time limit, a lost worker
@@ -63,7 +67,7 @@ from .envelope import (
 from .errors import DelayQError, StoreFull, StoreUnavailable
 from .events import Event
 from .reading import counted, shown
-from .store.streams import JournalEntry
+from .store.streams import JournalEntry, batch_token
 
 logger = logging.getLogger("celery_delayq.journal")
 
@@ -88,6 +92,10 @@ _received: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _RUNNING, _HANDED_OVER = "_delayq_running", "_delayq_handed_over"
 #: Mark on a run's request: its job id header is no text, which was said once.
 _UNREADABLE = "_delayq_unreadable_job"
+#: An event waiting in the outbox: its store (a DelayQ), the event, and the token of the
+#: batch a write that failed sent it in (None before it is sent): sent again with that
+#: token, a batch Redis ran meanwhile is not written again (``Streams.journal_many``).
+_Waiting = tuple[Any, JournalEntry, str | None]
 #: Why events are held, now and once written.
 _AWAY = ("does not answer", "did not answer")
 _FULL = ("is full", "was full")
@@ -110,8 +118,8 @@ class _Outbox:
         self._writing = threading.Lock()  # held through a flush: a flush returns only
         # once events another flush took are written too (a test's cleanup comes after)
         self._due = threading.Event()
-        self._events: list[tuple[Any, JournalEntry]] = []
-        self._taken: list[tuple[Any, JournalEntry]] = []  # those a write is writing
+        self._events: list[_Waiting] = []
+        self._taken: list[_Waiting] = []  # those a write is writing
         self._held = 0  # of them, kept after a write that failed (0: the last one worked)
         self._dropped = 0  # the oldest that went meanwhile, past _HOLD_AT_MOST
         self._why = _AWAY  # why they are held
@@ -125,7 +133,7 @@ class _Outbox:
                 self._thread = threading.Thread(target=self._run, name="delayq-journal",
                                                 daemon=True)
                 self._thread.start()
-            self._events.append((delayq, entry))
+            self._events.append((delayq, entry, None))
             if soon or len(self._events) >= _FLUSH_AT:
                 self._due.set()
 
@@ -160,7 +168,7 @@ class _Outbox:
         by another's). (A flush of its own, after the thread's write in flight, waited two
         windows for a Redis that did not answer.)"""
         with self._lock:
-            waiting = [delayq for delayq, _ in (*self._taken, *self._events)]
+            waiting = [delayq for delayq, _, _ in (*self._taken, *self._events)]
             if not waiting:
                 return
             wait = max(resend_window_ms(delayq.config) for delayq in set(waiting)) / 1000
@@ -185,7 +193,7 @@ class _Outbox:
         at once)."""
         with self._lock:
             waiting = any(entry[2].get("job") == job_id
-                          for _, entry in (*self._taken, *self._events))
+                          for _, entry, _ in (*self._taken, *self._events))
         if waiting:
             with self._writing:
                 self._write()
@@ -205,19 +213,22 @@ class _Outbox:
                     self._last_held = this_write
                 self._wrote.notify_all()
 
-    def _write_taken(self, events: list[tuple[Any, JournalEntry]]) -> None:
-        by_delayq: dict[Any, list[JournalEntry]] = defaultdict(list)
-        for delayq, entry in events:
-            by_delayq[delayq].append(entry)
-        unwritten: list[tuple[Any, JournalEntry]] = []
+    def _write_taken(self, events: list[_Waiting]) -> None:
+        # A store's new events make one batch; those held keep the batch they were sent in.
+        batches: dict[tuple[Any, str | None], list[JournalEntry]] = defaultdict(list)
+        for delayq, entry, token in events:
+            batches[delayq, token].append(entry)
+        unwritten: list[_Waiting] = []
         failure: Exception | None = None
         why = _AWAY
-        for delayq, entries in sorted(by_delayq.items(),
-                                      key=lambda item: item[0] in self._failing):
+        for (delayq, token), entries in sorted(batches.items(),
+                                               key=lambda item: item[0][0] in self._failing):
+            token = token or batch_token()
             try:
-                refused = delayq.store.journal_many(entries)
-            except StoreUnavailable as exc:  # Redis away: none of them written
-                unwritten += [(delayq, entry) for entry in entries]
+                refused = [(entry, error, token)
+                           for entry, error in delayq.store.journal_many(entries, token)]
+            except StoreUnavailable as exc:  # Redis away: written or not, the reply lost
+                unwritten += [(delayq, entry, token) for entry in entries]
                 failure, why = exc, _why(exc)
                 continue
             except DelayQError as exc:  # a refusal for good (the store's record...): they go
@@ -227,12 +238,12 @@ class _Outbox:
             except Exception:  # not Redis's doing (a fault of the client, or of one entry)
                 refused, held = _one_by_one(delayq, entries)
                 if held:
-                    unwritten += [(delayq, entry) for entry in held[1]]
+                    unwritten += held[1]
                     failure, why = held[0], _why(held[0])
             damaged = []
-            for entry, error in refused:
+            for entry, error, sent_in in refused:
                 if isinstance(error, StoreUnavailable):  # passes: full, read-only for now...
-                    unwritten.append((delayq, entry))
+                    unwritten.append((delayq, entry, sent_in))
                     failure, why = error, _why(error)
                 elif isinstance(error, (DelayQError, redis.ResponseError)):
                     damaged.append(error)  # e.g. a damaged journal key: writing them again
@@ -245,7 +256,7 @@ class _Outbox:
             if damaged:
                 logger.warning("could not journal %s: %s",
                                counted(len(damaged), "worker event"), damaged[0])
-        self._failing = {delayq for delayq, _ in unwritten}
+        self._failing = {delayq for delayq, _, _ in unwritten}
         if failure is not None:
             self._hold(unwritten, failure, why)
         elif self._held:
@@ -257,7 +268,7 @@ class _Outbox:
                              self._why[1], _HOLD_AT_MOST)
             self._held = self._dropped = 0
 
-    def _hold(self, unwritten: list[tuple[Any, JournalEntry]], failure: Exception,
+    def _hold(self, unwritten: list[_Waiting], failure: Exception,
               why: tuple[str, str]) -> None:
         """Keep events a write failed for, ahead of newer ones, for the next write; past
         :data:`_HOLD_AT_MOST` the oldest go."""
@@ -289,19 +300,23 @@ def _why(error: Exception) -> tuple[str, str]:
 
 
 def _one_by_one(delayq, entries: list[JournalEntry]
-                ) -> tuple[list[tuple[JournalEntry, Exception]],
-                           tuple[Exception, list[JournalEntry]] | None]:
-    """Write ``entries`` one at a time, after a write of them all failed for a reason not
-    Redis's: those not written, each with why, and (the error, the entries from the first
-    one on) when Redis stopped answering meanwhile."""
-    refused: list[tuple[JournalEntry, Exception]] = []
+                ) -> tuple[list[tuple[JournalEntry, Exception, str]],
+                           tuple[Exception, list[_Waiting]] | None]:
+    """Write ``entries`` one at a time, each a batch of its own, after a write of them all
+    failed for a reason not Redis's: those not written, each with why and its batch's
+    token, and (the error, the entries from the first one on, to hold) when Redis stopped
+    answering meanwhile."""
+    refused: list[tuple[JournalEntry, Exception, str]] = []
     for n, entry in enumerate(entries):
+        token = batch_token()
         try:
-            refused += delayq.store.journal_many([entry])
+            refused += [(sent, error, token)
+                        for sent, error in delayq.store.journal_many([entry], token)]
         except StoreUnavailable as exc:
-            return refused, (exc, entries[n:])
+            return refused, (exc, [(delayq, entry, token),
+                                   *((delayq, later, None) for later in entries[n + 1:])])
         except Exception as exc:
-            refused.append((entry, exc))
+            refused.append((entry, exc, token))
     return refused, None
 
 

@@ -40,7 +40,9 @@ members, fields, journal entries::
                            did with each input row, so a row is written at most once in it
     <prefix>:{N}:answer:<token>  STRING the reply of one cancel, replay or drop call, kept a
                            minute: the call sent again after its reply was lost gets it
-                           instead of a second run's (scripts/include/answer.lua)
+                           instead of a second run's (scripts/include/answer.lua); for a
+                           batch of a worker's events, "1" for one resend window: the
+                           batch sent again is not journaled twice (worker_events-1+.lua)
     <prefix>:meta          HASH  store-wide facts (the shard count it was created with; its
                            format, store.base.FORMAT; an id, new when the store is made
                            again: its Redis lost its data; the task_default_queue of a

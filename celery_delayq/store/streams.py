@@ -4,13 +4,17 @@ positions (the ``<prefix>:export`` hash)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from itertools import chain
 from typing import Any, cast
 
 import redis
 
+from ..connection import resend_window_ms
 from ..keys import ShardKeys, pack_id
 from ..reading import job_id_of
+from ..scripts import SCRIPTS, execute
 from .base import StoreBase
 
 #: Stream entries as the store's client reads them: (entry id, fields).
@@ -26,40 +30,53 @@ class Streams(StoreBase):
         """Append one event to a shard's journal (worker-side events)."""
         self.journal_many([(shard, event, fields)])
 
-    def journal_many(self, entries: list[JournalEntry]
+    def journal_many(self, entries: list[JournalEntry], token: str | None = None
                      ) -> list[tuple[JournalEntry, Exception]]:
         """Append ``(shard, event, fields)`` entries to the journals in one round trip; those
         not written, each with why, the others written. Why: an entry no Redis command can
         carry (a job id that is not text, a field neither text nor a number, text that is
-        not UTF-8) is not sent (``redis.DataError``); a refusal of Redis is worded as
+        not UTF-8) is not sent (``redis.DataError``); a refusal of Redis, of all the entries
+        of a shard, is worded as
         :meth:`~celery_delayq.store.base.StoreBase.unavailable` words it:
         ``StoreUnavailable`` for one that lasts a while (a read-only replica, a failed RDB
         save, a slot moving...), ``StoreFull`` for memory, ``DamagedShard`` for a journal
         key of another type, else a ``DelayQError`` or Redis's own ``ResponseError``.
-        Raises when the round trip failed (``StoreUnavailable``)."""
+        Raises when the round trip failed (``StoreUnavailable``).
+
+        ``token`` (:func:`batch_token`; a new one when None) names the batch: sent again
+        with it, by redis-py (its reply lost) or by the caller (a write that failed), the
+        entries of a shard that were written are not written again within
+        ``connection.resend_window_ms`` (``worker_events-1+.lua``)."""
         if self._maxlen <= 0 or not entries:
             return []
         unsent: list[tuple[JournalEntry, Exception]] = []
-        sent: list[JournalEntry] = []
+        by_shard: dict[int, list[JournalEntry]] = {}  # the entries sent, by shard
+        args: dict[int, list[Any]] = {}  # each shard's call's ARGV
+        window = round(resend_window_ms(self.config))
         encode = self.client.get_encoder().encode
+        for entry in entries:
+            shard, event, fields = entry
+            try:
+                stored = _stored(encode, event, fields)
+            except redis.DataError as exc:
+                unsent.append((entry, exc))
+                continue
+            by_shard.setdefault(shard, []).append(entry)
+            args.setdefault(shard, [self._maxlen, window]).extend(
+                (len(stored), *chain.from_iterable(stored.items())))
+        script, token = SCRIPTS["worker_events"], token or batch_token()
+        calls = []
+        for shard, shard_args in args.items():
+            keys = self.keys.shard(shard)
+            calls.append((script, script.keys_for(keys, self.keys.answer(keys, token)),
+                          shard_args))
         with self.unavailable():
-            pipe = self.client.pipeline(transaction=False)
-            for entry in entries:
-                shard, event, fields = entry
-                try:
-                    stored = _stored(encode, event, fields)
-                except redis.DataError as exc:
-                    unsent.append((entry, exc))
-                    continue
-                pipe.xadd(self.keys.shard(shard).journal, stored, maxlen=self._maxlen,
-                          approximate=True)
-                sent.append(entry)
-            replies = pipe.execute(raise_on_error=False) if sent else []
+            replies = execute(self.client, calls, raise_errors=False) if calls else []
         return unsent + [(entry, self._refusal(reply))
-                         for entry, reply in zip(sent, replies, strict=True)
-                         if isinstance(reply, redis.ResponseError)]
+                         for shard, reply in zip(args, replies, strict=True)
+                         if isinstance(reply, Exception) for entry in by_shard[shard]]
 
-    def _refusal(self, error: redis.ResponseError) -> Exception:
+    def _refusal(self, error: Exception) -> Exception:
         """A refusal of Redis as :meth:`unavailable` words it (one classification of what
         passes and what does not), or ``error`` itself when it does not word it."""
         try:
@@ -131,6 +148,11 @@ class Streams(StoreBase):
         """Remember that a shard's stream is exported up to ``entry_id``."""
         with self.unavailable():
             self.client.hset(self.keys.export_position, str(shard.shard), entry_id)
+
+
+def batch_token() -> str:
+    """A new token for a batch of worker events (:meth:`Streams.journal_many`)."""
+    return os.urandom(9).hex()
 
 
 def _stored(encode: Callable[[Any], Any], event: str, fields: dict[str, Any]

@@ -106,10 +106,10 @@ def test_a_write_failing_for_a_reason_not_redis_drops_only_the_events_it_fails_f
     shard = delayq.store.keys.shard(0)
     journal_many = delayq.store.journal_many
 
-    def failing(entries):
+    def failing(entries, token=None):
         if any(fields.get("task_id") == "faulty" for _, _, fields in entries):
             raise TypeError("a fault of the client")
-        return journal_many(entries)
+        return journal_many(entries, token)
 
     monkeypatch.setattr(delayq.store, "journal_many", failing)
     good = {"task": "tests.proj.record", "key": "", "task_id": "t", "retries": 0, "due": ""}

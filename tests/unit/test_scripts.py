@@ -18,7 +18,7 @@ _RELEASE_CALL = r"\bnote_release\((\d+)"  # include/releasing.lua: the releasing
 
 EXPECTED = {"schedule", "claim_due", "ack", "unindex", "recover", "cancel", "reschedule", "dead",
             "own", "replay", "drop", "exists", "repair", "reserve", "pause", "limit", "release",
-            "supersede"}
+            "supersede", "worker_events"}
 
 
 def test_every_operation_has_a_script():
