@@ -247,6 +247,23 @@ def answers(app, name: str) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def sent_natively(app) -> Iterator[None]:
+    """Calls of the block take Celery's own way: ``send_task`` leaves their countdown to the
+    broker (call ``Task.apply_async`` unbound to skip ``DelayedTask``'s)."""
+    import dataclasses
+
+    from celery_delayq import DelayQ
+
+    delayq = DelayQ.of(app)
+    config = delayq.config
+    delayq.__dict__["config"] = dataclasses.replace(config, route_send_task=False)
+    try:
+        yield
+    finally:
+        delayq.__dict__["config"] = config
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 15.0,
              interval: float = 0.02, what: str = "condition") -> object:
     """Poll ``predicate`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""

@@ -26,7 +26,7 @@ from celery import Celery, Task
 
 from celery_delayq import DelayedTask, DelayQ
 from tests.compat.test_do_no_harm_imports import plain_environ
-from tests.conftest import wait_for
+from tests.conftest import sent_natively, wait_for
 
 DB, OWN_BACKEND_DB = 6, 10  # databases of the session's Redis no other suite uses
 DONE = "parity:done"  # task ids, pushed when a run has ended (its result stored or not)
@@ -130,17 +130,8 @@ class Parity:
         backend = backend or self.app.backend
         return backend.get(backend.get_key_for_task(task_id)) is not None
 
-    @contextlib.contextmanager
-    def natively(self) -> Iterator[None]:
-        """Calls of the block take Celery's own way: ``send_task`` leaves their countdown
-        to the broker (call ``Task.apply_async`` unbound to skip ``DelayedTask``'s)."""
-        delayq = DelayQ.of(self.app)
-        config = delayq.config
-        delayq.__dict__["config"] = dataclasses.replace(config, route_send_task=False)
-        try:
-            yield
-        finally:
-            delayq.__dict__["config"] = config
+    def natively(self) -> contextlib.AbstractContextManager[None]:
+        return sent_natively(self.app)
 
 
 @pytest.fixture(scope="module")

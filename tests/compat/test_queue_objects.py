@@ -26,6 +26,7 @@ from kombu import Exchange, Queue
 
 from celery_delayq import DelayQ, InvalidOption, UnknownQueue
 from tests.compat.test_do_no_harm_imports import plain_environ
+from tests.conftest import sent_natively
 
 DB = 13  # a database of the session's Redis no other suite uses
 
@@ -89,17 +90,8 @@ class Project:
     module: object
     app: Celery
 
-    @contextlib.contextmanager
-    def natively(self) -> Iterator[None]:
-        """Calls of the block take Celery's own way (``send_task`` leaves their countdown to
-        the broker; call ``Task.apply_async`` unbound to skip ``DelayedTask``'s)."""
-        delayq = DelayQ.of(self.app)
-        config = delayq.config
-        delayq.__dict__["config"] = dataclasses.replace(config, route_send_task=False)
-        try:
-            yield
-        finally:
-            delayq.__dict__["config"] = config
+    def natively(self) -> contextlib.AbstractContextManager[None]:
+        return sent_natively(self.app)
 
 
 @pytest.fixture(scope="module")
