@@ -62,7 +62,9 @@ if answer_at > 0 then
   local kept_reply = redis.call('GET', KEYS[answer_at])
   if kept_reply then  -- this call ran before: its reply, numbers kept as text
     local reply = cjson.decode(kept_reply)
-    for i = 1, #reply, 3 do reply[i], reply[i + 1] = tonumber(reply[i]), tonumber(reply[i + 1]) end
+    for i = 1, #reply, 3 do  -- (a due time of none stays false: a nil would end the reply)
+      reply[i], reply[i + 1] = tonumber(reply[i]), tonumber(reply[i + 1]) or false
+    end
     return reply
   end
 end

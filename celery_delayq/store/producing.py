@@ -105,7 +105,7 @@ class Producing(StoreBase):
 
         ``rows`` names the items as input rows of a run: a row is written at most once in
         the run, however often its call is made again (a retried Spark task, a recomputed
-        partition), which then answers the first outcome (due ms -1).
+        partition), which then answers the first outcome (no due time).
 
         A job id is one job whatever its business key, so a call that brings an id of its
         own first looks for it on the other shards (one more round trip), holding a

@@ -197,6 +197,34 @@ def test_a_schedule_whose_reply_was_lost_stores_nothing_again_once_published(
     assert published == [result.id]
 
 
+def test_a_kept_call_of_a_job_being_promoted_answers_again_when_sent_twice(
+        redis_server, redis_client, monkeypatch):
+    """The kept job has no due time (a carrier holds it): the reply read back from the
+    call's answer key (kept for a call with a job due within the resend window), when
+    redis-py sent the very call again, was cut short there: a bare IndexError for calls
+    that were stored. (One shard: the call goes alone, not in a reservation's pipeline.)"""
+    app = Celery("twice", broker=f"{redis_server.url}/0", set_as_current=False)
+    app.conf.update(delayq_shards=1, delayq_prefix="twice")
+    delayq = DelayQ(app)
+    store = delayq.store
+    delayq.schedule("twice.noop", ["a"], job_id="a", eta=PAST)
+    assert [job for claim in store.claim(list(store.keys), 10, 60_000) for job in claim.jobs]
+    client_type, sha = type(store.client), SCRIPTS["schedule"].sha
+    ask = client_type._ask
+
+    def sent_twice(self, connection, *command):  # Redis ran the first; its reply was lost
+        if command[:2] == ("EVALSHA", sha):
+            ask(self, connection, *command)
+        return ask(self, connection, *command)
+
+    monkeypatch.setattr(client_type, "_ask", sent_twice)
+    kept, new = delayq.schedule_many("twice.noop", [  # one call: a job due at once
+        {"args": ["a"], "delay": 600, "job_id": "a"},
+        {"args": ["b"], "delay": 0, "job_id": "b"}], if_exists="keep")
+    assert (kept.eta, new.eta == delayq.get("b").due) == (None, True)
+    store.close()
+
+
 def dead_letter(delayq, noop) -> None:
     noop.apply_delayed((1,), eta=PAST, job_id="j")
     store = delayq.store
