@@ -28,7 +28,7 @@ from .connection import (
     url_list,
 )
 from .connection import redact as redact
-from .errors import ConfigurationError, InvalidOption
+from .errors import ConfigurationError, InvalidOption, UnsupportedMessage
 from .settings import SETTINGS, HostList, SecondsList, Setting, TlsOptions
 
 #: Broker URL schemes a store can share (kombu's Redis and Redis Sentinel transports).
@@ -251,11 +251,11 @@ def check_claim_batch(batch: int) -> int:
 
 
 def check_task_protocol(app) -> None:
-    """:class:`ConfigurationError` unless ``app`` sends Celery's message protocol 2, the one
+    """:class:`UnsupportedMessage` unless ``app`` sends Celery's message protocol 2, the one
     the store keeps calls in and the carrier publishes (its default since Celery 4.0)."""
     protocol = app.conf.task_protocol
     if protocol != 2:
-        raise ConfigurationError(
+        raise UnsupportedMessage(
             f"celery-delayq stores and publishes calls in Celery's message protocol 2; this "
             f"app sets task_protocol={protocol!r}. Remove that setting (2 is Celery's "
             "default) or call these tasks without a delay")

@@ -19,6 +19,10 @@ class ConfigurationError(DelayQError):
     """A ``delayq_*`` setting is missing or invalid."""
 
 
+class UnsupportedMessage(ConfigurationError):
+    """The app sends messages the store cannot keep (``task_protocol`` other than 2)."""
+
+
 class InvalidDelay(DelayQError, ValueError):
     """The delay or eta given to ``apply_delayed`` cannot be used."""
 

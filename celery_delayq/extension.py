@@ -38,6 +38,7 @@ from .errors import (
     JobExists,
     PayloadError,
     StoreUnavailable,
+    UnsupportedMessage,
 )
 from .holding import Holding
 from .job import Job
@@ -69,9 +70,10 @@ def sending_natively() -> Iterator[None]:
 Interceptor = Callable[["DelayQ", Call, Due, str], "DelayedResult | None"]
 
 #: The store's refusals of a call Celery's own path may still send: a store that is away or
-#: full, and a call it cannot hold (not JSON: an app on pickle, or on task_protocol=1).
-#: A queue named like a store key (InvalidOption) is never sent: its list would be the key.
-NOT_STORED = (StoreUnavailable, PayloadError, ConfigurationError)
+#: full, and a call it cannot hold (not JSON: an app on pickle; too large; task_protocol=1).
+#: Not a setting the store refuses (ConfigurationError: said at the worker's start), nor a
+#: queue named like a store key (InvalidOption: its list would be the key).
+NOT_STORED = (StoreUnavailable, PayloadError, UnsupportedMessage)
 
 
 #: ``Celery.send_task``'s parameters after ``eta``, in its order (5.3 has all but the last).

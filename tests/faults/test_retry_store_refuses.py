@@ -117,6 +117,27 @@ def test_a_retry_of_an_app_whose_serializer_the_store_refuses_is_sent_natively(
     assert "sent as Celery sends it natively" in log and "JSON only" in log, log[-3000:]
 
 
+def test_a_retry_of_a_worker_whose_store_settings_are_refused_fails_as_before(
+        proj, redis_client, spawn, store):
+    """Only a call the store cannot hold goes native; a worker set up against its store
+    (here its shard count) fails its retry, as the ERROR at its start said: sent natively,
+    a long countdown would wait in a worker's memory."""
+    other = Celery("other-shards", set_as_current=False)
+    other.conf.update(delayq_redis_url=f"{store.url}/0", delayq_shards=8)
+    DelayQ(other).store.client  # noqa: B018 (records 8 shards; tests.proj says 4)
+    name = "retry-refused-settings"
+    worker = prefork_worker(proj, spawn, name)
+
+    result = proj.flaky.apply_async((name,), {"countdown": 0.2}, queue=name)
+
+    with pytest.raises(Exception, match="delayq_shards"):
+        result.get(timeout=30)
+    runs = [json.loads(run) for run in redis_client.lrange("test:runs", 0, -1)]
+    assert [run["retries"] for run in runs if run["label"] == name] == [0]
+    worker.terminate()
+    assert "sent as Celery sends it natively" not in finish(worker)
+
+
 def runs_of(redis_client) -> list[str]:
     return [json.loads(run)["label"] for run in redis_client.lrange("test:runs", 0, -1)]
 
