@@ -533,19 +533,23 @@ def _lone_surrogate(text: str) -> bool:
 
 def _resolve_route(app, name: str, routed: dict[str, Any],
                    queues: Queues) -> tuple[str, str, str]:
-    """(queue name, exchange name, routing key) exactly as Celery's publisher picks them;
-    a non-direct exchange routed without a routing key gets "", as kombu publishes None.
-    A Broadcast queue is refused (:func:`_refuse_broadcast`), and a kombu Queue the carrier
-    would not declare (:func:`_check_declared`); ``queues``: the app's (its router's)."""
-    queue = routed.get("queue")
+    """(queue name, exchange name, routing key) as Celery's publisher picks them for the
+    app's queue of the routed queue's name; a non-direct exchange routed without a routing
+    key gets "", as kombu publishes None. A Broadcast queue is refused
+    (:func:`_refuse_broadcast`); ``queues``: the app's (its router's).
+
+    A kombu Queue object is taken by its name: natively the producer declares the Queue it
+    is given, but the carrier, publishing later, declares the app's queue of that name (one
+    Celery creates, for a name the app lacks), so the Queue's own exchange and routing key
+    could have no binding there and the message would be dropped."""
+    given = routed.get("queue")
     exchange = routed.get("exchange")
     routing_key = routed.get("routing_key")
-    if queue is None and exchange is None:
-        queue = app.amqp.default_queue
-    if isinstance(queue, str):
-        queue = queues[queue]
-    elif queue is not None and not isinstance(queue, Broadcast):
-        _check_declared(queues, name, queue)
+    if given is None and exchange is None:
+        given = app.amqp.default_queue
+    if isinstance(given, Broadcast):  # (before a lookup adds a queue of its name)
+        _refuse_broadcast(name, given)
+    queue = None if given is None else queues[given if isinstance(given, str) else given.name]
     if isinstance(queue, Broadcast):
         _refuse_broadcast(name, queue)
     exchange_type = routed.get("exchange_type") or (
@@ -559,30 +563,6 @@ def _resolve_route(app, name: str, routed: dict[str, Any],
         exchange = queue.exchange.name or app.conf.task_default_exchange
         routing_key = routing_key or queue.routing_key or app.conf.task_default_routing_key
     return qname, exchange, routing_key or ""
-
-
-def _check_declared(queues: Queues, name: str, queue: Queue) -> None:
-    """Refuse a kombu Queue other than the one the carrier declares under its name: the
-    app's, else the one Celery creates for a name it lacks (task_create_missing_queues).
-    Natively the producer declares the Queue it is given; the carrier, publishing later,
-    declares the app's."""
-    declared = queues.get(queue.name)  # dict.get: a missing queue is not created
-    if declared is queue:  # the app's own, as routing a name gives it
-        return
-    if declared is None and queues.create_missing:
-        declared = queues.new_missing(queue.name)
-        if queues.max_priority is not None:  # as the app's table adds it
-            declared.queue_arguments = {"x-max-priority": queues.max_priority,
-                                        **(declared.queue_arguments or {})}
-    if queue == declared:
-        return
-    declares = (f"declares {declared!r} under that name" if declared is not None else
-                "finds no queue of that name: task_create_missing_queues is off")
-    raise InvalidOption(
-        f"{name} routes to the kombu Queue {queue!r}, which the carrier would not declare "
-        f"when it publishes the call (it {declares}), so the message could miss the queue. "
-        "Declare this Queue in task_queues, or pass the queue's name "
-        f"(queue={queue.name!r}) to use the app's")
 
 
 def _refuse_broadcast(name: str, queue) -> None:

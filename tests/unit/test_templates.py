@@ -7,11 +7,10 @@ import threading
 import time
 from datetime import datetime
 
-import pytest
 from celery._state import _task_stack
 from kombu import Exchange, Queue
 
-from celery_delayq import InvalidOption, decoding
+from celery_delayq import decoding
 from celery_delayq.envelope import Templates
 from tests.unit.calls import KEYS
 
@@ -88,13 +87,9 @@ def test_without_the_rpc_backend_no_reply_queue_is_stored(app):
     assert "o" not in stored(Templates(app, KEYS))
 
 
-def test_a_route_to_a_queue_object_the_carrier_would_not_declare_is_refused_on_each_call(app):
-    """The app's ``topical`` queue is bound to ``events`` by ``shop.#``; a route to that name
-    bound otherwise is refused, and no template of it is kept."""
+def test_a_route_to_a_queue_object_goes_through_the_apps_queue_of_its_name(app):
+    """The app's ``topical`` queue is bound to ``events`` by ``shop.#``: a route to that name
+    bound otherwise is published as the carrier declares the queue."""
     elsewhere = Queue("topical", Exchange("events", type="topic"), routing_key="other.#")
     app.conf.task_routes = {"unit.plain": {"queue": elsewhere}}
-    templates = Templates(app, KEYS)
-    for _ in range(2):
-        with pytest.raises(InvalidOption, match=r"kombu Queue .*topical"):
-            stored(templates)
-    assert stored(templates, queue="topical")["r"] == "shop.#"
+    assert stored(Templates(app, KEYS))["r"] == "shop.#"
