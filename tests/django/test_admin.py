@@ -313,6 +313,23 @@ def test_a_time_the_store_refuses_after_the_form_is_a_warning_and_a_message(
     assert shop_delayq.get("order:1:close").due == pending["order:1:close"].due
 
 
+def test_reschedule_form_says_a_setting_the_store_refuses_as_its_error(
+        shop_app, shop_delayq, monkeypatch):
+    """The form reads ``delayq_max_delay``: a setting refused there was a server error."""
+    from celery_delayq.contrib.django.admin import RescheduleForm
+
+    for name in ("CELERY_DELAYQ_SHARDS", "delayq_shards"):  # (either, by Celery release)
+        monkeypatch.setitem(shop_app.conf.changes, name, 5000)
+    shop_delayq.__dict__.pop("config", None)  # read again
+    try:
+        form = RescheduleForm(data={"delay_minutes": "30"})
+        assert not form.is_valid()
+        assert "delayq_shards must be at most" in str(form.errors)
+    finally:
+        monkeypatch.undo()
+        shop_delayq.__dict__.pop("config", None)
+
+
 def test_staff_without_action_permissions_sees_tasks_but_cannot_act(
         client, pending, shop_delayq):
     client.force_login(_staff())

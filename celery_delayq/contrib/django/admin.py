@@ -84,8 +84,12 @@ class RescheduleForm(forms.Form):
                 f"{timezone.localtime(from_db(at)):%Y-%m-%d %H:%M} has passed; give a later "
                 "time, or use “Run selected delayed tasks now”.")
         delayq = project_delayq()
+        try:
+            max_delay = delayq.config.max_delay
+        except DelayQError as exc:  # a setting the store refuses: said, not a server error
+            raise forms.ValidationError(str(exc)) from None
         ahead = delay * 60 if at is None else (from_db(at) - times.utc_now()).total_seconds()
-        if ahead > delayq.config.max_delay:  # else each row fails in the store
+        if ahead > max_delay:  # else each row fails in the store
             field = "due_at" if delay is None else "delay_minutes"
             raise forms.ValidationError({field: _too_far(delayq)})
         return data
