@@ -132,6 +132,28 @@ def test_a_damaged_journal_key_stops_only_its_shard(shop_delayq, caplog):
     assert damaged.journal in error.getMessage() and "delayq check" in error.getMessage()
 
 
+def test_an_entry_of_no_known_event_is_skipped_and_counted_not_mirrored(
+        shop_delayq, shop_redis, caplog):
+    """Entries without an event, or of one no writer makes, for jobs the store never held:
+    mirrored, they were rows of pending jobs that ``delayq_reconcile --missing`` then found
+    missing from Redis on every run."""
+    shop_delayq.schedule(TASK, args=(1,), delay=600, job_id="order:1:close")
+    journal = shop_delayq.store.keys.shard_for("order:1:close").journal
+    for fields in ({"job": "ghost:1", "task": TASK}, {"event": "", "job": "ghost:2", "due": "1"},
+                   {"event": "bogus", "job": "ghost:3", "task": TASK}):
+        shop_redis.xadd(journal, fields)
+
+    with caplog.at_level(logging.WARNING, logger=sync_logger.name):
+        JournalSync(shop_delayq).run_once()
+
+    assert list(DelayedTask.objects.values_list("job_id", flat=True)) == ["order:1:close"]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "3 unreadable" in warning and "bogus" in warning
+    assert shop_redis.xrevrange(journal, count=1)[0][0] in JournalCursor.objects.values_list(
+        "last_id", flat=True)
+    call_command("delayq_reconcile", "--missing")  # nothing missing: no CommandError
+
+
 @contextlib.contextmanager
 def _refused(job_id: str):
     """The database refuses a row for ``job_id`` (an SQLite trigger: IntegrityError), as

@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from celery_delayq.contrib.django.models import DelayedTask as Row
+from celery_delayq.contrib.django.models import JournalCursor
 from celery_delayq.contrib.django.reconcile import mark_missing, reconcile
 from celery_delayq.contrib.django.sync import JournalSync
 from celery_delayq.errors import JobExists
@@ -230,6 +231,44 @@ def test_reconcile_missing_leaves_alone_a_moved_job_whose_new_shard_lost_events(
 
     assert (found.marked, found.unknown) == ([], ["job"])
     assert delayq.get("job") is None, "run once, not pushed again"
+
+
+def test_a_journal_trimmed_past_the_sync_between_two_of_its_batches_is_noted(
+        lone_store, monkeypatch, caplog):
+    """Producers trim the journal past the sync's position while a pass catches up (a small
+    delayq_journal_maxlen): the loss is logged and noted before the next batch is applied,
+    as at the start of a pass, so a job cancelled in the gap is not pushed again."""
+    _server, delayq, remind = lone_store
+    store = delayq.store
+    shard = store.keys.shard(0)
+    jobs = [f"remind:{n}" for n in range(300) if store.keys.shard_for(f"remind:{n}") == shard]
+    for job_id in jobs[:20]:
+        remind.apply_delayed(args=(1,), delay=600, job_id=job_id)
+    read, producers = store.read_journal, []
+
+    def read_then_trim(keys, *args, **kwargs):  # after the shard's first batch
+        entries = read(keys, *args, **kwargs)
+        if keys == shard and not producers:
+            producers.append(delayq.cancel(jobs[5]))  # a job that batch mirrored
+            for job_id in jobs[20:30]:
+                remind.apply_delayed(args=(1,), delay=600, job_id=job_id)
+            store.client.xtrim(shard.journal, maxlen=5, approximate=False)
+        return entries
+
+    monkeypatch.setattr(store, "read_journal", read_then_trim)
+    sync = JournalSync(delayq, batch=10)
+    with caplog.at_level(logging.ERROR, logger="celery_delayq.contrib.django.sync"):
+        sync.run_once()
+        assert sync.run_once() == 0
+
+    assert producers == [True]
+    assert caplog.text.count("trimmed past") == 1
+    cursor = JournalCursor.objects.get(shard=0)
+    assert cursor.lost_until == store.client.xrange(shard.journal)[0][0]
+    assert cursor.last_id == store.client.xrevrange(shard.journal, count=1)[0][0]
+    report = reconcile(delayq, missing=True)
+    assert (report.pushed, report.unknown) == ([], [jobs[5]])
+    assert delayq.get(jobs[5]) is None, "a cancelled job stays cancelled"
 
 
 def test_delayq_reconcile_command_pushes_unstored_rows(shop_delayq, capsys):

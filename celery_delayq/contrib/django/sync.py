@@ -4,12 +4,17 @@ Each shard's journal stream is read from the last applied entry on; a batch of e
 and the shard's cursor are saved in one database transaction, so a restarted sync
 resumes exactly where it stopped and never applies an event twice.
 
-An entry that cannot be mirrored (a due time or id that is no time or one a field does
-not hold, text that is not UTF-8 or holds NUL, a value longer than its column) is skipped;
+An entry that cannot be mirrored (no event or one no writer makes, a due time or id that
+is no time or one a field does not hold, text that is not UTF-8 or holds NUL, a value longer
+than its column) is skipped;
 a job whose envelope cannot be decoded or mirrored (arguments a database's JSON column
 refuses: NaN, Infinity, a NUL or a lone surrogate) is mirrored without its arguments. Both
 are counted and logged once per :meth:`JournalSync.run_once`, and the cursor moves past
 them.
+
+Events lost after a shard's last applied entry (its journal trimmed past it, before or
+during a pass) are logged and noted on its cursor (``lost_until``) before the next batch is
+applied.
 
 Reading a shard's journal to its end is noted on its cursor (``caught_up_at``, by Redis's
 clock), so ``delayq_prune`` knows that a shard with no new entries holds nothing back.
@@ -34,7 +39,7 @@ from celery_delayq.job import Job, shown_arguments
 from celery_delayq.keys import ShardKeys
 from celery_delayq.reading import Unreadable, is_text
 from celery_delayq.stopping import StopFlag
-from celery_delayq.store.streams import id_order
+from celery_delayq.store.streams import Entries, id_order
 
 from .columns import column_json
 from .models import NOT_ENDED, DelayedTask, DelayedTaskEvent, JournalCursor, State
@@ -43,6 +48,7 @@ from .times import db_time_of_ms, to_db
 
 logger = logging.getLogger("celery_delayq.contrib.django.sync")
 
+_EVENTS = frozenset(event.value for event in Event)
 _ENVELOPE_EVENTS = frozenset({Event.SCHEDULED, Event.RESCHEDULED, Event.REPLAYED})
 _DUE_EVENTS = frozenset({Event.SCHEDULED, Event.RESCHEDULED, Event.RECOVERED, Event.REPLAYED})
 #: A worker's events of one run, with its task id.
@@ -117,7 +123,6 @@ class JournalSync:
                      skipped: Unreadable) -> int:
         """Apply a shard's events journaled so far, batch by batch; ``began``: when the
         pass began (Redis's clock, as a field holds it)."""
-        self._note_lost_events(shard)
         total = 0
         while True:
             applied = self._apply_batch(shard, began, skipped)
@@ -154,14 +159,24 @@ class JournalSync:
 
     # -- one batch ---------------------------------------------------------------------
 
-    def _note_lost_events(self, shard: ShardKeys) -> None:
+    def _read_batch(self, shard: ShardKeys, cursor: JournalCursor) -> Entries:
+        """The next batch of a shard's entries after ``cursor``. They are read from the
+        cursor's own entry on, inclusive: when it is missing, events after it may be lost
+        (:meth:`_note_lost_events`), and that is noted before the batch is applied."""
+        if cursor.last_id == INITIAL_ID:
+            return self.store.read_journal(shard, count=self.batch)
+        entries = self.store.read_journal(shard, _before(cursor.last_id),
+                                          count=self.batch + 1)
+        if entries and entries[0][0] == cursor.last_id:
+            return entries[1:]
+        self._note_lost_events(shard, cursor)
+        return entries
+
+    def _note_lost_events(self, shard: ShardKeys, cursor: JournalCursor) -> None:
         """Record on the cursor, and log, that journal entries after it are gone (trimmed
         by ``delayq_journal_maxlen`` while the sync was stopped or behind, or lost with
         Redis's data): rows not updated since may show an old state, and
         ``delayq_reconcile --missing`` leaves them alone."""
-        cursor = self._cursor(shard)
-        if cursor.last_id == INITIAL_ID:
-            return
         lost = self.store.journal_lost_after(shard, cursor.last_id)
         if lost is None or (cursor.lost_until
                             and id_order(lost) <= id_order(cursor.lost_until)):
@@ -185,7 +200,7 @@ class JournalSync:
         """Apply the next batch of a shard's entries; one short of ``batch`` reaches the
         journal's end, and the cursor notes that at ``began`` its journal was applied."""
         cursor = self._cursor(shard)
-        entries = self.store.read_journal(shard, cursor.last_id, count=self.batch)
+        entries = self._read_batch(shard, cursor)
         caught_up = began if len(entries) < self.batch else None
         if not entries:
             _note_caught_up(cursor, caught_up)
@@ -325,6 +340,9 @@ def _unreadable(stream_id: str, fields: dict[str, str]) -> str:
     for name, value in fields.items():
         if not (is_text(name) and is_text(value)) or "\x00" in value:
             return f"field {name!r} is not UTF-8 text or holds NUL"
+    event = fields.get("event")
+    if event not in _EVENTS:
+        return "it has no event" if event is None else f"event {event!r} is no journal event"
     for name, limit in _LIMITED.items():
         if len(fields.get(name, "")) > limit:
             return f"{name} is longer than {limit} characters"
@@ -431,6 +449,12 @@ def _detail(fields: dict[str, str]) -> str:
         if fields.get(name) not in (None, ""):
             parts.append(f"{name}: {fields[name]}")
     return "; ".join(parts)
+
+
+def _before(entry_id: str) -> str:
+    """The stream entry id just before ``entry_id`` (not ``0-0``)."""
+    ms, seq = id_order(entry_id)
+    return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-{2**64 - 1}"
 
 
 def _at(stream_id: str) -> datetime | None:
