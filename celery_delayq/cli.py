@@ -217,8 +217,8 @@ def export(ctx: click.Context, to: str, since: str | None, fmt: str) -> None:
 
     def trimmed(shard: int) -> None:  # said at once: the run may fail past the gap
         click.secho(f"warning: shard {shard}'s journal was trimmed past the last entry "
-                    "exported; some events are missing. Export more often or raise "
-                    "delayq_journal_maxlen.", fg="yellow", err=True)
+                    "exported (or Redis lost it); some events are missing. Export more "
+                    "often or raise delayq_journal_maxlen.", fg="yellow", err=True)
 
     try:
         result = export_journal(delayq_of(ctx).store, to, since=since, fmt=fmt,

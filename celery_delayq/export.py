@@ -7,7 +7,13 @@ is written completely (to a temporary name, then renamed) before the position mo
 so an export killed half-way repeats at most its last batch, under the same file name.
 Readers should still de-duplicate on ``(shard, id)``; the Spark report does. Each batch is
 read from the entry exported last, inclusive, so a journal trimmed past it, before the run
-or between two of its batches, is seen and reported (:attr:`ExportResult.trimmed`).
+or between two of its batches, is seen and reported (:attr:`ExportResult.trimmed`); so is a
+journal made again below it (Redis lost it, and its clock is behind the old one's), which
+is then exported from its beginning, and the position moved back to it.
+
+One export runs at a time: a run holds the store's export lock (``<prefix>:exporting``),
+renewed at each batch, and another is refused (:class:`ExportRunning`). A run that stalled
+past the lock stops before its next batch; a saved position only moves forward.
 
 Each run also writes what was stored when it began, ``DIR/_backlog/backlog-<Redis ms>.json``:
 ``{"at_ms", "shards": [{"shard", "pending", "overdue", "inflight", "dead"}, ...],
@@ -33,7 +39,7 @@ from datetime import timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigurationError, DamagedShard, InvalidOption
+from .errors import ConfigurationError, DamagedShard, DelayQError, InvalidOption
 from .reading import (
     MAX_MS,
     MIN_MS,
@@ -45,6 +51,7 @@ from .reading import (
     printable,
 )
 from .store import Store
+from .store.streams import EXPORT_LOCK_MS
 
 FORMATS = ("parquet", "jsonl")
 BACKLOG = "_backlog"  #: the folder of backlog snapshots under the export's root
@@ -69,7 +76,7 @@ class ExportResult:
     files: list[Path] = field(default_factory=list)
     per_shard: dict[int, int] = field(default_factory=dict)
     #: Shards whose stream was trimmed past the entry exported last, before this run or
-    #: between two of its batches (events were lost).
+    #: between two of its batches, or made again below it (events were lost).
     trimmed: list[int] = field(default_factory=list)
     #: Entries skipped or written with a field that could not be read (see the module doc).
     unreadable: int = 0
@@ -77,6 +84,10 @@ class ExportResult:
     damaged: dict[int, str] = field(default_factory=dict)
     #: The snapshot of the backlog taken as the export began.
     backlog: Path | None = None
+
+
+class ExportRunning(DelayQError):
+    """Another export holds the export's lock, or this one lost it while it stalled."""
 
 
 def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = None,
@@ -87,6 +98,7 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
     ``on_trimmed`` is told a shard's number as soon as its journal is found trimmed past
     the entry exported last (:attr:`ExportResult.trimmed`): the export moves past the
     gap, so a later failure of the run must not take the only word of it with it.
+    ``ExportRunning`` when another export runs (or this one loses its lock).
 
     ``since`` (ISO-8601 time, or epoch milliseconds; before the epoch: from the start)
     starts from that time instead of the remembered position, which it leaves as it was:
@@ -102,7 +114,31 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
         raise InvalidOption("the export folder (--to) is empty: name the folder to export "
                             "into, e.g. --to ./journal (`.` for the current one)")
     start = None if since is None else f"{_since_ms(since)}-0"
-    root = Path(to)
+    token = store.export_token()
+    holder = store.take_export_lock(token)
+    if holder is not None:
+        raise ExportRunning(_running(store, holder))
+    try:
+        return _export(store, Path(to), start, fmt, batch, on_trimmed, token)
+    finally:
+        with contextlib.suppress(DelayQError):  # else it expires by itself
+            store.release_export_lock(token)
+
+
+def _running(store: Store, holder: str) -> str:
+    """Why an export is refused while ``holder`` (the lock's value) runs."""
+    began, _, where = holder.partition(" ")
+    with store.unavailable():
+        now = store.now_ms()
+    since = (f"has been running for {max(now - int(began), 0) // 1000} s "
+             f"(on {where.rsplit(' ', 1)[0]})" if began.isdigit() else "is running")
+    return (f"another delayq export {since}: wait for it to end. If it died, its lock "
+            f"{store.keys.export_lock} expires {EXPORT_LOCK_MS // 1000} s after its last "
+            "batch; or delete that key once you are sure no export runs")
+
+
+def _export(store: Store, root: Path, start: str | None, fmt: str, batch: int,
+            on_trimmed: Callable[[int], object] | None, token: str) -> ExportResult:
     root.mkdir(parents=True, exist_ok=True)
     result = ExportResult(backlog=_write_backlog(store, root))
     skipped = Unreadable("delayq export", logger)
@@ -122,25 +158,43 @@ def export_journal(store: Store, to: str | os.PathLike, *, since: str | None = N
             # Each batch but a --since run's first is read from the entry exported last,
             # inclusive: when that entry is missing, the journal may be trimmed past it.
             lower, after = (start, None) if start else (last or "-", last)
+            back_from = None  # the saved position, when the journal was made again below it
             while True:
                 entries = store.journal_entries(shard, lower, end_id,
                                                 batch + (after is not None))
                 if after is not None:
                     if entries and entries[0][0] == after:
                         entries = entries[1:]
-                    elif (shard.shard not in result.trimmed
-                          and store.journal_lost_after(shard, after) is not None):
-                        result.trimmed.append(shard.shard)
-                        if on_trimmed is not None:
-                            on_trimmed(shard.shard)
+                    elif shard.shard not in result.trimmed:
+                        lost = store.journal_lost_after(shard, after)
+                        if lost is not None:
+                            result.trimmed.append(shard.shard)
+                            if on_trimmed is not None:
+                                on_trimmed(shard.shard)
+                        if lost == after:
+                            logger.warning(
+                                "delayq export: shard %d's journal was made again below "
+                                "the last entry exported, %s (Redis lost it, and its clock "
+                                "is behind the old one's): the events after that entry are "
+                                "lost; exporting the new journal from its beginning",
+                                shard.shard, after)
+                            lower, after, back_from = "-", None, after
+                            continue
                 if not entries:
                     break
+                if not store.renew_export_lock(token):
+                    raise ExportRunning(
+                        f"this export lost its lock {store.keys.export_lock} (it stalled "
+                        f"past {EXPORT_LOCK_MS // 1000} s; another export may have run): "
+                        f"stopped before writing shard {shard.shard}'s next batch. What it "
+                        "wrote is kept; run the export again")
                 result.files += _write(root, shard.shard, entries, fmt, skipped)
                 result.events += len(entries)
                 result.per_shard[shard.shard] += len(entries)
                 last_id = entries[-1][0]
                 if start is None:
-                    store.save_export_position(shard, last_id)
+                    store.save_export_position(shard, last_id, back_from)
+                    back_from = None
                 if last_id == end_id:
                     break
                 lower = after = last_id

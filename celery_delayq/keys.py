@@ -48,6 +48,8 @@ members, fields, journal entries::
                            again: its Redis lost its data; the task_default_queue of a
                            job stored without its queue)
     <prefix>:export        HASH  shard -> id of the last journal entry exported (delayq export)
+    <prefix>:exporting     STRING "<Redis ms it began> <host:pid> <token>" of the export
+                           running (one at a time), expires unless that run renews it
     <prefix>:carriers      ZSET  carrier id -> heartbeat deadline (ms), the live carriers
     <prefix>:wake          pub/sub channel: a shard number, when a new job became its head
 
@@ -147,7 +149,8 @@ class ShardKeys:
 
 
 #: The Redis type each store-wide key holds (``Keyspace`` attribute -> ``TYPE``).
-STORE_KEY_TYPES = {"meta": "hash", "export_position": "hash", "carriers": "zset"}
+STORE_KEY_TYPES = {"meta": "hash", "export_position": "hash", "export_lock": "string",
+                   "carriers": "zset"}
 #: The Redis type each key of a shard holds (``TYPE``); any other type means damage.
 KEY_TYPES = {"due": "zset", "inflight": "zset", "jobs": "hash", "bykey": "zset",
              "dead": "hash", "journal": "stream", "owner": "string", "counts": "hash",
@@ -164,6 +167,7 @@ class Keyspace:
         self.meta = f"{prefix}:meta"
         self.wake_channel = f"{prefix}:wake"
         self.export_position = f"{prefix}:export"
+        self.export_lock = f"{prefix}:exporting"
         self.carriers = f"{prefix}:carriers"
         self._shards = tuple(self._build(n) for n in range(shards))
         self._shard_key = re.compile(rf"{re.escape(prefix)}:\{{\d+\}}:")
@@ -174,7 +178,7 @@ class Keyspace:
         ``<prefix>:{<shard number>}:``), or None. On the store's Redis that list would
         damage the key."""
         listed = broker_queue(global_keyprefix, queue)
-        if listed in (self.meta, self.export_position, self.carriers) \
+        if listed in (self.meta, self.export_position, self.export_lock, self.carriers) \
                 or self._shard_key.match(listed):
             return (f"queue {queue!r} would keep its messages in a key of the delay store "
                     f"(kombu's list {listed!r} is under delayq_prefix {self.prefix!r}); name "

@@ -1,10 +1,11 @@
 """The journal streams: worker-side events written, entries read (as the Django mirror and
-the pytest plugin read them, or as stored for ``delayq export``), and the export's
-positions (the ``<prefix>:export`` hash)."""
+the pytest plugin read them, or as stored for ``delayq export``), the export's positions
+(the ``<prefix>:export`` hash) and its lock (``<prefix>:exporting``)."""
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from itertools import chain
 from typing import Any, cast
@@ -21,6 +22,8 @@ from .base import StoreBase
 Entries = list[tuple[str, dict[str, str]]]
 #: An event to journal: (shard, event, fields).
 JournalEntry = tuple[int, str, dict[str, Any]]
+#: How long the export's lock lasts unless renewed (the export renews it at each batch).
+EXPORT_LOCK_MS = 120_000
 
 
 class Streams(StoreBase):
@@ -122,7 +125,11 @@ class Streams(StoreBase):
         ``delayq_journal_maxlen``, or lost with Redis's data): the id up to which they
         are, else None. Gone when the oldest entry is past ``last`` and ``last`` is gone
         too, or when the stream is empty and an id past ``last`` was made. (Redis 7's
-        ``max-deleted-entry-id`` cannot tell: XTRIM leaves it at 0-0.)"""
+        ``max-deleted-entry-id`` cannot tell: XTRIM leaves it at 0-0.)
+
+        ``last`` itself when the journal was made again below it (no id up to ``last``
+        was made since: Redis lost the stream and its clock is behind the old one's):
+        what followed ``last`` is gone, and the journal is to be read from its beginning."""
         with self.unavailable():
             try:
                 info = self.client.xinfo_stream(shard.journal)
@@ -130,9 +137,11 @@ class Streams(StoreBase):
                 if "no such key" in str(exc):  # nothing journaled since Redis lost its data
                     return None
                 raise
+            made = info["last-generated-id"]
+            if id_order(made) < id_order(last):
+                return last
             first = info.get("first-entry")
             if not first:
-                made = info["last-generated-id"]
                 return made if id_order(made) > id_order(last) else None
             if id_order(first[0]) > id_order(last) and not self.client.xrange(
                     shard.journal, last, last):
@@ -144,10 +153,45 @@ class Streams(StoreBase):
         with self.unavailable():
             return cast("dict[str, str]", self.client.hgetall(self.keys.export_position))
 
-    def save_export_position(self, shard: ShardKeys, entry_id: str) -> None:
-        """Remember that a shard's stream is exported up to ``entry_id``."""
+    def save_export_position(self, shard: ShardKeys, entry_id: str,
+                             back_from: str | None = None) -> None:
+        """Remember that a shard's stream is exported up to ``entry_id``: forward only (a
+        stalled export's older position is not saved over a later one), or back from
+        ``back_from`` exactly (a journal made again below it: ``journal_lost_after``)."""
         with self.unavailable():
-            self.client.hset(self.keys.export_position, str(shard.shard), entry_id)
+            SCRIPTS["export_forward"].call(self.client, [self.keys.export_position],
+                          [str(shard.shard), entry_id, back_from or ""])
+
+    def export_token(self) -> str:
+        """A new value of the export's lock: when (Redis's clock, ms), where, and a random
+        part."""
+        with self.unavailable():
+            now = self.now_ms()
+        return f"{now} {socket.gethostname()}:{os.getpid()} {os.urandom(6).hex()}"
+
+    def take_export_lock(self, token: str) -> str | None:
+        """Take the export's lock (one export at a time) for :data:`EXPORT_LOCK_MS`, as
+        ``token`` (:meth:`export_token`): None when taken, else the holder's token ("" if
+        it just went)."""
+        with self.unavailable():
+            if SCRIPTS["own"].call(self.client, [self.keys.export_lock],
+                                   [token, EXPORT_LOCK_MS, "1"]):
+                return None
+            return cast("str | None", self.client.get(self.keys.export_lock)) or ""
+
+    def renew_export_lock(self, token: str) -> bool:
+        """Hold the lock ``token`` took for :data:`EXPORT_LOCK_MS` more; False when it was
+        lost meanwhile (it expired, another export may have taken it)."""
+        with self.unavailable():
+            return (self.client.get(self.keys.export_lock) == token
+                    and bool(SCRIPTS["own"].call(self.client, [self.keys.export_lock],
+                                                 [token, EXPORT_LOCK_MS, "1"])))
+
+    def release_export_lock(self, token: str) -> None:
+        """Release the lock, if ``token`` still holds it."""
+        with self.unavailable():
+            SCRIPTS["own"].call(self.client, [self.keys.export_lock],
+                                [token, EXPORT_LOCK_MS, "0"])
 
 
 def batch_token() -> str:

@@ -18,7 +18,7 @@ _RELEASE_CALL = r"\bnote_release\((\d+)"  # include/releasing.lua: the releasing
 
 EXPECTED = {"schedule", "claim_due", "ack", "unindex", "recover", "cancel", "reschedule", "dead",
             "own", "replay", "drop", "exists", "repair", "reserve", "pause", "limit", "release",
-            "supersede", "worker_events"}
+            "supersede", "worker_events", "export_forward"}
 
 
 def test_every_operation_has_a_script():
@@ -65,7 +65,7 @@ def test_wrong_key_count_is_refused_before_redis_is_called():
 # are left out).
 _COMMAND_TYPES = {"Z": "zset", "H": "hash", "X": "stream"}
 _STRING_COMMANDS = {"GET", "SET"}
-NOT_SHARD_KEYS = {"reserve"}  # its keys are reservation keys, given by the caller
+NOT_SHARD_KEYS = {"reserve", "export_forward"}  # reservation keys; the store-wide positions
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED - NOT_SHARD_KEYS))
