@@ -20,7 +20,7 @@ import sys
 import click
 
 from . import cli_dead, cli_holding, cli_jobs  # noqa: F401  (their commands join delayq)
-from .cli_group import delayq, delayq_of, fail, ms_text
+from .cli_group import FiniteFloat, ctrl_c_stops, delayq, delayq_of, fail, ms_text
 from .errors import DelayQError
 from .reading import counted, shown
 from .settings import SETTINGS
@@ -110,7 +110,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 @delayq.command()
 @click.option("--max-overdue", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Most jobs that may be due but unclaimed.")
-@click.option("--max-overdue-age", type=click.FloatRange(min=0), default=60.0,
+@click.option("--max-overdue-age", type=FiniteFloat(min=0), default=60.0,
               show_default=True,
               help="Longest a due job may wait unclaimed, seconds.")
 @click.pass_context
@@ -168,7 +168,9 @@ def check_store(ctx: click.Context, repair: bool) -> None:
     from .check import KINDS, check
 
     try:
-        reports = check(delayq_of(ctx).store, repair=repair)
+        with ctrl_c_stops("what it repaired is repaired, and it checks every shard again"
+                          if repair else "it changed nothing"):
+            reports = check(delayq_of(ctx).store, repair=repair)
     except DelayQError as exc:
         fail(exc)
     left = 0
@@ -221,8 +223,11 @@ def export(ctx: click.Context, to: str, since: str | None, fmt: str) -> None:
                     "often or raise delayq_journal_maxlen.", fg="yellow", err=True)
 
     try:
-        result = export_journal(delayq_of(ctx).store, to, since=since, fmt=fmt,
-                                on_trimmed=trimmed)
+        with ctrl_c_stops("what it wrote is kept, and it goes on from the last batch it "
+                          "saved" if since is None else "what it wrote is kept, and it "
+                          "writes the same files again"):
+            result = export_journal(delayq_of(ctx).store, to, since=since, fmt=fmt,
+                                    on_trimmed=trimmed)
     except DelayQError as exc:
         fail(exc)
     except OSError as exc:  # what is written is kept, its position saved: run it again

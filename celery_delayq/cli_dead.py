@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .cli_group import cli_user, counting, ctrl_c_said, delayq, delayq_of, fail
-from .errors import DelayQError
+from .errors import DelayQError, JobExists
 from .reading import counted, shown
+
+if TYPE_CHECKING:
+    from .store import Store
 
 
 def _one_or_all(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -41,10 +44,10 @@ def replay(ctx: click.Context, job_id: str | None, every: bool, task: str | None
            reason: str | None) -> None:
     """Put a dead-lettered job back, due now; or with --all, every one selected."""
     _check_one_or_all(job_id, every, task, reason)
-    store = delayq_of(ctx).store
     try:
+        store = delayq_of(ctx).store
         if job_id is not None:
-            replayed = store.replay(job_id)
+            replayed = _replay_one(store, job_id)
             click.echo(f"{shown(job_id)}: {'replayed' if replayed else 'no such dead job'}")
             sys.exit(0 if replayed else 1)
         count = counting("replayed")
@@ -61,6 +64,16 @@ def replay(ctx: click.Context, job_id: str | None, every: bool, task: str | None
     sys.exit(1 if kept else 0)
 
 
+def _replay_one(store: Store, job_id: str) -> bool:
+    """Replay ``job_id``; a live job of that id is refused, saying what the operator can do."""
+    try:
+        return store.replay(job_id)
+    except JobExists:
+        raise DelayQError(f"a live job has the id {job_id!r}, so its dead letter stays dead: "
+                          f"cancel it first (`delayq cancel {job_id}`) or wait until it has "
+                          "run, then replay") from None
+
+
 @delayq.command()
 @_one_or_all
 @click.option("--yes", is_flag=True, help="With --all: do not ask first.")
@@ -70,8 +83,9 @@ def drop(ctx: click.Context, job_id: str | None, every: bool, task: str | None,
     """Give up a dead-lettered job for good (journaled as cancelled); or with --all, every
     one selected (without --task or --reason-contains, unreadable ones too)."""
     _check_one_or_all(job_id, every, task, reason)
-    store, by = delayq_of(ctx).store, f"{cli_user()}: dropped dead letter"
+    by = f"{cli_user()}: dropped dead letter"
     try:
+        store = delayq_of(ctx).store
         if job_id is not None:
             dropped = store.drop(job_id, by=by)
             click.echo(f"{shown(job_id)}: {'dropped' if dropped else 'no such dead job'}")

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import math
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .errors import DelayQError
-from .interrupts import Count, interrupted
+from .interrupts import Count, interrupted, said
 from .reading import datetime_of_ms, shown
 
 if TYPE_CHECKING:
@@ -42,6 +43,17 @@ def delayq_of(ctx: click.Context) -> DelayQ:
 def fail(exc: DelayQError) -> None:
     click.secho(f"error: {shown(str(exc))}", fg="red", err=True)
     sys.exit(1)
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that refuses nan and infinity."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def ms_text(ms: float | None) -> str:
@@ -68,12 +80,27 @@ def counting(verb: str) -> Count:
 @contextlib.contextmanager
 def ctrl_c_said(count: Count, rerun: str) -> Iterator[None]:
     """Within: Ctrl-C stops the command between two steps of ``count``; it then says the
-    exact count, that the same command again is safe (``rerun``: why), and exits 130."""
+    exact count, that the same command again is safe (``rerun``: why), and exits 130. A
+    DelayQError says the same count and rerun after its own message, and exits 1."""
     try:
         with count.ctrl_c_between_steps():
             yield
     except KeyboardInterrupt:
         click.secho(interrupted(count, "the same command", rerun), fg="yellow", err=True)
+        sys.exit(130)
+    except DelayQError as exc:
+        fail(DelayQError(f"{exc}{said(count)}; running the same command again is safe: "
+                         f"{rerun}"))
+
+
+@contextlib.contextmanager
+def ctrl_c_stops(rerun: str) -> Iterator[None]:
+    """Within: Ctrl-C stops the command at once; it says that the same command again is
+    safe (``rerun``: why), and exits 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.secho(interrupted("", "the same command", rerun), fg="yellow", err=True)
         sys.exit(130)
 
 

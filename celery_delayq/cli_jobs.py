@@ -37,6 +37,8 @@ from .reading import FORBIDDEN, counted, iso_time, shown
 def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str | None,
        limit: int, dead: bool) -> None:
     """List pending jobs in due order (or dead letters, newest first, with --dead)."""
+    if key == "":
+        raise click.UsageError("--key is empty: give the business key whose jobs to list")
     try:
         if dead:
             _ls_dead(ctx, task, key, args_contains, limit)
@@ -54,7 +56,7 @@ def ls(ctx: click.Context, task: str | None, key: str | None, args_contains: str
         due = job.due.isoformat(timespec="milliseconds") if job.due else "-"
         click.echo(f"{due}  {shown(job.job_id)}  {shown(job.task)}  "
                    f"key={shown(job.key or '-')}  queue={shown(job.queue)}"
-                   + ("  (paused)" if job.paused else ""))
+                   + (f"  ({job.held})" if job.held else ""))  # paused, rate limit
 
 
 def _ls_dead(ctx: click.Context, task: str | None, key: str | None,
@@ -98,7 +100,8 @@ def show(ctx: click.Context, job_id: str, key: str | None) -> None:
     except DelayQError as exc:
         fail(exc)
     if job is None:
-        click.echo(f"no job {job_id!r} in the store (promoted, cancelled or never scheduled)")
+        click.echo(f"no job {shown(repr(job_id))} in the store (promoted, cancelled or never "
+                   "scheduled)", err=True)
         sys.exit(1)
     data = dict(vars(job), due=job.due.isoformat() if job.due else None)
     click.echo(_json_shown(json.dumps(data, indent=2, default=str, ensure_ascii=False)))

@@ -1,6 +1,7 @@
 """What a long command says when Ctrl-C stops it: the exact count it got to, and why
 running it again is safe (the CLI's ``cancel --key``, ``replay --all``, ``drop --all``,
-``resume``; the Django app's ``delayq_sync``, ``delayq_reconcile``, ``delayq_prune``)."""
+``resume``; the Django app's ``delayq_sync``, ``delayq_reconcile``, ``delayq_prune``); the
+CLI's ``check`` and ``export`` say why without a count (``cli_group.ctrl_c_stops``)."""
 
 from __future__ import annotations
 

@@ -7,12 +7,18 @@ from collections.abc import Callable
 
 
 class Progress:
-    """Says ``"<verb> <count> so far"`` through ``say`` when called, at most once a second."""
+    """Says ``"<verb> <count> so far"`` through ``say`` when called, at most once a second.
+    It is only information: once ``say`` fails to write (stderr closed or full), it says
+    nothing more, and the command goes on."""
 
     def __init__(self, say: Callable[[str], object], verb: str) -> None:
-        self.say, self.verb, self.shown = say, verb, time.monotonic()
+        self.say: Callable[[str], object] | None = say
+        self.verb, self.shown = verb, time.monotonic()
 
     def __call__(self, done: int) -> None:
-        if time.monotonic() - self.shown >= 1:
+        if self.say is not None and time.monotonic() - self.shown >= 1:
             self.shown = time.monotonic()
-            self.say(f"{self.verb} {done:,} so far")
+            try:
+                self.say(f"{self.verb} {done:,} so far")
+            except OSError:
+                self.say = None

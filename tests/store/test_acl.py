@@ -3,7 +3,8 @@
 A real redis-server with three ACL users defined by the ``ACL SETUSER`` lines of the
 docs (producer, carrier, CLI): a producer schedules, the CLI pauses another queue and
 rate-limits this one, a carrier promotes (the broker is another Redis), the CLI runs
-``stats``, ``ls``, ``cancel``, lifts the limit and resumes. Nothing is refused. On a Redis
+``stats``, ``ls``, ``cancel``, lifts the limit, resumes, repairs the store (``check
+--repair``, ``check``) and exports the journal. Nothing is refused. On a Redis
 Cluster the producer's line and the cluster commands the docs add are enough too.
 """
 
@@ -123,6 +124,14 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
                         ["resume", "--queue", "elsewhere"], ["drop", "bad-1"],
                         ["replay", "--all"], ["drop", "--all", "--yes"]):
             cli(*command)
+        # damage to repair: the kept queue's held jobs stranded (its pause gone by hand,
+        # so the repair releases them in a transaction), and a due member without a job
+        for keys in DelayQ.of(app).store.keys:
+            admin.hdel(keys.paused, "queue:kept")
+        admin.zadd(shard.due, {"dangling": 0})
+        cli("check", "--repair")
+        cli("check")
+        cli("export", "--to", str(tmp_path / "export"), "--format", "jsonl")
         denied = admin.acl_log()
         admin.close()
     # Refused and handled: redis-py's CLIENT SETINFO on connect (Redis < 7.2 lacks it), and
@@ -135,6 +144,7 @@ def test_producer_carrier_and_cli_run_with_exactly_the_documented_commands(
     assert "later" in outputs["ls"] and "later: cancelled" in outputs["cancel"]
     assert outputs["paused"] == "queue elsewhere\nqueue kept\n"
     assert "replayed 1 dead job" in outputs["replay"] and "dropped 0" in outputs["drop"]
+    assert outputs["check"].startswith("clean: ") and "exported " in outputs["export"]
 
 
 @pytest.mark.parametrize("left_out", ["+evalsha", "+type"])
