@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         StoreFull,
         StoreUnavailable,
         UnknownQueue,
+        UnsupportedMessage,
     )
     from .extension import DelayQ
     from .http import http_callback
@@ -53,6 +54,7 @@ __all__ = [
     "StoreFull",
     "StoreUnavailable",
     "UnknownQueue",
+    "UnsupportedMessage",
     "http_callback",
 ]
 __version__ = "0.1.0"
