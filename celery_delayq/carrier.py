@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import redis
 from kombu.exceptions import KombuError
@@ -403,8 +404,8 @@ class Carrier:
 
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM, SIGINT, SIGHUP), finishing the batch in
-        hand."""
-        self._install_signal_handlers()
+        hand. Signal handlers it installs are put back as they were when it returns."""
+        previous = self._install_signal_handlers()
         logger.info("carrier started: %d shards, batch %d, lease %.0fs", self.store.keys.shards,
                     self.batch, self.lease_ms / 1000)
         logger.info("serving the store at %s (prefix %r%s), publishing to the broker at %s",
@@ -423,6 +424,8 @@ class Carrier:
             self.close()
             logger.info("carrier stopped: %d promoted, %d dead-lettered, %d recovered",
                         self.stats.promoted, self.stats.dead, self.stats.recovered)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def _serve(self) -> None:
         """Loop :meth:`run_once` until a stop, waiting out Redis and broker failures."""
@@ -448,10 +451,11 @@ class Carrier:
         """Stop after the batch in hand (safe from a signal handler)."""
         self._stopping.set()
 
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for signum in _STOP_SIGNALS:
-                signal.signal(signum, self._on_signal)
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Stop on the stop signals (in the main thread only); the handlers they had."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self._on_signal) for signum in _STOP_SIGNALS}
 
     def _on_signal(self, signum: int, _frame) -> None:
         """The first stop signal stops after the batch in hand; a second, now (as a kill

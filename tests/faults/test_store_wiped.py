@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import threading
 from collections.abc import Iterator
 
@@ -196,6 +197,19 @@ def test_a_carrier_refused_at_its_start_says_why_once_and_writes_nothing(
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and said[0].startswith("stopping the carrier: "), said
     assert sorted(client.scan_iter()) == ["delayq:meta"]
+
+
+def test_a_carrier_run_in_the_main_thread_leaves_the_signal_handlers_as_they_were(server):
+    """Its handlers stayed after ``run()`` returned: in an embedding process (a test run)
+    a later Ctrl-C only set the stopped carrier's flag, and the next one ``os._exit``-ed."""
+    stop_signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    before = [signal.getsignal(signum) for signum in stop_signals]
+    meta, refusal = REFUSED[next(iter(REFUSED))]
+    redis.Redis(port=server.port).hset("delayq:meta", mapping=meta)
+    delayq, _ = make_app(server)
+    with pytest.raises(ConfigurationError, match=refusal):
+        Carrier(delayq.app).run()
+    assert [signal.getsignal(signum) for signum in stop_signals] == before
 
 
 def test_a_maintenance_round_reads_the_store_record_with_one_call(server):
