@@ -11,6 +11,7 @@ once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -130,12 +131,15 @@ def test_a_retry_of_a_worker_whose_store_settings_are_refused_fails_as_before(
 
     result = proj.flaky.apply_async((name,), {"countdown": 0.2}, queue=name)
 
-    with pytest.raises(Exception, match="delayq_shards"):
-        result.get(timeout=30)
+    # FAILURE on Celery 5.7; 5.3 records no outcome of the Reject. A retry sent natively
+    # would have run within this wait (its countdown is 0.2 s).
+    with contextlib.suppress(Exception):
+        result.get(timeout=10)
     runs = [json.loads(run) for run in redis_client.lrange("test:runs", 0, -1)]
     assert [run["retries"] for run in runs if run["label"] == name] == [0]
     worker.terminate()
-    assert "sent as Celery sends it natively" not in finish(worker)
+    log = finish(worker)
+    assert "sent as Celery sends it natively" not in log and "delayq_shards" in log, log
 
 
 def runs_of(redis_client) -> list[str]:
