@@ -23,14 +23,20 @@ def _made_again_below(store, shard, jobs: list[str], below_ms: int) -> None:
                           id=f"{below_ms - 600_000 + n}-0")
 
 
-def test_an_export_reads_a_journal_made_again_below_its_position_from_the_beginning(
-        delayq, redis_client, tmp_path, caplog):
-    store = delayq.store
+def _exported_then_made_again(store, tmp_path, jobs: list[str]):
+    """Shard 0's journal with one job exported, then made again below that position
+    holding ``jobs``; the shard."""
     shard = store.keys.shard(0)
     store.client.xadd(shard.journal, {"event": "scheduled", "job": "old"})
     export_journal(store, tmp_path, fmt="jsonl")
-    position = store.export_positions()["0"]
-    _made_again_below(store, shard, ["new0", "new1", "new2"], int(position.split("-")[0]))
+    _made_again_below(store, shard, jobs, int(store.export_positions()["0"].split("-")[0]))
+    return shard
+
+
+def test_an_export_reads_a_journal_made_again_below_its_position_from_the_beginning(
+        delayq, redis_client, tmp_path, caplog):
+    store = delayq.store
+    shard = _exported_then_made_again(store, tmp_path, ["new0", "new1", "new2"])
     told: list[int] = []
 
     with caplog.at_level(logging.WARNING, logger="celery_delayq.export"):
@@ -47,11 +53,7 @@ def test_an_export_reads_a_journal_made_again_below_its_position_from_the_beginn
 
 def test_the_export_command_says_it_reads_a_journal_made_again_from_its_beginning(
         delayq, redis_client, spawn, tmp_path):
-    store = delayq.store
-    shard = store.keys.shard(0)
-    store.client.xadd(shard.journal, {"event": "scheduled", "job": "old"})
-    export_journal(store, tmp_path, fmt="jsonl")
-    _made_again_below(store, shard, ["new0"], int(store.export_positions()["0"].split("-")[0]))
+    _exported_then_made_again(delayq.store, tmp_path, ["new0"])
 
     process = spawn("delayq", "export", "--to", str(tmp_path), "--format", "jsonl")
     said = finish(process, timeout=60)
